@@ -1,0 +1,505 @@
+"""The activities of ``RequestLifecycle``: pipeline resolution, hook invocation per stage, planning, tool
+steps, synthesis and record persistence.
+
+Built once per worker with its dependencies (``LifecycleActivities(registry=..., tools=..., ...)``) and
+registered as bound methods. A hook invocation here is the complete framework-observed boundary: the
+hook call, the check of what it returned (type, short-circuit contract, plan validation) and its span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import inspect
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pydantic
+from opentelemetry.trace import Span, Status, StatusCode
+from pydantic import JsonValue
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+
+from hooks.contracts import (
+    PipelineContext,
+    PipelineShortCircuit,
+    PipelineShortCircuitDecision,
+    ShortCircuitKind,
+    HookRejection,
+)
+from hooks.registry import HookRegistry
+from workflows import decisions
+from workflows.models import (
+    MAX_ENRICHMENT_BYTES,
+    AfterExecutionCall,
+    AfterPlanningCall,
+    AfterPlanningOutcome,
+    AfterSynthesisCall,
+    AfterSynthesisOutcome,
+    BeforePlanningCall,
+    BeforePlanningOutcome,
+    EnrichmentChange,
+    EnrichmentOperation,
+    HookDecision,
+    HookEntry,
+    HookRequestView,
+    ObserveOutcome,
+    PersistRecordInput,
+    PersistRecordOutput,
+    PipelineManifest,
+    Plan,
+    PlanInput,
+    PlanOutput,
+    ResolvePipelineInput,
+    ShortCircuitProposal,
+    Stage,
+    StageSettings,
+    SynthesizeInput,
+    SynthesizeOutput,
+    ToolStepInput,
+    ToolStepOutput,
+    json_size,
+)
+from workflows.plan_validation import plan_problems
+
+from . import telemetry
+from .planning import Planner, PlanningRequest, PromptBuilder, PromptInput, Synthesizer, build_planning_prompt
+from .store import ExecutionStore
+from .tools import ToolContext, ToolRegistry
+
+logger = logging.getLogger(__name__)
+
+MAX_TOOL_OUTPUT_BYTES = 256 * 1024
+INVALID_ARGUMENTS = "InvalidArguments"
+
+
+class _HookFailed(Exception):
+    """A failure the boundary found in what a hook did (not an exception the hook raised)."""
+
+    def __init__(self, category: str, message: str) -> None:
+        super().__init__(message)
+        self.category = category
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a stage method; plain functions run in a thread so they cannot block the event loop."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    result = await asyncio.to_thread(fn, *args)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def enrichment_changes(before: Mapping[str, JsonValue], after: Mapping[str, Any]) -> list[EnrichmentChange]:
+    """The added, updated and removed keys between two enrichment maps, after checking the new map is
+    JSON with string keys and within the size limit."""
+    for key, value in after.items():
+        if not isinstance(key, str) or not key:
+            raise _HookFailed(decisions.INVALID_HOOK_RESULT, f"enrichment key {key!r} is not a non-empty string")
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise _HookFailed(decisions.INVALID_HOOK_RESULT, f"enrichment {key!r} is not JSON: {err}") from None
+    size = json_size(after)
+    if size > MAX_ENRICHMENT_BYTES:
+        raise _HookFailed(
+            decisions.INVALID_HOOK_RESULT,
+            f"enrichments would be {size} bytes of JSON; the limit is {MAX_ENRICHMENT_BYTES}",
+        )
+    changes = []
+    for key, value in after.items():
+        if key not in before:
+            changes.append(EnrichmentChange(key=key, operation=EnrichmentOperation.ADDED, after=value))
+        elif before[key] != value:
+            changes.append(
+                EnrichmentChange(key=key, operation=EnrichmentOperation.UPDATED, before=before[key], after=value)
+            )
+    for key in before:
+        if key not in after:
+            changes.append(EnrichmentChange(key=key, operation=EnrichmentOperation.REMOVED, before=before[key]))
+    return changes
+
+
+class LifecycleActivities:
+    """Every activity ``RequestLifecycle`` schedules, bound to one worker's dependencies.
+
+    Args:
+        registry: The validated hook pipeline.
+        tools: The tools plan steps may call.
+        planner: Chooses tools; receives the prompt built by ``prompt_builder``.
+        synthesizer: Writes the answer.
+        store: Where execution records are persisted.
+        settings: Timeouts and limits of the framework's own activities.
+        cache_variation: Extra pipeline-owned cache dimensions (merged over the built-in ones).
+        reserved_metadata_dimensions: Request-metadata keys that are cache dimensions (e.g. ``locale``).
+        prompt_builder: Renders the planning prompt; the default renders the well-known enrichments.
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: HookRegistry,
+        tools: ToolRegistry,
+        planner: Planner,
+        synthesizer: Synthesizer,
+        store: ExecutionStore,
+        settings: StageSettings | None = None,
+        cache_variation: Mapping[str, str] | None = None,
+        reserved_metadata_dimensions: Sequence[str] = (),
+        prompt_builder: PromptBuilder = build_planning_prompt,
+    ) -> None:
+        self.registry = registry
+        self.tools = tools
+        self.planner = planner
+        self.synthesizer = synthesizer
+        self.store = store
+        self.settings = settings or StageSettings()
+        self.prompt_builder = prompt_builder
+        self.manifest = PipelineManifest(
+            pipeline=registry.pipeline,
+            hooks=registry.entries,
+            tools=tools.specs(),
+            cache_variation={**self._builtin_variation(), **(cache_variation or {})},
+            reserved_metadata_dimensions=list(reserved_metadata_dimensions),
+            settings=self.settings,
+        )
+
+    def _builtin_variation(self) -> dict[str, str]:
+        """Dimensions the orchestration owns: a cached answer is stale once any of them changes."""
+
+        def digest(value: Any) -> str:
+            return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+        return {
+            "pipeline": digest([(e.name, [s.value for s in e.stages]) for e in self.registry.entries]),
+            "planner": getattr(self.planner, "name", type(self.planner).__name__),
+            "synthesizer": getattr(self.synthesizer, "name", type(self.synthesizer).__name__),
+            "tools": digest([t.model_dump(mode="json") for t in self.tools.specs()]),
+        }
+
+    def activities(self) -> list[Callable[..., Any]]:
+        """The bound activity methods to give a ``Worker``."""
+        return [
+            self.resolve_pipeline,
+            self.before_planning_hook,
+            self.after_planning_hook,
+            self.after_execution_hook,
+            self.after_synthesis_hook,
+            self.plan,
+            self.execute_tool_step,
+            self.synthesize,
+            self.persist_execution_record,
+        ]
+
+    # ------------------------------------------------------------------------------------------------
+    # Pipeline
+    # ------------------------------------------------------------------------------------------------
+
+    @activity.defn(name="resolve_pipeline")
+    async def resolve_pipeline(self, input: ResolvePipelineInput) -> PipelineManifest:
+        """The hooks (order, stages, required flag, run options), tools and cache dimensions of this
+        worker, recorded in history so replay never depends on the worker's current configuration."""
+        return self.manifest
+
+    # ------------------------------------------------------------------------------------------------
+    # Hook invocation, one activity per stage
+    # ------------------------------------------------------------------------------------------------
+
+    def _context(self, entry: HookEntry, stage: Stage, view: HookRequestView) -> PipelineContext:
+        return PipelineContext.create(
+            request=view.request,
+            metadata=view.metadata,
+            enrichments=view.enrichments,
+            request_id=view.request_id,
+            workflow_id=view.workflow_id,
+            stage=stage,
+            hook_name=entry.name,
+            gate=view.gate,
+            plan_phase=view.plan_phase,
+        )
+
+    async def _invoke(
+        self,
+        entry: HookEntry,
+        stage: Stage,
+        view: HookRequestView,
+        run: Callable[[Any, PipelineContext, Span], Any],
+    ) -> Any:
+        """Run ``run(hook, ctx, span)`` inside the hook's span and translate failures into the
+        categories the workflow decides on (``HookError``, ``InvalidHookResult``, ...)."""
+        hook = self.registry.hook(entry.name)
+        ctx = self._context(entry, stage, view)
+        info = activity.info()
+        final_attempt = info.attempt >= entry.max_attempts
+        with telemetry.tracer().start_as_current_span(
+            telemetry.hook_span_name(stage.value, entry.name),
+            attributes={
+                "pipeline.hook.name": entry.name,
+                "pipeline.hook.stage": stage.value,
+                "pipeline.hook.required": entry.required,
+                "pipeline.request_id": view.request_id,
+                "temporal.activity.attempt": info.attempt,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                return await run(hook, ctx, span)
+            except _HookFailed as err:
+                self._mark_failed(span, entry, stage, err.category, str(err), final=True)
+                raise ApplicationError(str(err), {"hook": entry.name}, type=err.category, non_retryable=True) from None
+            except asyncio.CancelledError:
+                self._mark_failed(span, entry, stage, decisions.HOOK_TIMEOUT, "cancelled or timed out", final_attempt)
+                raise
+            except Exception as err:  # the hook raised: the stage's failure policy decides
+                deliberate = isinstance(err, HookRejection) or (
+                    isinstance(err, ApplicationError) and err.non_retryable
+                )
+                span.record_exception(err)
+                self._mark_failed(span, entry, stage, decisions.HOOK_ERROR, str(err), final_attempt or deliberate)
+                raise ApplicationError(
+                    str(err),
+                    {"hook": entry.name, "exception_type": type(err).__name__},
+                    type=decisions.HOOK_ERROR,
+                    non_retryable=deliberate,
+                    # A deliberate refusal is an outcome, not a fault: no error log or failure metric.
+                    category=ApplicationErrorCategory.BENIGN if deliberate else ApplicationErrorCategory.UNSPECIFIED,
+                ) from None
+
+    @staticmethod
+    def _mark_failed(span: Span, entry: HookEntry, stage: Stage, category: str, message: str, final: bool) -> None:
+        span.set_status(Status(StatusCode.ERROR, message[:512]))
+        span.set_attribute("pipeline.hook.outcome", "failed")
+        span.set_attribute("pipeline.hook.error_type", category)
+        if final:
+            span.set_attributes(telemetry.decision_attributes(decisions.failure_decision(entry, stage, category)))
+
+    @staticmethod
+    def _mark_succeeded(span: Span, decision: HookDecision) -> None:
+        span.set_attribute("pipeline.hook.outcome", "succeeded")
+        span.set_attributes(telemetry.decision_attributes(decision))
+
+    @activity.defn(name="before_planning_hook")
+    async def before_planning_hook(self, call: BeforePlanningCall) -> BeforePlanningOutcome:
+        """Invoke one before_planning hook: its enrichment changes and its short-circuit, judged."""
+        entry, view = call.hook, call.view
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> BeforePlanningOutcome:
+            if entry.before_planning_contract == "decision":
+                returned = await _call(hook.before_planning_decision, ctx, ctx.gate)
+            else:
+                returned = await _call(hook.before_planning, ctx)
+            proposal = self._proposal(entry, returned)
+            changes = enrichment_changes(view.enrichments, ctx.enrichments)
+            if proposal is None:
+                decision = decisions.success_decision(entry, Stage.BEFORE_PLANNING)
+            else:
+                decision = decisions.short_circuit_decision(proposal, view.gate)
+                accepted = decision.action.value == "short_circuit"
+                telemetry.record_short_circuit(proposal.kind, decision.reason, "accepted" if accepted else "rejected")
+                span.add_event(
+                    "pipeline.short_circuit.decision",
+                    {"kind": proposal.kind, "reason": decision.reason, "accepted": accepted, "source": proposal.source},
+                )
+                if proposal.contract == "legacy" and view.gate.reserved_dimensions:
+                    logger.warning(
+                        "hook %s returned a legacy short-circuit while reserved cache dimensions exist; it is "
+                        "treated as authoritative. Cache hooks should use before_planning_decision.",
+                        entry.name,
+                    )
+            self._mark_succeeded(span, decision)
+            return BeforePlanningOutcome(
+                enrichment_changes=changes, short_circuit=proposal, decision=decision, effects=ctx.effects
+            )
+
+        return await self._invoke(entry, Stage.BEFORE_PLANNING, view, run)
+
+    @staticmethod
+    def _proposal(entry: HookEntry, returned: Any) -> ShortCircuitProposal | None:
+        """Check a before_planning return value against the hook's contract (seed 000 §6)."""
+        if returned is None:
+            return None
+        if entry.before_planning_contract == "legacy":
+            if not isinstance(returned, PipelineShortCircuit):
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT,
+                    f"before_planning must return PipelineShortCircuit or None, got {type(returned).__name__}",
+                )
+            return ShortCircuitProposal(
+                contract="legacy",
+                kind=ShortCircuitKind.AUTHORITATIVE,
+                response=returned.response,
+                source=returned.source,
+                metadata=returned.metadata,
+            )
+        if not isinstance(returned, PipelineShortCircuitDecision):
+            raise _HookFailed(
+                decisions.INVALID_HOOK_RESULT,
+                f"before_planning_decision must return PipelineShortCircuitDecision or None, "
+                f"got {type(returned).__name__}",
+            )
+        if returned.kind not in (ShortCircuitKind.AUTHORITATIVE, ShortCircuitKind.CACHE):
+            raise _HookFailed(decisions.HOOK_CONTRACT_ERROR, f"unknown short-circuit kind {returned.kind!r}")
+        if returned.short_circuit is None:
+            raise _HookFailed(decisions.HOOK_CONTRACT_ERROR, "short-circuit decision has no short_circuit payload")
+        payload = returned.short_circuit
+        return ShortCircuitProposal(
+            contract="decision",
+            kind=returned.kind,
+            response=payload.response,
+            source=payload.source,
+            metadata=payload.metadata,
+            cached_against=returned.cached_against,
+        )
+
+    @activity.defn(name="after_planning_hook")
+    async def after_planning_hook(self, call: AfterPlanningCall) -> AfterPlanningOutcome:
+        """Invoke one after_planning hook on a private copy of the plan and validate what it returns."""
+        entry = call.hook
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> AfterPlanningOutcome:
+            returned = await _call(hook.after_planning, ctx, call.plan.model_copy(deep=True))
+            if not isinstance(returned, Plan):
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT, f"after_planning must return a Plan, got {type(returned).__name__}"
+                )
+            try:
+                plan = Plan.model_validate(returned.model_dump(mode="json"))
+            except pydantic.ValidationError as err:
+                raise _HookFailed(decisions.INVALID_HOOK_RESULT, f"returned plan is malformed: {err}") from None
+            problems = self._plan_problems(plan, call.plan.phase)
+            if problems:
+                raise _HookFailed(decisions.INVALID_PLAN, "invalid plan: " + "; ".join(problems))
+            decision = decisions.success_decision(entry, Stage.AFTER_PLANNING)
+            self._mark_succeeded(span, decision)
+            return AfterPlanningOutcome(plan=plan, changed=plan != call.plan, decision=decision, effects=ctx.effects)
+
+        return await self._invoke(entry, Stage.AFTER_PLANNING, call.view, run)
+
+    @activity.defn(name="after_execution_hook")
+    async def after_execution_hook(self, call: AfterExecutionCall) -> ObserveOutcome:
+        """Invoke one observe-only after_execution hook."""
+        entry = call.hook
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> ObserveOutcome:
+            returned = await _call(hook.after_execution, ctx, call.execution.model_copy(deep=True))
+            if returned is not None:
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT,
+                    f"after_execution is observe-only and must return None, got {type(returned).__name__}",
+                )
+            decision = decisions.success_decision(entry, Stage.AFTER_EXECUTION)
+            self._mark_succeeded(span, decision)
+            return ObserveOutcome(decision=decision, effects=ctx.effects)
+
+        return await self._invoke(entry, Stage.AFTER_EXECUTION, call.view, run)
+
+    @activity.defn(name="after_synthesis_hook")
+    async def after_synthesis_hook(self, call: AfterSynthesisCall) -> AfterSynthesisOutcome:
+        """Invoke one after_synthesis hook; its string result becomes the next hook's input."""
+        entry = call.hook
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> AfterSynthesisOutcome:
+            returned = await _call(hook.after_synthesis, ctx, call.response)
+            if not isinstance(returned, str):
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT,
+                    f"after_synthesis must return str, got {type(returned).__name__}",
+                )
+            decision = decisions.success_decision(entry, Stage.AFTER_SYNTHESIS)
+            self._mark_succeeded(span, decision)
+            return AfterSynthesisOutcome(response=returned, decision=decision, effects=ctx.effects)
+
+        return await self._invoke(entry, Stage.AFTER_SYNTHESIS, call.view, run)
+
+    # ------------------------------------------------------------------------------------------------
+    # Plan, execute, synthesize, persist
+    # ------------------------------------------------------------------------------------------------
+
+    def _plan_problems(self, plan: Plan, phase: int) -> list[str]:
+        problems = plan_problems(plan, self.manifest.tools, max_steps=self.settings.max_plan_steps, phase=phase)
+        for step in plan.steps:
+            problems.extend(self.tools.argument_problems(step))
+        return problems[:10]
+
+    @activity.defn(name="plan")
+    async def plan(self, input: PlanInput) -> PlanOutput:
+        """Build the planning prompt from the enrichments and ask the planner for a valid plan."""
+        tools = self.manifest.tools
+        prompt = self.prompt_builder(
+            PromptInput(request=input.request, enrichments=copy.deepcopy(input.enrichments), tools=tools, phase=input.phase)
+        )
+        plan = await self.planner.plan(
+            PlanningRequest(
+                request=input.request,
+                request_id=input.request_id,
+                prompt=prompt,
+                enrichments=copy.deepcopy(input.enrichments),
+                tools=tools,
+                phase=input.phase,
+            )
+        )
+        if not isinstance(plan, Plan):
+            raise ApplicationError(
+                f"planner returned {type(plan).__name__}, not a Plan", type=decisions.INVALID_PLAN, non_retryable=True
+            )
+        problems = self._plan_problems(plan, input.phase)
+        if problems:
+            raise ApplicationError(
+                "planner produced an invalid plan: " + "; ".join(problems),
+                {"problems": problems},
+                type=decisions.INVALID_PLAN,
+                non_retryable=True,
+            )
+        return PlanOutput(plan=plan, prompt=prompt, planner=getattr(self.planner, "name", type(self.planner).__name__))
+
+    @activity.defn(name="execute_tool_step")
+    async def execute_tool_step(self, input: ToolStepInput) -> ToolStepOutput:
+        """Run one plan step's tool with validated arguments and the step's idempotency key."""
+        step = input.step
+        tool = self.tools.get(step.tool_key)
+        if tool is None:
+            raise ApplicationError(f"unknown tool {step.tool_key}", type=INVALID_ARGUMENTS, non_retryable=True)
+        try:
+            arguments = tool.Arguments.model_validate(step.arguments)
+        except pydantic.ValidationError as err:
+            raise ApplicationError(
+                f"invalid arguments for {step.tool_key}: {err}", type=INVALID_ARGUMENTS, non_retryable=True
+            ) from None
+        ctx = ToolContext(
+            request_id=input.request_id,
+            step_id=step.step_id,
+            idempotency_key=input.idempotency_key,
+            attempt=activity.info().attempt,
+        )
+        output = await tool.run(arguments, ctx)
+        size = json_size(output)
+        if size > MAX_TOOL_OUTPUT_BYTES:
+            raise ApplicationError(
+                f"{step.tool_key} returned {size} bytes; the limit is {MAX_TOOL_OUTPUT_BYTES}",
+                type="ToolOutputTooLarge",
+                non_retryable=True,
+            )
+        return ToolStepOutput(output=output)
+
+    @activity.defn(name="synthesize")
+    async def synthesize(self, input: SynthesizeInput) -> SynthesizeOutput:
+        """Ask the synthesizer for the answer (the model output, before after_synthesis hooks)."""
+        output = await self.synthesizer.synthesize(input)
+        if not isinstance(output, SynthesizeOutput):
+            raise ApplicationError(
+                f"synthesizer returned {type(output).__name__}, not SynthesizeOutput",
+                type="InvalidSynthesis",
+                non_retryable=True,
+            )
+        return output
+
+    @activity.defn(name="persist_execution_record")
+    async def persist_execution_record(self, input: PersistRecordInput) -> PersistRecordOutput:
+        """Write a full record snapshot; an older or equal revision never replaces a newer one."""
+        revision, written = await self.store.save(input.record)
+        return PersistRecordOutput(stored_revision=revision, written=written)

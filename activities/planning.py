@@ -1,0 +1,103 @@
+"""The planner and synthesizer interfaces, and the default planning prompt builder (seed 000 §5.2–5.3)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pydantic import JsonValue
+
+from workflows.models import (
+    ENRICHMENT_ACTIVITY_COORDINATION,
+    ENRICHMENT_CONVERSATION_HISTORY,
+    ENRICHMENT_RAG_CONTEXT,
+    ENRICHMENT_USER_PROFILE,
+    Plan,
+    SynthesizeInput,
+    SynthesizeOutput,
+    ToolSpec,
+)
+
+# The well-known keys the default builder renders, in prompt order, and the tag each is wrapped in.
+# user_profile has no tag: it is inserted verbatim, so its writer supplies its own <user_profile> block.
+RENDERED_ENRICHMENTS: tuple[tuple[str, str | None], ...] = (
+    (ENRICHMENT_RAG_CONTEXT, "agent_memory"),
+    (ENRICHMENT_CONVERSATION_HISTORY, "conversation_history"),
+    (ENRICHMENT_ACTIVITY_COORDINATION, "agent_coordination"),
+    (ENRICHMENT_USER_PROFILE, None),
+)
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """What a prompt builder reads: the request, a copy of the enrichments, the tools, the phase."""
+
+    request: str
+    enrichments: Mapping[str, JsonValue]
+    tools: list[ToolSpec]
+    phase: int = 1
+
+
+@dataclass(frozen=True)
+class PlanningRequest:
+    """What a planner receives. An LLM planner sends ``prompt``; a rule planner may read ``request``."""
+
+    request: str
+    request_id: str
+    prompt: str
+    enrichments: Mapping[str, JsonValue]
+    tools: list[ToolSpec]
+    phase: int = 1
+    metadata: Mapping[str, JsonValue] = field(default_factory=dict)
+
+
+class Planner(Protocol):
+    """Chooses the tools for a request. Returns a :class:`Plan` for ``request.phase``."""
+
+    name: str
+
+    async def plan(self, request: PlanningRequest) -> Plan: ...
+
+
+class Synthesizer(Protocol):
+    """Writes the answer from the request, the plan and the step results."""
+
+    name: str
+
+    async def synthesize(self, input: SynthesizeInput) -> SynthesizeOutput: ...
+
+
+PromptBuilder = Callable[[PromptInput], str]
+
+
+def _as_text(value: JsonValue) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def build_planning_prompt(input: PromptInput) -> str:
+    """The default planning prompt: known enrichments as tagged sections, then tools, then the request.
+
+    Only the four well-known keys are rendered; any other enrichment needs a custom builder.
+    """
+    sections = [
+        "You are the planner of an agent. Choose the tool calls that answer the user's request, or none.",
+    ]
+    for key, tag in RENDERED_ENRICHMENTS:
+        value = input.enrichments.get(key)
+        if value is None or value == "":
+            continue
+        text = _as_text(value)
+        sections.append(f"<{tag}>\n{text}\n</{tag}>" if tag else text)
+    tool_lines = [
+        f"- {t.key}: {t.description} parameters={json.dumps(t.parameters.get('properties', {}), sort_keys=True)}"
+        for t in input.tools
+    ]
+    sections.append("Available tools:\n" + ("\n".join(tool_lines) if tool_lines else "(none)"))
+    sections.append(f"User request (planning phase {input.phase}):\n{input.request}")
+    sections.append(
+        'Answer with JSON: {"steps": [{"step_id", "namespace", "agent", "capability", "arguments", '
+        '"depends_on"}]}; depends_on may name only earlier steps.'
+    )
+    return "\n\n".join(sections)

@@ -1,0 +1,81 @@
+"""Tools: what a plan step calls. Each tool declares its identity and a pydantic model of its arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pydantic
+from pydantic import BaseModel, JsonValue
+
+from workflows.models import PlanStep, ToolSpec
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool knows about the call. ``idempotency_key`` is the same on every retry of a step: a tool
+    with side effects must use it so a retried activity never does the work twice."""
+
+    request_id: str
+    step_id: str
+    idempotency_key: str
+    attempt: int
+
+
+class Tool:
+    """Base class for tools. Subclasses set the identity, ``Arguments`` and implement ``run``."""
+
+    namespace: ClassVar[str]
+    agent: ClassVar[str]
+    capability: ClassVar[str]
+    description: ClassVar[str] = ""
+    read_only: ClassVar[bool] = False
+    Arguments: ClassVar[type[BaseModel]]
+
+    async def run(self, arguments: BaseModel, ctx: ToolContext) -> JsonValue:
+        raise NotImplementedError
+
+    @classmethod
+    def spec(cls) -> ToolSpec:
+        return ToolSpec(
+            namespace=cls.namespace,
+            agent=cls.agent,
+            capability=cls.capability,
+            description=cls.description,
+            parameters=cls.Arguments.model_json_schema(),
+            read_only=cls.read_only,
+        )
+
+
+class ToolRegistry:
+    """The tools a worker can run, keyed by ``namespace/agent/capability``."""
+
+    def __init__(self, tools: Iterable[Tool]) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            key = tool.spec().key
+            if key in self._tools:
+                raise ValueError(f"tool {key} is registered twice")
+            self._tools[key] = tool
+
+    def get(self, key: str) -> Tool | None:
+        return self._tools.get(key)
+
+    def specs(self) -> list[ToolSpec]:
+        return [tool.spec() for tool in self._tools.values()]
+
+    def argument_problems(self, step: PlanStep) -> list[str]:
+        """Why ``step.arguments`` do not fit its tool's parameters (empty when they do or the tool is
+        unknown, which structural validation reports)."""
+        tool = self._tools.get(step.tool_key)
+        if tool is None:
+            return []
+        try:
+            tool.Arguments.model_validate(step.arguments)
+        except pydantic.ValidationError as err:
+            return [
+                f"step {step.step_id!r}: argument {'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+                for e in err.errors(include_url=False)
+            ]
+        return []

@@ -1,0 +1,66 @@
+"""Process settings for the worker, the demo and the CLI, read from the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+DEFAULT_ALLOWED_OPERATIONS = [
+    "demo-tools/stock-service/stock_quote",
+    "demo-tools/notify-service/send_message",
+]
+
+
+class Settings(BaseModel):
+    """Where to find Temporal, where state lives, and which pipeline the worker runs.
+
+    Environment: ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_TASK_QUEUE``, ``TEMPORAL_UI_PORT``,
+    ``AGENT_STATE_DIR``, ``AGENT_EXECUTION_STORE``, ``AGENT_PIPELINE`` (``module:function``),
+    ``AGENT_ALLOWED_OPERATIONS`` (comma-separated ``namespace/agent/capability``),
+    ``AGENT_RECORD_RETENTION_DAYS``, ``AGENT_ERROR_RETENTION_DAYS``, ``AGENT_CACHE_TTL_SECONDS``.
+    """
+
+    temporal_address: str = "localhost:7233"
+    temporal_namespace: str = "default"
+    task_queue: str = "agent-requests"
+    ui_port: int = 8233
+    state_dir: Path = Path(".agent-state")
+    execution_store: Path | None = None
+    pipeline_factory: str = "demo.pipeline:build_activities"
+    allowed_operations: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_OPERATIONS))
+    record_retention_days: float = Field(default=7.0, gt=0)
+    error_retention_days: float = Field(default=30.0, gt=0)
+    cache_ttl_seconds: float = Field(default=300.0, gt=0)
+
+    @property
+    def execution_store_path(self) -> Path:
+        return self.execution_store or self.state_dir / "executions.sqlite3"
+
+    @property
+    def ui_url(self) -> str:
+        host = self.temporal_address.rsplit(":", 1)[0] or "localhost"
+        return f"http://{host}:{self.ui_port}/namespaces/{self.temporal_namespace}"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> Settings:
+        env = os.environ if env is None else env
+        names = {
+            "TEMPORAL_ADDRESS": "temporal_address",
+            "TEMPORAL_NAMESPACE": "temporal_namespace",
+            "TEMPORAL_TASK_QUEUE": "task_queue",
+            "TEMPORAL_UI_PORT": "ui_port",
+            "AGENT_STATE_DIR": "state_dir",
+            "AGENT_EXECUTION_STORE": "execution_store",
+            "AGENT_PIPELINE": "pipeline_factory",
+            "AGENT_RECORD_RETENTION_DAYS": "record_retention_days",
+            "AGENT_ERROR_RETENTION_DAYS": "error_retention_days",
+            "AGENT_CACHE_TTL_SECONDS": "cache_ttl_seconds",
+        }
+        values: dict = {field: env[name] for name, field in names.items() if env.get(name)}
+        if env.get("AGENT_ALLOWED_OPERATIONS") is not None:
+            values["allowed_operations"] = [op.strip() for op in env["AGENT_ALLOWED_OPERATIONS"].split(",") if op.strip()]
+        values.update(overrides)
+        return cls.model_validate(values)

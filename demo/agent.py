@@ -1,0 +1,111 @@
+"""The demo's deterministic rule planner and synthesizer, behind the interfaces an LLM would implement."""
+
+from __future__ import annotations
+
+import re
+
+from activities.planning import PlanningRequest
+from workflows.models import (
+    ENRICHMENT_RAG_CONTEXT,
+    Plan,
+    PlanStep,
+    StepResult,
+    StepStatus,
+    SynthesizeInput,
+    SynthesizeOutput,
+)
+
+from .tools import NAMESPACE
+
+_TICKER = re.compile(r"\b[A-Z]{2,5}\b")
+_NOT_TICKERS = {"USD", "EUR", "OK", "AM", "PM", "CEO", "API", "FAQ"}
+_QUANTITY = re.compile(r"\b(\d{1,6})\b")
+_RECIPIENT = re.compile(r"\bto\s+([A-Za-z][\w.@\-]{0,63})", re.IGNORECASE)
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+class RulePlanner:
+    """Keyword rules: "quote"/"price" → ``stock_quote`` per ticker; "buy"/"sell" → ``execute_trade``;
+    "notify"/"send"/"message" → ``send_message`` after the other steps; otherwise no steps."""
+
+    name = "rule-planner/1"
+
+    async def plan(self, request: PlanningRequest) -> Plan:
+        text = request.request
+        words = _words(text)
+        tickers = list(dict.fromkeys(t for t in _TICKER.findall(text) if t not in _NOT_TICKERS))
+        steps: list[PlanStep] = []
+        if words & {"quote", "quotes", "price", "prices"}:
+            for ticker in tickers:
+                steps.append(
+                    PlanStep(
+                        step_id=f"quote-{ticker.lower()}",
+                        namespace=NAMESPACE,
+                        agent="stock-service",
+                        capability="stock_quote",
+                        arguments={"symbol": ticker},
+                    )
+                )
+        side = "buy" if "buy" in words else "sell" if "sell" in words else None
+        if side and tickers:
+            quantity = _QUANTITY.search(text)
+            steps.append(
+                PlanStep(
+                    step_id=f"trade-{tickers[0].lower()}",
+                    namespace=NAMESPACE,
+                    agent="stock-service",
+                    capability="execute_trade",
+                    arguments={"symbol": tickers[0], "side": side, "quantity": int(quantity.group(1)) if quantity else 1},
+                )
+            )
+        if words & {"notify", "send", "message"}:
+            recipient = _RECIPIENT.search(text)
+            steps.append(
+                PlanStep(
+                    step_id="notify",
+                    namespace=NAMESPACE,
+                    agent="notify-service",
+                    capability="send_message",
+                    arguments={"to": recipient.group(1) if recipient else "me", "text": text[:2000]},
+                    depends_on=[s.step_id for s in steps],
+                )
+            )
+        return Plan(phase=request.phase, steps=steps, rationale=f"{len(steps)} step(s) from keyword rules")
+
+
+def _describe(step: StepResult) -> str:
+    output = step.output if isinstance(step.output, dict) else {}
+    if step.status is StepStatus.SUCCEEDED:
+        if step.tool.endswith("stock_quote"):
+            return f"{output.get('symbol')} is trading at {output.get('price')} {output.get('currency')}."
+        if step.tool.endswith("execute_trade"):
+            verb = "Bought" if output.get("side") == "buy" else "Sold"
+            return f"{verb} {output.get('quantity')} {output.get('symbol')} at {output.get('price')} (order {output.get('order_id')})."
+        if step.tool.endswith("send_message"):
+            return f"Message sent to {output.get('to')}."
+        return f"{step.tool} succeeded."
+    if step.status is StepStatus.FAILED:
+        return f"I could not complete {step.tool} ({step.step_id}): {step.error}"
+    return f"I skipped {step.tool} ({step.step_id}): {step.skip_reason}"
+
+
+class TemplateSynthesizer:
+    """Writes one sentence per step result; confidence is the share of steps that succeeded."""
+
+    name = "template-synthesizer/1"
+
+    async def synthesize(self, input: SynthesizeInput) -> SynthesizeOutput:
+        steps = input.execution.steps
+        sentences = [_describe(step) for step in steps]
+        context = input.enrichments.get(ENRICHMENT_RAG_CONTEXT)
+        if not steps:
+            sentences.append(
+                "I can quote stock prices, place trades and send messages, but found nothing to do for that request."
+            )
+        if isinstance(context, str) and context.strip():
+            sentences.append("From the knowledge base:\n" + context.strip())
+        confidence = (sum(s.status is StepStatus.SUCCEEDED for s in steps) / len(steps)) if steps else 0.5
+        return SynthesizeOutput(response="\n".join(sentences), confidence=round(confidence, 3))

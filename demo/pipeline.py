@@ -1,0 +1,49 @@
+"""The demo's pipeline factory: what ``worker.py`` runs unless ``AGENT_PIPELINE`` names another.
+
+A pipeline factory takes the process :class:`~client.settings.Settings` and returns the
+:class:`~activities.LifecycleActivities` the worker registers. Hook order is execution order.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from client.settings import Settings
+from hooks import HookRegistry
+from hooks.builtin import AllowedOperationsHook, KnowledgeContextHook, ResponseCacheHook, SecretRedactionHook
+
+from .agent import RulePlanner, TemplateSynthesizer
+from .tools import demo_tools
+
+KNOWLEDGE_FILE = Path(__file__).with_name("knowledge.json")
+
+
+def demo_hooks(settings: Settings) -> list:
+    """The default pipeline.
+
+    ``secret-redaction`` comes before ``response-cache`` because both run at after_synthesis and the
+    cache must store the redacted text (a cached answer skips after_synthesis when served).
+    ``allowed-operations`` is the required hook and the only after_planning participant.
+    """
+    return [
+        SecretRedactionHook(),
+        ResponseCacheHook(settings.state_dir / "response-cache.sqlite3", ttl_seconds=settings.cache_ttl_seconds),
+        KnowledgeContextHook(KNOWLEDGE_FILE),
+        AllowedOperationsHook(settings.allowed_operations),
+    ]
+
+
+def build_activities(settings: Settings) -> LifecycleActivities:
+    return LifecycleActivities(
+        registry=HookRegistry(demo_hooks(settings), pipeline="demo"),
+        tools=ToolRegistry(demo_tools(settings.state_dir)),
+        planner=RulePlanner(),
+        synthesizer=TemplateSynthesizer(),
+        store=SQLiteExecutionStore(
+            settings.execution_store_path,
+            retention=timedelta(days=settings.record_retention_days),
+            error_retention=timedelta(days=settings.error_retention_days),
+        ),
+    )

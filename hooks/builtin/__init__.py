@@ -1,0 +1,16 @@
+"""Hooks that ship with the framework; each is also a worked example of one stage contract."""
+
+from .allowed_operations import AllowedOperationsHook, Operation
+from .knowledge_context import KnowledgeContextHook
+from .response_cache import ResponseCacheHook
+from .secret_redaction import COMMON_SECRET_PATTERNS, SecretRedactionHook, redact
+
+__all__ = [
+    "COMMON_SECRET_PATTERNS",
+    "AllowedOperationsHook",
+    "KnowledgeContextHook",
+    "Operation",
+    "ResponseCacheHook",
+    "SecretRedactionHook",
+    "redact",
+]

@@ -1,0 +1,53 @@
+"""``secret-redaction``: an after_synthesis guardrail that masks credentials in the response.
+
+The patterns are deliberately conservative: a pattern that over-matches corrupts legitimate output,
+which is its own failure. The effect it reports counts redactions per pattern, never the secret itself.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..contracts import PipelineContext, PipelineHook
+
+MASK = "[REDACTED]"
+
+COMMON_SECRET_PATTERNS: dict[str, re.Pattern[str]] = {
+    "private_key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]+?-----END [A-Z ]*PRIVATE KEY-----"),
+    "aws_access_key_id": re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    "github_token": re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,}\b"),
+    "slack_token": re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}\b"),
+    "api_key_sk": re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}\b"),
+    "jwt": re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\b"),
+    "bearer_token": re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/\-]{20,}=*"),
+}
+
+
+def redact(text: str, patterns: dict[str, re.Pattern[str]] = COMMON_SECRET_PATTERNS) -> tuple[str, dict[str, int]]:
+    """Mask every match; returns the new text and the number of matches per pattern name."""
+    counts: dict[str, int] = {}
+    for name, pattern in patterns.items():
+        text, n = pattern.subn(MASK, text)
+        if n:
+            counts[name] = n
+    return text, counts
+
+
+class SecretRedactionHook(PipelineHook):
+    """Mask API keys, tokens and private keys in the final response."""
+
+    name = "secret-redaction"
+    timeout_seconds = 5.0
+
+    def __init__(self, patterns: dict[str, re.Pattern[str]] | None = None) -> None:
+        self.patterns = dict(patterns or COMMON_SECRET_PATTERNS)
+
+    def after_synthesis(self, ctx: PipelineContext, response: str) -> str:
+        redacted, counts = redact(response, self.patterns)
+        ctx.report_effect(
+            "secret_redaction",
+            name="Secret redaction",
+            data={"redactions": sum(counts.values()), "by_pattern": counts},
+            summary=f"{sum(counts.values())} redaction(s)",
+        )
+        return redacted

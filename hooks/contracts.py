@@ -1,0 +1,291 @@
+"""The hook contracts: one per stage, in the seed's words (seed 000 §2, §4, §6).
+
+A hook is any object with a non-empty ``name`` and at least one stage method. Subclassing
+:class:`PipelineHook` is the easy way to get the run options' defaults; the stage protocols below exist
+to document each contract and to let a type checker hold a hook against it. Stage methods may be
+``async def`` or plain ``def``; plain ones run in a worker thread so they never block the event loop.
+
+Every invocation runs in its own Temporal activity. A hook's state therefore does not carry from one
+invocation to the next unless the hook keeps it in a store of its own: the worker process may differ.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field, JsonValue
+
+from workflows.models import (
+    EffectStatus,
+    ExecutionResult,
+    GateState,
+    PipelineHookEffect,
+    Plan,
+    RunMode,
+    Stage,
+)
+
+__all__ = [
+    "AfterExecutionHook",
+    "AfterPlanningHook",
+    "AfterSynthesisHook",
+    "BeforePlanningDecisionHook",
+    "BeforePlanningHook",
+    "HookRejection",
+    "PipelineContext",
+    "PipelineGate",
+    "PipelineHook",
+    "PipelineShortCircuit",
+    "PipelineShortCircuitDecision",
+    "RequiredAfterPlanningHook",
+    "ShortCircuitKind",
+]
+
+
+class ShortCircuitKind:
+    """The provenance kinds a short-circuit decision may declare (seed 000 §6)."""
+
+    AUTHORITATIVE = "authoritative"  # policy denials, rate limits: valid regardless of cache state
+    CACHE = "cache"  # a cache entry: served only if reads are enabled and every reserved dimension matches
+
+
+class PipelineShortCircuit(BaseModel):
+    """A complete answer that ends the request before planning."""
+
+    response: str
+    source: str
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class PipelineShortCircuitDecision(BaseModel):
+    """A provenance-aware short-circuit. ``kind`` is checked at the boundary: an unknown kind or a
+    missing ``short_circuit`` fails the request with ``HookContractError``."""
+
+    short_circuit: PipelineShortCircuit | None = None
+    kind: str = ShortCircuitKind.AUTHORITATIVE
+    cached_against: dict[str, str] = Field(default_factory=dict)
+
+
+class HookRejection(Exception):
+    """Raise from a hook for a deliberate refusal. It is never retried (an ordinary exception is, up
+    to the hook's ``max_attempts``), and its text is recorded exactly."""
+
+
+class PipelineGate:
+    """What a before_planning decision hook may know about the cache gate of this request."""
+
+    def __init__(self, state: GateState) -> None:
+        self._state = state
+
+    def response_cache_read_disabled(self) -> bool:
+        """True when the request asked for ``{"cache": "bypass"}``: do not serve cached answers."""
+        return not self._state.cache_read_enabled
+
+    def cache_vary(self) -> dict[str, str]:
+        """The reserved variation dimensions as they are now. Store this map beside a cache entry when
+        you write it, and return that stored map as ``cached_against`` when you read it."""
+        return dict(self._state.variation)
+
+
+@dataclass
+class PipelineContext:
+    """What every stage method receives (seed 000 §5.1).
+
+    ``enrichments`` is the only field a hook writes, and only before_planning changes to it reach the
+    planner. ``metadata`` is a read-only view of what the caller attached to the request.
+    """
+
+    request: str
+    metadata: Mapping[str, JsonValue]
+    enrichments: dict[str, JsonValue]
+    request_id: str
+    workflow_id: str
+    stage: Stage
+    hook_name: str
+    gate: PipelineGate
+    plan_phase: int | None = None
+    _effects: dict[str, PipelineHookEffect] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        request: str,
+        metadata: Mapping[str, JsonValue],
+        enrichments: Mapping[str, JsonValue],
+        request_id: str,
+        workflow_id: str,
+        stage: Stage,
+        hook_name: str,
+        gate: GateState,
+        plan_phase: int | None = None,
+    ) -> PipelineContext:
+        return cls(
+            request=request,
+            metadata=MappingProxyType(copy.deepcopy(dict(metadata))),
+            enrichments=copy.deepcopy(dict(enrichments)),
+            request_id=request_id,
+            workflow_id=workflow_id,
+            stage=stage,
+            hook_name=hook_name,
+            gate=PipelineGate(gate),
+            plan_phase=plan_phase,
+        )
+
+    def report_effect(
+        self,
+        effect_id: str,
+        *,
+        name: str,
+        status: EffectStatus | str = EffectStatus.SUCCEEDED,
+        data: JsonValue = None,
+        summary: str = "",
+        error: str | None = None,
+        started_at: datetime | None = None,
+        duration_ms: float | None = None,
+        schema_version: int = 1,
+    ) -> PipelineHookEffect:
+        """Record work this invocation attempted and what it observed (seed 000 §7.5).
+
+        Reporting the same ``effect_id`` again replaces the earlier report: one effect, one card.
+        """
+        effect = PipelineHookEffect(
+            effect_id=effect_id,
+            schema_version=schema_version,
+            name=name,
+            status=EffectStatus(status),
+            data=data,
+            started_at=started_at,
+            duration_ms=duration_ms,
+            summary=summary,
+            error=error,
+            hook=self.hook_name,
+            stage=self.stage,
+        )
+        self._effects[effect_id] = effect
+        return effect
+
+    @property
+    def effects(self) -> list[PipelineHookEffect]:
+        return list(self._effects.values())
+
+
+class PipelineHook:
+    """Base class with the run options every hook has. Subclasses set ``name`` and implement stages.
+
+    Attributes:
+        name: Non-empty and unique in the pipeline; used in the UI, spans and the record.
+        run_mode: ``RunMode.ACTIVITY`` (default) or ``RunMode.LOCAL_ACTIVITY`` for cheap in-process hooks.
+        timeout_seconds: Per-attempt limit; a hook that exceeds it is recorded as ``timed_out``.
+        max_attempts: Attempts for a hook that raises an ordinary exception (``HookRejection`` and
+            contract violations are never retried).
+    """
+
+    name: str = ""
+    run_mode: RunMode = RunMode.ACTIVITY
+    timeout_seconds: float = 10.0
+    max_attempts: int = 3
+
+
+@runtime_checkable
+class BeforePlanningHook(Protocol):
+    """before_planning, legacy contract: enrich ``ctx.enrichments``; optionally answer outright.
+
+    Return ``None`` to carry on. Returning a :class:`PipelineShortCircuit` ends the request with that
+    answer and is treated as authoritative: planning, execution and synthesis are skipped and later
+    before_planning hooks are not called. Errors fail open: the request continues without this hook's
+    changes.
+    """
+
+    name: str
+
+    def before_planning(self, ctx: PipelineContext) -> PipelineShortCircuit | None: ...
+
+
+@runtime_checkable
+class BeforePlanningDecisionHook(Protocol):
+    """before_planning, provenance-aware contract: the one to use for caches.
+
+    Return ``None`` to carry on, or a :class:`PipelineShortCircuitDecision`. A ``cache`` decision is
+    served only when cache reads are enabled and ``cached_against`` (the variation map stored with the
+    entry at write time, never ``gate.cache_vary()`` at lookup) matches every reserved dimension;
+    otherwise planning continues. An unknown kind or a missing payload fails the request.
+    """
+
+    name: str
+
+    def before_planning_decision(
+        self, ctx: PipelineContext, gate: PipelineGate
+    ) -> PipelineShortCircuitDecision | None: ...
+
+
+@runtime_checkable
+class AfterPlanningHook(Protocol):
+    """after_planning: return the plan to run, possibly a modified copy.
+
+    ``plan`` is already a private copy. The result must be a :class:`Plan` and passes the full plan
+    validation; hooks chain in registration order. An ordinary hook's error, wrong return type or
+    invalid plan is recorded and the last valid plan continues.
+    """
+
+    name: str
+
+    def after_planning(self, ctx: PipelineContext, plan: Plan) -> Plan: ...
+
+
+class RequiredAfterPlanningHook:
+    """Marker: this hook's after_planning is a fail-closed boundary.
+
+    Its error, wrong return type or invalid plan fails the request with ``RequiredAfterPlanningError``
+    before any tool runs. At most one hook may carry it, it must implement ``after_planning``, and it
+    must be the last after_planning participant (checked when the pipeline is built).
+    """
+
+    required_after_planning: ClassVar[bool] = True
+
+
+@runtime_checkable
+class AfterExecutionHook(Protocol):
+    """after_execution: observe the tool results (record to memory, audit, metrics). Return ``None``;
+    results cannot be changed here. Errors fail open."""
+
+    name: str
+
+    def after_execution(self, ctx: PipelineContext, execution: ExecutionResult) -> None: ...
+
+
+@runtime_checkable
+class AfterSynthesisHook(Protocol):
+    """after_synthesis: return the response, possibly rewritten (guardrails, redaction, write-back).
+    Hooks chain in registration order; an error or a non-``str`` result keeps the previous text."""
+
+    name: str
+
+    def after_synthesis(self, ctx: PipelineContext, response: str) -> str: ...
+
+
+STAGE_METHODS: dict[str, Stage] = {
+    "before_planning": Stage.BEFORE_PLANNING,
+    "before_planning_decision": Stage.BEFORE_PLANNING,
+    "after_planning": Stage.AFTER_PLANNING,
+    "after_execution": Stage.AFTER_EXECUTION,
+    "after_synthesis": Stage.AFTER_SYNTHESIS,
+}
+# Positional parameters each stage method takes besides ``self``.
+STAGE_METHOD_ARITY: dict[str, int] = {
+    "before_planning": 1,
+    "before_planning_decision": 2,
+    "after_planning": 2,
+    "after_execution": 2,
+    "after_synthesis": 2,
+}
+
+
+def hook_option(hook: Any, option: str) -> Any:
+    """A run option of ``hook``, falling back to :class:`PipelineHook`'s default."""
+    return getattr(hook, option, getattr(PipelineHook, option))

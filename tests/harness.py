@@ -1,0 +1,174 @@
+"""A worker around a chosen pipeline, and what a user would check after a request.
+
+Every history a :class:`Harness` produces is replayed with ``Replayer`` when the harness closes, so
+each test also proves the workflow deterministic for the paths it exercised.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory, WorkflowQueryFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Replayer, Worker
+
+from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from demo.agent import RulePlanner, TemplateSynthesizer
+from demo.tools import demo_tools
+from hooks import HookRegistry
+from workflows import RequestLifecycleWorkflow, data_converter
+from workflows.models import ExecutionRecord, RequestInput, RequestResult, StageSettings
+
+HOOK_ACTIVITY_TYPES = {"before_planning_hook", "after_planning_hook", "after_execution_hook", "after_synthesis_hook"}
+
+
+@dataclass
+class ScheduledActivity:
+    activity_type: str
+    summary: str | None
+    local: bool = False
+
+
+@dataclass
+class Outcome:
+    """One finished request as a user sees it: result or typed failure, record, history."""
+
+    workflow_id: str
+    result: RequestResult | None
+    failure: ApplicationError | None
+    record: ExecutionRecord | None  # None when the input never decoded
+    history: WorkflowHistory
+    store: SQLiteExecutionStore
+
+    @property
+    def scheduled(self) -> list[ScheduledActivity]:
+        """Every activity the workflow scheduled (and local activity it recorded), in history order."""
+        converter = data_converter.payload_converter
+        found = []
+        for event in self.history.events:
+            summary = None
+            if event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
+                summary = converter.from_payload(event.user_metadata.summary, str)
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                attrs = event.activity_task_scheduled_event_attributes
+                found.append(ScheduledActivity(attrs.activity_type.name, summary))
+            elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+                attrs = event.marker_recorded_event_attributes
+                if "activity_type" in attrs.details:
+                    activity_type = converter.from_payloads(attrs.details["activity_type"].payloads)[0]
+                    found.append(ScheduledActivity(activity_type, summary, local=True))
+        return found
+
+    @property
+    def summaries(self) -> list[str]:
+        return [a.summary for a in self.scheduled if a.summary]
+
+    def activity_types(self) -> list[str]:
+        return [a.activity_type for a in self.scheduled]
+
+    def hook_summaries(self) -> list[str]:
+        return [a.summary for a in self.scheduled if a.activity_type in HOOK_ACTIVITY_TYPES]
+
+    @property
+    def tool_activities(self) -> list[ScheduledActivity]:
+        return [a for a in self.scheduled if a.activity_type == "execute_tool_step"]
+
+    async def stored(self) -> ExecutionRecord | None:
+        return await self.store.get(self.workflow_id)
+
+    def failure_details(self) -> dict[str, Any]:
+        assert self.failure is not None, "the request did not fail"
+        return self.failure.details[0] if self.failure.details else {}
+
+
+@dataclass
+class Harness:
+    """Run requests through ``RequestLifecycle`` with a given pipeline on a fresh task queue.
+
+    Use as ``async with Harness(client, tmp_path, hooks=[...]) as h: outcome = await h.run("...")``.
+    """
+
+    client: Client
+    state_dir: Path
+    hooks: Sequence[Any] = ()
+    tools: Sequence[Any] | None = None
+    planner: Any = None
+    synthesizer: Any = None
+    settings: StageSettings | None = None
+    cache_variation: dict[str, str] | None = None
+    reserved_metadata_dimensions: Sequence[str] = ()
+    pipeline: str = "test"
+    task_queue: str = field(default_factory=lambda: f"tq-{uuid.uuid4()}")
+    worker_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir)
+        self.store = SQLiteExecutionStore(self.state_dir / "executions.sqlite3")
+        self.activities = LifecycleActivities(
+            registry=HookRegistry(list(self.hooks), pipeline=self.pipeline),
+            tools=ToolRegistry(self.tools if self.tools is not None else demo_tools(self.state_dir)),
+            planner=self.planner or RulePlanner(),
+            synthesizer=self.synthesizer or TemplateSynthesizer(),
+            store=self.store,
+            settings=self.settings,
+            cache_variation=self.cache_variation,
+            reserved_metadata_dimensions=self.reserved_metadata_dimensions,
+        )
+        self.histories: list[WorkflowHistory] = []
+
+    async def __aenter__(self) -> Harness:
+        self.worker = Worker(
+            self.client,
+            task_queue=self.task_queue,
+            workflows=[RequestLifecycleWorkflow],
+            activities=self.activities.activities(),
+            **self.worker_options,
+        )
+        await self.worker.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.worker.__aexit__(*exc)
+        if exc[0] is None:
+            await self.replay()
+
+    async def replay(self) -> None:
+        replayer = Replayer(workflows=[RequestLifecycleWorkflow], data_converter=data_converter)
+        for history in self.histories:
+            await replayer.replay_workflow(history)
+
+    async def start(self, request: str | dict, metadata: dict | None = None, *, request_id: str | None = None, workflow_id: str | None = None):
+        """Start a request. A dict is sent as the raw JSON input (to test malformed input)."""
+        workflow_id = workflow_id or f"req-{uuid.uuid4()}"
+        arg = request if isinstance(request, dict) else RequestInput(request=request, metadata=metadata or {}, request_id=request_id)
+        return await self.client.start_workflow(
+            "RequestLifecycle", arg, id=workflow_id, task_queue=self.task_queue, result_type=RequestResult
+        )
+
+    async def finish(self, handle) -> Outcome:
+        """Wait for a started request and gather its outcome."""
+        result = failure = None
+        try:
+            result = await handle.result()
+        except WorkflowFailureError as err:
+            failure = err.cause
+        history = await handle.fetch_history()
+        self.histories.append(history)
+        try:
+            record = await handle.query("execution_record", result_type=ExecutionRecord)
+        except WorkflowQueryFailedError:
+            record = None  # an input that never decoded: the SDK cannot instantiate the workflow to answer
+        return Outcome(handle.id, result, failure, record, history, self.store)
+
+    async def run(self, request: str | dict, metadata: dict | None = None, **kwargs: Any) -> Outcome:
+        return await self.finish(await self.start(request, metadata, **kwargs))
+
+
+def history_json(history: WorkflowHistory) -> str:
+    return json.dumps(json.loads(history.to_json()), indent=1)

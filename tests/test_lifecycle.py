@@ -1,0 +1,87 @@
+"""The whole lifecycle through the demo pipeline, read the way an operator reads it."""
+
+from __future__ import annotations
+
+from demo.pipeline import demo_hooks
+from client.settings import Settings
+from workflows.models import RequestStatus, Stage
+
+from .harness import Harness
+
+
+async def test_quote_request_runs_every_stage_as_labelled_activities(client, tmp_path):
+    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
+        out = await h.run("What is the price of ACME?")
+
+    assert out.failure is None
+    assert "ACME is trading at" in out.result.response
+    assert out.result.short_circuit is None
+    assert out.activity_types() == [
+        "resolve_pipeline",
+        "before_planning_hook",
+        "before_planning_hook",
+        "plan",
+        "after_planning_hook",
+        "execute_tool_step",
+        "synthesize",
+        "after_synthesis_hook",
+        "after_synthesis_hook",
+        "persist_execution_record",
+    ]
+    assert out.hook_summaries() == [
+        "before_planning · response-cache",
+        "before_planning · knowledge-context",
+        "after_planning · allowed-operations",
+        "after_synthesis · secret-redaction",
+        "after_synthesis · response-cache",
+    ]
+    # No demo hook implements after_execution, so that stage schedules nothing.
+    assert not any(s.startswith("after_execution") for s in out.summaries)
+
+    stored = await out.stored()
+    assert stored is not None and stored.status is RequestStatus.SUCCEEDED
+    assert stored.record_revision == 1
+    assert [i.hook for i in stored.invocations(Stage.AFTER_SYNTHESIS)] == ["secret-redaction", "response-cache"]
+    # The model's output and the final response are kept apart: the knowledge file's key is redacted.
+    assert "sk-demo-" in stored.model_response
+    assert "sk-demo-" not in stored.final_response and "[REDACTED]" in stored.final_response
+    assert stored.final_response == out.result.response
+
+
+async def test_trade_is_refused_before_any_tool_runs(client, tmp_path):
+    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
+        out = await h.run("Buy 10 ACME")
+
+    assert out.failure is not None and out.failure.type == "RequiredAfterPlanningError"
+    assert out.failure.non_retryable
+    details = out.failure_details()
+    assert details["hook"] == "allowed-operations"
+    assert "execute_trade" in details["cause"]
+    assert out.tool_activities == []
+    assert "synthesize" not in out.activity_types()
+    stored = await out.stored()
+    assert stored.status is RequestStatus.FAILED
+    assert stored.steps == [] and stored.plans == []
+    invocation = stored.invocations(Stage.AFTER_PLANNING)[0]
+    assert (invocation.decision.failure_policy, invocation.decision.action, invocation.decision.reason) == (
+        "fail_closed",
+        "terminate",
+        "hook_error",
+    )
+    assert stored.error.type == "RequiredAfterPlanningError"
+
+
+async def test_malformed_input_fails_with_a_typed_error(client, tmp_path):
+    async with Harness(client, tmp_path) as h:
+        empty = await h.run({"request": "   "})
+        unknown_field = await h.run({"request": "hi", "colour": "blue"})
+        too_long = await h.run({"request": "x" * 9000})
+
+    for out in (empty, unknown_field, too_long):
+        assert out.failure is not None and out.failure.type == "InvalidRequest"
+        assert out.failure.non_retryable
+        assert out.scheduled == []
+    assert "non-whitespace" in empty.failure.message
+    assert "colour" in unknown_field.failure.message
+    for out in (empty, unknown_field, too_long):
+        assert out.record is None and await out.stored() is None

@@ -1,0 +1,111 @@
+"""Run a worker for ``RequestLifecycle``.
+
+    python worker.py            # connect to TEMPORAL_ADDRESS (default localhost:7233)
+    python worker.py --dev      # first start the embedded dev server with its Web UI (port 8233)
+    python worker.py --check    # validate the pipeline and exit
+
+The pipeline comes from ``AGENT_PIPELINE`` (``module:function``, default ``demo.pipeline:build_activities``)
+and is validated before anything connects: a misconfigured pipeline exits non-zero with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities import LifecycleActivities
+from client import Settings, connect
+from client.devserver import start_dev_server
+from client.telemetry import configure_telemetry
+from hooks import InvalidPipelineConfigError
+from workflows import RequestLifecycleWorkflow
+
+logger = logging.getLogger("worker")
+
+
+def load_activities(settings: Settings) -> LifecycleActivities:
+    """Build the activities from the configured pipeline factory (validates the hook registry)."""
+    module_name, _, function_name = settings.pipeline_factory.partition(":")
+    factory = getattr(importlib.import_module(module_name), function_name or "build_activities")
+    activities = factory(settings)
+    if not isinstance(activities, LifecycleActivities):
+        raise TypeError(f"{settings.pipeline_factory} returned {type(activities).__name__}, not LifecycleActivities")
+    return activities
+
+
+def build_worker(client: Client, task_queue: str, activities: LifecycleActivities, **options) -> Worker:
+    """A worker for the lifecycle workflow and every activity it schedules."""
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[RequestLifecycleWorkflow],
+        activities=activities.activities(),
+        **options,
+    )
+
+
+@contextlib.asynccontextmanager
+async def temporal_client(settings: Settings, *, dev: bool) -> AsyncIterator[Client]:
+    """A connected client; with ``dev`` the embedded dev server runs for the duration."""
+    env = await start_dev_server(settings) if dev else None
+    try:
+        yield await connect(settings)
+    finally:
+        if env is not None:
+            await env.shutdown()
+
+
+async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool) -> None:
+    async with temporal_client(settings, dev=dev) as client:
+        worker = build_worker(client, settings.task_queue, activities)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        hooks = ", ".join(e.name for e in activities.registry.entries) or "(none)"
+        print(f"worker polling task queue {settings.task_queue!r} on {settings.temporal_address}; hooks: {hooks}")
+        if dev:
+            print(f"Temporal UI: {settings.ui_url}/workflows")
+        async with worker:
+            await stop.wait()
+        print("worker stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dev", action="store_true", help="start the embedded Temporal dev server (with UI) first")
+    parser.add_argument("--check", action="store_true", help="validate the pipeline configuration and exit")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    try:
+        activities = load_activities(settings)
+    except InvalidPipelineConfigError as err:
+        print(f"pipeline configuration error ({err.reason}): {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        for entry in activities.registry.entries:
+            stages = ", ".join(s.value for s in entry.stages)
+            print(f"{entry.index}: {entry.name} [{stages}]{' required' if entry.required else ''}")
+        print("pipeline ok")
+        return 0
+    configure_telemetry("agent-lifecycle-worker")
+    try:
+        asyncio.run(run(settings, activities, dev=args.dev))
+    except (RuntimeError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

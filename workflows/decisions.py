@@ -1,0 +1,139 @@
+"""The decision table (seed 000 §9) and the cache gate (seed 000 §6), as pure functions.
+
+Both the hook activities (for span attributes and metrics) and the workflow (for the execution record)
+decide with these functions, so the trace and the record can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import JsonValue
+
+from .models import (
+    METADATA_CACHE,
+    DecisionAction,
+    FailurePolicy,
+    GateState,
+    HookDecision,
+    HookEntry,
+    ShortCircuitProposal,
+    Stage,
+)
+
+# Stable error type names. Anything that ends a request is an ApplicationError with one of these.
+INVALID_REQUEST = "InvalidRequest"
+REQUIRED_AFTER_PLANNING_ERROR = "RequiredAfterPlanningError"
+HOOK_CONTRACT_ERROR = "HookContractError"
+PLANNING_FAILED = "PlanningFailed"
+SYNTHESIS_FAILED = "SynthesisFailed"
+PIPELINE_UNAVAILABLE = "PipelineUnavailable"
+
+# Failure categories a hook activity reports (ApplicationError.type of the activity failure).
+HOOK_ERROR = "HookError"  # the hook raised
+INVALID_HOOK_RESULT = "InvalidHookResult"  # the hook returned the wrong type or an oversized value
+INVALID_PLAN = "InvalidPlan"  # an after_planning mutation failed plan validation
+HOOK_TIMEOUT = "HookTimeout"  # the invocation did not finish within its timeout
+
+# Decision reasons.
+REASON_ACCEPTED = "accepted"
+REASON_HOOK_ERROR = "hook_error"
+REASON_HOOK_TIMEOUT = "hook_timeout"
+REASON_INVALID_RESULT = "invalid_result"
+REASON_INVALID_PLAN = "invalid_plan"
+REASON_CONTRACT_ERROR = "contract_error"
+REASON_AUTHORITATIVE = "authoritative"
+REASON_CACHE_MATCH = "cache_match"
+REASON_CACHE_MISMATCH = "cache_dimension_mismatch"
+REASON_CACHE_READ_DISABLED = "cache_read_disabled"
+
+_FAILURE_REASONS = {
+    HOOK_ERROR: REASON_HOOK_ERROR,
+    HOOK_TIMEOUT: REASON_HOOK_TIMEOUT,
+    INVALID_HOOK_RESULT: REASON_INVALID_RESULT,
+    INVALID_PLAN: REASON_INVALID_PLAN,
+    HOOK_CONTRACT_ERROR: REASON_CONTRACT_ERROR,
+}
+
+
+def failure_policy(hook: HookEntry, stage: Stage) -> FailurePolicy:
+    """Ordinary hooks fail open; the required after-planning hook fails closed."""
+    if hook.required and stage is Stage.AFTER_PLANNING:
+        return FailurePolicy.FAIL_CLOSED
+    return FailurePolicy.FAIL_OPEN
+
+
+def success_decision(hook: HookEntry, stage: Stage) -> HookDecision:
+    return HookDecision(
+        failure_policy=failure_policy(hook, stage), action=DecisionAction.CONTINUE, reason=REASON_ACCEPTED
+    )
+
+
+def failure_decision(hook: HookEntry, stage: Stage, category: str) -> HookDecision:
+    """The decision for a failed invocation: terminate when the boundary fails closed, else continue.
+
+    A broken short-circuit contract fails the request whatever the hook's policy (seed 000 §6).
+    """
+    reason = _FAILURE_REASONS.get(category, REASON_HOOK_ERROR)
+    if category == HOOK_CONTRACT_ERROR:
+        return HookDecision(
+            failure_policy=FailurePolicy.FAIL_CLOSED, action=DecisionAction.TERMINATE, reason=reason
+        )
+    policy = failure_policy(hook, stage)
+    action = DecisionAction.TERMINATE if policy is FailurePolicy.FAIL_CLOSED else DecisionAction.CONTINUE
+    return HookDecision(failure_policy=policy, action=action, reason=reason)
+
+
+def gate_for_request(
+    metadata: Mapping[str, JsonValue],
+    cache_variation: Mapping[str, str],
+    reserved_metadata_dimensions: list[str],
+) -> GateState:
+    """The gate of one request: pipeline-owned dimensions plus reserved request-metadata dimensions.
+
+    A reserved metadata dimension the request does not carry is absent from the variation map, so a
+    cache entry written with a value for it will not match (a value on one side only is a mismatch).
+    """
+    variation = dict(cache_variation)
+    for dimension in reserved_metadata_dimensions:
+        value = metadata.get(dimension)
+        if value is not None:
+            variation[dimension] = value if isinstance(value, str) else str(value)
+    reserved = sorted(set(cache_variation) | set(reserved_metadata_dimensions))
+    read_enabled = metadata.get(METADATA_CACHE) != "bypass"
+    return GateState(cache_read_enabled=read_enabled, variation=variation, reserved_dimensions=reserved)
+
+
+def variation_mismatches(gate: GateState, cached_against: Mapping[str, str]) -> list[str]:
+    """Reserved dimensions whose cached value differs from the current one, symmetrically."""
+    mismatched = []
+    for dimension in gate.reserved_dimensions:
+        in_cache, in_gate = dimension in cached_against, dimension in gate.variation
+        if in_cache != in_gate or (in_cache and cached_against[dimension] != gate.variation[dimension]):
+            mismatched.append(dimension)
+    return mismatched
+
+
+def short_circuit_decision(proposal: ShortCircuitProposal, gate: GateState) -> HookDecision:
+    """Judge a validated short-circuit proposal against the request's cache gate."""
+    if proposal.kind == "authoritative":
+        return HookDecision(
+            failure_policy=FailurePolicy.FAIL_OPEN,
+            action=DecisionAction.SHORT_CIRCUIT,
+            reason=REASON_AUTHORITATIVE,
+        )
+    if not gate.cache_read_enabled:
+        return HookDecision(
+            failure_policy=FailurePolicy.FAIL_CLOSED,
+            action=DecisionAction.CONTINUE,
+            reason=REASON_CACHE_READ_DISABLED,
+        )
+    if variation_mismatches(gate, proposal.cached_against):
+        return HookDecision(
+            failure_policy=FailurePolicy.FAIL_CLOSED,
+            action=DecisionAction.CONTINUE,
+            reason=REASON_CACHE_MISMATCH,
+        )
+    return HookDecision(
+        failure_policy=FailurePolicy.FAIL_CLOSED, action=DecisionAction.SHORT_CIRCUIT, reason=REASON_CACHE_MATCH
+    )

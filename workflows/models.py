@@ -1,0 +1,527 @@
+"""Messages and records shared by the workflow, its activities, the hooks and the client.
+
+Everything here is a pydantic model that crosses a Temporal boundary (workflow input/result, activity
+inputs/results, queries) or is stored in the execution record. The module imports nothing heavier than
+pydantic so the workflow sandbox can load it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+MAX_REQUEST_CHARS = 8_000
+MAX_METADATA_BYTES = 64 * 1024
+MAX_ENRICHMENT_BYTES = 256 * 1024
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
+
+# Well-known enrichment keys (seed 000 §5.3).
+ENRICHMENT_RAG_CONTEXT = "rag_context"
+ENRICHMENT_CONVERSATION_HISTORY = "conversation_history"
+ENRICHMENT_ACTIVITY_COORDINATION = "activity_coordination"
+ENRICHMENT_USER_PROFILE = "user_profile"
+# Request metadata carrying raw conversation turns (seed 000 §5.4).
+METADATA_CONVERSATION_TURNS = "conversation_turns"
+# Request metadata switch: {"cache": "bypass"} disables response-cache reads.
+METADATA_CACHE = "cache"
+
+
+def json_size(value: Any) -> int:
+    """Bytes of the compact JSON encoding of ``value`` (the size it has in a payload)."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+class Stage(StrEnum):
+    """The lifecycle stages a hook can implement (seed 000 §4)."""
+
+    BEFORE_PLANNING = "before_planning"
+    AFTER_PLANNING = "after_planning"
+    AFTER_EXECUTION = "after_execution"
+    AFTER_SYNTHESIS = "after_synthesis"
+
+
+class RunMode(StrEnum):
+    """How a hook invocation is scheduled by the workflow.
+
+    ``activity`` (the default) is a regular activity: its own task, visible in the UI with its summary,
+    retried and timed out by the server. ``local_activity`` runs in the workflow's worker without a
+    round trip to the server: cheaper, for hooks that are fast and pure in-process work.
+    """
+
+    ACTIVITY = "activity"
+    LOCAL_ACTIVITY = "local_activity"
+
+
+# --------------------------------------------------------------------------------------------------
+# Request input and result
+# --------------------------------------------------------------------------------------------------
+
+
+class RequestInput(BaseModel):
+    """The input of one ``RequestLifecycle`` execution."""
+
+    model_config = ConfigDict(extra="forbid")
+    invalid_payload_type: ClassVar[str] = "InvalidRequest"
+
+    request: str = Field(min_length=1, max_length=MAX_REQUEST_CHARS)
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    request_id: str | None = Field(default=None, pattern=REQUEST_ID_PATTERN)
+
+    @field_validator("request")
+    @classmethod
+    def _request_has_text(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("request must contain non-whitespace text")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_is_bounded(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        size = json_size(value)
+        if size > MAX_METADATA_BYTES:
+            raise ValueError(f"metadata is {size} bytes of JSON; the limit is {MAX_METADATA_BYTES}")
+        return value
+
+
+class ShortCircuitInfo(BaseModel):
+    """What answered a short-circuited request."""
+
+    source: str
+    kind: str
+    reason: str
+
+
+class RequestResult(BaseModel):
+    """The result of a completed ``RequestLifecycle`` execution."""
+
+    request_id: str
+    workflow_id: str
+    response: str
+    confidence: float
+    short_circuit: ShortCircuitInfo | None = None
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    steps: list[StepSummary] = Field(default_factory=list)
+
+
+class StepSummary(BaseModel):
+    step_id: str
+    tool: str
+    status: str
+
+
+# --------------------------------------------------------------------------------------------------
+# Tools and plans
+# --------------------------------------------------------------------------------------------------
+
+
+class ToolSpec(BaseModel):
+    """A tool the planner may choose, as the workflow and validators see it."""
+
+    namespace: str
+    agent: str
+    capability: str
+    description: str = ""
+    parameters: dict[str, JsonValue] = Field(default_factory=dict)  # JSON schema of the arguments
+    read_only: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.agent}/{self.capability}"
+
+
+class PlanStep(BaseModel):
+    """One tool call of a plan."""
+
+    step_id: str
+    namespace: str
+    agent: str
+    capability: str
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    depends_on: list[str] = Field(default_factory=list)
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @property
+    def tool_key(self) -> str:
+        return f"{self.namespace}/{self.agent}/{self.capability}"
+
+    @property
+    def tool(self) -> str:
+        return f"{self.agent}/{self.capability}"
+
+
+class Plan(BaseModel):
+    """A routing plan: the steps to run for one planning phase."""
+
+    phase: int = 1
+    steps: list[PlanStep] = Field(default_factory=list)
+    rationale: str = ""
+
+
+class StepStatus(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class StepResult(BaseModel):
+    """The outcome of one executed (or skipped) plan step."""
+
+    step_id: str
+    tool: str
+    status: StepStatus
+    output: JsonValue = None
+    error: str | None = None
+    error_type: str | None = None
+    skip_reason: str | None = None
+    idempotency_key: str | None = None
+    started_at: datetime | None = None
+    duration_ms: float | None = None
+
+
+class ExecutionResult(BaseModel):
+    """All step outcomes of a request, in plan order; what after_execution hooks observe."""
+
+    steps: list[StepResult] = Field(default_factory=list)
+
+    @property
+    def succeeded(self) -> list[StepResult]:
+        return [s for s in self.steps if s.status is StepStatus.SUCCEEDED]
+
+
+# --------------------------------------------------------------------------------------------------
+# The pipeline manifest (what resolve_pipeline returns)
+# --------------------------------------------------------------------------------------------------
+
+
+class HookEntry(BaseModel):
+    """One registered hook as the workflow knows it: recorded in history by ``resolve_pipeline``."""
+
+    name: str
+    index: int
+    stages: list[Stage]
+    required: bool = False
+    before_planning_contract: Literal["legacy", "decision"] | None = None
+    run_mode: RunMode = RunMode.ACTIVITY
+    timeout_seconds: float = 10.0
+    max_attempts: int = 3
+
+    def implements(self, stage: Stage) -> bool:
+        return stage in self.stages
+
+
+class StageSettings(BaseModel):
+    """Timeouts and retries of the framework's own activities."""
+
+    plan_timeout_seconds: float = 60.0
+    tool_timeout_seconds: float = 30.0
+    tool_max_attempts: int = 3
+    synthesize_timeout_seconds: float = 60.0
+    max_plan_steps: int = 32
+
+
+class PipelineManifest(BaseModel):
+    """The pipeline a request runs with: hook order and stages, tools, cache variation, limits."""
+
+    pipeline: str
+    hooks: list[HookEntry] = Field(default_factory=list)
+    tools: list[ToolSpec] = Field(default_factory=list)
+    cache_variation: dict[str, str] = Field(default_factory=dict)
+    reserved_metadata_dimensions: list[str] = Field(default_factory=list)
+    settings: StageSettings = Field(default_factory=StageSettings)
+
+    def participants(self, stage: Stage) -> list[HookEntry]:
+        return [h for h in self.hooks if h.implements(stage)]
+
+
+class ResolvePipelineInput(BaseModel):
+    request_id: str
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------
+# Decisions, invocations and effects (seed 000 §9)
+# --------------------------------------------------------------------------------------------------
+
+
+class FailurePolicy(StrEnum):
+    FAIL_OPEN = "fail_open"
+    FAIL_CLOSED = "fail_closed"
+
+
+class DecisionAction(StrEnum):
+    CONTINUE = "continue"
+    TERMINATE = "terminate"
+    SHORT_CIRCUIT = "short_circuit"
+
+
+class HookDecision(BaseModel):
+    """What the framework did with a hook's outcome, separate from the invocation's own status."""
+
+    failure_policy: FailurePolicy
+    action: DecisionAction
+    reason: str
+
+
+class InvocationOutcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+
+class HookInvocation(BaseModel):
+    """One hook invocation in the execution record."""
+
+    hook: str
+    stage: Stage
+    sequence: int  # 1-based position among this stage's invocations (per plan phase)
+    plan_phase: int | None = None
+    started_at: datetime
+    duration_ms: float
+    outcome: InvocationOutcome
+    error: str | None = None  # the exact failure text
+    error_type: str | None = None  # HookError, HookContractError, InvalidHookResult, InvalidPlan, Timeout
+    exception_type: str | None = None  # the hook's own exception class, when it raised
+    decision: HookDecision | None = None
+
+
+class EffectStatus(StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class PipelineHookEffect(BaseModel):
+    """A versioned record of work a hook attempted and what it observed (seed 000 §7.5, §9)."""
+
+    effect_id: str
+    schema_version: int = 1
+    name: str
+    status: EffectStatus
+    data: JsonValue = None
+    started_at: datetime | None = None
+    duration_ms: float | None = None
+    summary: str = ""
+    error: str | None = None
+    hook: str | None = None
+    stage: Stage | None = None
+
+
+class EnrichmentOperation(StrEnum):
+    ADDED = "added"
+    UPDATED = "updated"
+    REMOVED = "removed"
+
+
+class EnrichmentChange(BaseModel):
+    key: str
+    operation: EnrichmentOperation
+    before: JsonValue = None
+    after: JsonValue = None
+
+
+# --------------------------------------------------------------------------------------------------
+# Short-circuit proposals and the cache gate (seed 000 §6)
+# --------------------------------------------------------------------------------------------------
+
+
+class GateState(BaseModel):
+    """The cache gate a request runs under: whether reads are enabled and the reserved dimensions."""
+
+    cache_read_enabled: bool = True
+    variation: dict[str, str] = Field(default_factory=dict)
+    reserved_dimensions: list[str] = Field(default_factory=list)
+
+
+class ShortCircuitProposal(BaseModel):
+    """A validated short-circuit a before_planning hook returned, before the gate judged it."""
+
+    contract: Literal["legacy", "decision"]
+    kind: Literal["authoritative", "cache"]
+    response: str
+    source: str
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    cached_against: dict[str, str] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------
+# Activity inputs and outputs
+# --------------------------------------------------------------------------------------------------
+
+
+class HookRequestView(BaseModel):
+    """The request as every hook invocation sees it."""
+
+    request: str
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    request_id: str
+    workflow_id: str
+    enrichments: dict[str, JsonValue] = Field(default_factory=dict)
+    gate: GateState = Field(default_factory=GateState)
+    plan_phase: int | None = None
+
+
+class BeforePlanningCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+
+
+class BeforePlanningOutcome(BaseModel):
+    enrichment_changes: list[EnrichmentChange] = Field(default_factory=list)
+    short_circuit: ShortCircuitProposal | None = None
+    decision: HookDecision
+    effects: list[PipelineHookEffect] = Field(default_factory=list)
+
+
+class AfterPlanningCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    plan: Plan
+    prior_plans: list[Plan] = Field(default_factory=list)
+
+
+class AfterPlanningOutcome(BaseModel):
+    plan: Plan
+    changed: bool
+    decision: HookDecision
+    effects: list[PipelineHookEffect] = Field(default_factory=list)
+
+
+class AfterExecutionCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    execution: ExecutionResult
+
+
+class AfterSynthesisCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    response: str
+
+
+class AfterSynthesisOutcome(BaseModel):
+    response: str
+    decision: HookDecision
+    effects: list[PipelineHookEffect] = Field(default_factory=list)
+
+
+class ObserveOutcome(BaseModel):
+    """The outcome of an observe-only (after_execution) invocation."""
+
+    decision: HookDecision
+    effects: list[PipelineHookEffect] = Field(default_factory=list)
+
+
+class PlanInput(BaseModel):
+    request: str
+    request_id: str
+    workflow_id: str
+    enrichments: dict[str, JsonValue] = Field(default_factory=dict)
+    phase: int = 1
+
+
+class PlanOutput(BaseModel):
+    plan: Plan
+    prompt: str
+    planner: str
+
+
+class ToolStepInput(BaseModel):
+    step: PlanStep
+    request_id: str
+    idempotency_key: str
+
+
+class ToolStepOutput(BaseModel):
+    output: JsonValue = None
+
+
+class SynthesizeInput(BaseModel):
+    request: str
+    request_id: str
+    plan: Plan
+    execution: ExecutionResult
+    enrichments: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class SynthesizeOutput(BaseModel):
+    response: str
+    confidence: float = Field(ge=0.0, le=1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# The execution record (StoredExecution)
+# --------------------------------------------------------------------------------------------------
+
+
+class RequestStatus(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class RequestError(BaseModel):
+    type: str
+    message: str
+    details: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class AcceptedPlan(BaseModel):
+    phase: int
+    plan: Plan
+    accepted_at: datetime
+
+
+class ExecutionRecord(BaseModel):
+    """Everything a request did: the authoritative source for troubleshooting which hooks ran."""
+
+    request_id: str
+    workflow_id: str
+    run_id: str
+    pipeline: str | None = None
+    request: str
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    status: RequestStatus = RequestStatus.RUNNING
+    lifecycle_stage: str = "accepted"
+    record_revision: int = 0
+    started_at: datetime
+    completed_at: datetime | None = None
+    promoted_enrichments: list[str] = Field(default_factory=list)
+    enrichments: dict[str, JsonValue] = Field(default_factory=dict)
+    planning_prompt: str | None = None
+    planner: str | None = None
+    plans: list[AcceptedPlan] = Field(default_factory=list)
+    steps: list[StepResult] = Field(default_factory=list)
+    model_response: str | None = None  # synthesis output before after_synthesis hooks
+    final_response: str | None = None  # what the client received
+    confidence: float | None = None
+    short_circuit: ShortCircuitInfo | None = None
+    pipeline_hooks: list[HookInvocation] = Field(default_factory=list)
+    effects: list[PipelineHookEffect] = Field(default_factory=list)
+    error: RequestError | None = None
+
+    def invocations(self, stage: Stage | None = None, hook: str | None = None) -> list[HookInvocation]:
+        return [
+            i
+            for i in self.pipeline_hooks
+            if (stage is None or i.stage == stage) and (hook is None or i.hook == hook)
+        ]
+
+    def effect(self, effect_id: str) -> PipelineHookEffect | None:
+        return next((e for e in self.effects if e.effect_id == effect_id), None)
+
+
+class PersistRecordInput(BaseModel):
+    record: ExecutionRecord
+
+
+class PersistRecordOutput(BaseModel):
+    stored_revision: int
+    written: bool
+
+
+RequestResult.model_rebuild()
