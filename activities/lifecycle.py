@@ -34,6 +34,7 @@ from hooks.registry import HookRegistry
 from workflows import decisions
 from workflows.models import (
     MAX_ENRICHMENT_BYTES,
+    MAX_TOOL_OUTPUT_BYTES,
     AfterExecutionCall,
     AfterPlanningCall,
     AfterPlanningOutcome,
@@ -72,7 +73,6 @@ from .tools import ToolContext, ToolRegistry
 
 logger = logging.getLogger(__name__)
 
-MAX_TOOL_OUTPUT_BYTES = 256 * 1024
 INVALID_ARGUMENTS = "InvalidArguments"
 
 

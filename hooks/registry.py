@@ -128,7 +128,7 @@ class HookRegistry:
         self.pipeline = pipeline
         self.hooks = hooks
         self.entries = entries
-        self._by_name = {entry.name: hook for entry, hook in zip(entries, hooks)}
+        self._by_name = {entry.name: hook for entry, hook in zip(entries, hooks, strict=True)}
 
     @staticmethod
     def _entry(hook: Any, index: int, name: str, methods: list[str], required: bool) -> HookEntry:

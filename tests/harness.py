@@ -60,9 +60,9 @@ class Outcome:
                 found.append(ScheduledActivity(attrs.activity_type.name, summary))
             elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
                 attrs = event.marker_recorded_event_attributes
-                if "activity_type" in attrs.details:
-                    activity_type = converter.from_payloads(attrs.details["activity_type"].payloads)[0]
-                    found.append(ScheduledActivity(activity_type, summary, local=True))
+                if attrs.marker_name == "core_local_activity" and "data" in attrs.details:
+                    data = converter.from_payloads(attrs.details["data"].payloads)[0]
+                    found.append(ScheduledActivity(data["activity_type"], summary, local=True))
         return found
 
     @property

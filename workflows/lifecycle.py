@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, JsonValue
@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from .models import (
         ENRICHMENT_CONVERSATION_HISTORY,
         ENRICHMENT_RAG_CONTEXT,
+        MAX_RECORDED_PROMPT_CHARS,
         METADATA_CONVERSATION_TURNS,
         AcceptedPlan,
         AfterPlanningCall,
@@ -68,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         SynthesizeOutput,
         ToolStepInput,
         ToolStepOutput,
+        bounded_value,
     )
 
 WORKFLOW_TYPE = "RequestLifecycle"
@@ -97,8 +99,9 @@ class HookFailure(BaseModel):
     exception_type: str | None = None
 
     @classmethod
-    def from_activity_error(cls, err: ActivityError, hook: HookEntry) -> HookFailure:
-        cause = err.cause
+    def from_activity_error(cls, err: FailureError, hook: HookEntry) -> HookFailure:
+        # A regular activity's failure arrives wrapped in ActivityError; a local activity's arrives bare.
+        cause = err.cause if isinstance(err, ActivityError) else err
         if isinstance(cause, TimeoutError):
             return cls(
                 category=decisions.HOOK_TIMEOUT,
@@ -293,7 +296,7 @@ class RequestLifecycleWorkflow:
             )
         except ActivityError as err:
             raise _stage_failure(decisions.PLANNING_FAILED, "planning failed", err)
-        self._record.planning_prompt = output.prompt
+        self._record.planning_prompt = output.prompt[:MAX_RECORDED_PROMPT_CHARS]
         self._record.planner = output.planner
         return output.plan
 
@@ -347,6 +350,12 @@ class RequestLifecycleWorkflow:
                     continue
                 running[asyncio.ensure_future(self._run_step(step))] = step.step_id
             if not running:
+                # Only reachable with a plan that bypassed validation: never wait on what cannot finish.
+                for step in waiting:
+                    results[step.step_id] = StepResult(
+                        step_id=step.step_id, tool=step.tool, status=StepStatus.SKIPPED, skip_reason="unresolvable_dependency"
+                    )
+                waiting.clear()
                 continue
             done, _ = await workflow.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -464,7 +473,7 @@ class RequestLifecycleWorkflow:
                 outcome = await workflow.execute_local_activity(activity, call, **options)
             else:
                 outcome = await workflow.execute_activity(activity, call, **options)
-        except ActivityError as err:
+        except (ActivityError, ApplicationError, TimeoutError) as err:
             failure = HookFailure.from_activity_error(err, hook)
             invocation.duration_ms = _elapsed_ms(started)
             invocation.outcome = (
@@ -496,7 +505,12 @@ class RequestLifecycleWorkflow:
                     effect_id=f"planning_enrichment:{change.key}",
                     name=f"Planning enrichment {change.key}",
                     status=EffectStatus.SUCCEEDED,
-                    data=change.model_dump(mode="json"),
+                    data={
+                        "key": change.key,
+                        "operation": change.operation.value,
+                        "before": bounded_value(change.before),
+                        "after": bounded_value(change.after),
+                    },
                     started_at=now,
                     duration_ms=0.0,
                     summary=f"{change.operation.value} by {hook.name}",

@@ -7,6 +7,7 @@ pydantic so the workflow sandbox can load it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from enum import StrEnum
@@ -17,6 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 MAX_REQUEST_CHARS = 8_000
 MAX_METADATA_BYTES = 64 * 1024
 MAX_ENRICHMENT_BYTES = 256 * 1024
+MAX_TOOL_OUTPUT_BYTES = 32 * 1024
+# Effect values and the recorded prompt above these sizes are kept by reference (digest, size, preview)
+# so a record stays well under Temporal's 2 MB payload limit.
+MAX_EFFECT_VALUE_BYTES = 32 * 1024
+MAX_RECORDED_PROMPT_CHARS = 64 * 1024
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
 
 # Well-known enrichment keys (seed 000 §5.3).
@@ -33,6 +39,20 @@ METADATA_CACHE = "cache"
 def json_size(value: Any) -> int:
     """Bytes of the compact JSON encoding of ``value`` (the size it has in a payload)."""
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+def bounded_value(value: Any) -> Any:
+    """``value`` itself if its JSON is small, else a reference: sha256 of the canonical JSON, size, preview."""
+    size = json_size(value)
+    if size <= MAX_EFFECT_VALUE_BYTES:
+        return value
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return {
+        "$truncated": True,
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "bytes": size,
+        "preview": text[:512],
+    }
 
 
 class Stage(StrEnum):

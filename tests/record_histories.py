@@ -1,0 +1,47 @@
+"""Regenerate the committed histories replayed by tests/test_replay.py.
+
+    .venv/bin/python -m tests.record_histories
+
+Only regenerate when a workflow change is meant to be incompatible with running executions; otherwise
+guard the change with ``workflow.patched`` and keep the old histories, which is what they are for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+from temporalio.testing import WorkflowEnvironment
+
+from client.devserver import temporal_cli_path
+from client.settings import Settings
+from demo.pipeline import demo_hooks
+from workflows import data_converter
+
+from .harness import Harness, history_json
+
+HISTORIES = Path(__file__).with_name("histories")
+SCENARIOS = {
+    "quote_answered": ("What is the price of ACME?", {"cache": "bypass"}),
+    "trade_refused_by_required_hook": ("Buy 10 ACME", {}),
+    "quote_served_from_cache": ("What is the price of ACME?", {}),
+    "quote_and_notify_with_dependency": ("Send a message to alice with the price of GBX", {"cache": "bypass"}),
+}
+
+
+async def main() -> None:
+    env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli_path(), data_converter=data_converter)
+    try:
+        with tempfile.TemporaryDirectory() as state:
+            async with Harness(env.client, Path(state), hooks=demo_hooks(Settings(state_dir=Path(state)))) as h:
+                for name, (text, metadata) in SCENARIOS.items():
+                    out = await h.run(text, metadata, workflow_id=f"history-{name}")
+                    (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
+                    print(f"wrote {name}.json ({len(out.history.events)} events)")
+    finally:
+        await env.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,492 @@
+"""Pipeline construction (seed 000 §8, §13): what the registry accepts, what it refuses and why, and how
+``worker.py --check`` reports it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from demo.agent import RulePlanner, TemplateSynthesizer
+from demo.tools import demo_tools
+from hooks import (
+    HookRegistry,
+    InvalidPipelineConfigError,
+    InvalidRequiredAfterPlanningHookError,
+    PipelineHook,
+    PipelineShortCircuitDecision,
+    RequiredAfterPlanningHook,
+    RunMode,
+    Stage,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------------
+# Tiny hooks
+# --------------------------------------------------------------------------------------------------
+
+
+class Enrich(PipelineHook):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def before_planning(self, ctx):
+        return None
+
+
+class Decide(PipelineHook):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def before_planning_decision(self, ctx, gate) -> PipelineShortCircuitDecision | None:
+        return None
+
+
+class Reviewer(PipelineHook):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def after_planning(self, ctx, plan):
+        return plan
+
+
+class Observer(PipelineHook):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def after_execution(self, ctx, execution):
+        return None
+
+
+class Rewriter(PipelineHook):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def after_synthesis(self, ctx, response):
+        return response
+
+
+class Governed(RequiredAfterPlanningHook, PipelineHook):
+    def __init__(self, name: str = "governed-plan") -> None:
+        self.name = name
+
+    def after_planning(self, ctx, plan):
+        return plan
+
+
+def build_error(hooks) -> InvalidPipelineConfigError:
+    with pytest.raises(InvalidPipelineConfigError) as info:
+        HookRegistry(hooks)
+    return info.value
+
+
+# --------------------------------------------------------------------------------------------------
+# None entries and empty lists (seed 000 §8)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("index", [0, 2])
+def test_none_entry_is_rejected_naming_its_zero_based_index(index):
+    hooks: list = [Enrich("a"), Enrich("b"), Rewriter("c")]
+    hooks.insert(index, None)
+    err = build_error(hooks)
+    assert err.index == index
+    assert f"index {index}" in str(err)
+    assert "None" in str(err)
+    # A general configuration error, not one of the required-hook reason codes.
+    assert not isinstance(err, InvalidRequiredAfterPlanningHookError)
+    assert err.reason not in {"stage_drift", "multiple_required", "required_not_terminal"}
+
+
+def test_none_entry_is_rejected_even_beside_a_required_hook():
+    err = build_error([Governed(), None])
+    assert err.index == 1 and "index 1" in str(err)
+    assert not isinstance(err, InvalidRequiredAfterPlanningHookError)
+
+
+@pytest.mark.parametrize("hooks", [[], None, ()])
+def test_an_empty_or_none_list_is_valid_and_registers_nothing(hooks):
+    registry = HookRegistry(hooks)
+    assert registry.entries == []
+    assert len(registry) == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Names
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad_name", ["", "   ", None, 42])
+def test_a_hook_without_a_usable_name_is_rejected(bad_name):
+    hook = Enrich("x")
+    hook.name = bad_name
+    err = build_error([Enrich("ok"), hook])
+    assert err.reason == "empty_name"
+    assert err.index == 1 and "index 1" in str(err)
+
+
+def test_a_hook_with_no_name_attribute_at_all_is_rejected():
+    class Nameless:
+        def before_planning(self, ctx):
+            return None
+
+    err = build_error([Nameless()])
+    assert err.reason == "empty_name" and err.index == 0
+
+
+def test_duplicate_names_are_rejected_even_across_stages():
+    err = build_error([Enrich("shared"), Rewriter("other"), Rewriter("shared")])
+    assert err.reason == "duplicate_name"
+    assert err.index == 2 and err.hook == "shared"
+    assert "'shared'" in str(err) and "index 2" in str(err)
+
+
+# --------------------------------------------------------------------------------------------------
+# The required marker (seed 000 §4.2, §9, §13)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_required_marker_without_after_planning_is_stage_drift():
+    class Drifted(RequiredAfterPlanningHook, PipelineHook):
+        name = "drifted"
+
+        def after_planing(self, ctx, plan):  # the misspelt stage method must not downgrade the control
+            return plan
+
+    err = build_error([Enrich("first"), Drifted()])
+    assert isinstance(err, InvalidRequiredAfterPlanningHookError)
+    assert err.reason == "stage_drift"
+    assert err.index == 1 and err.hook == "drifted"
+    assert "after_planning" in str(err)
+
+
+def test_required_marker_on_a_hook_of_another_stage_is_stage_drift():
+    class WrongStage(RequiredAfterPlanningHook, PipelineHook):
+        name = "wrong-stage"
+
+        def after_synthesis(self, ctx, response):
+            return response
+
+    err = build_error([WrongStage()])
+    assert isinstance(err, InvalidRequiredAfterPlanningHookError)
+    assert err.reason == "stage_drift" and err.index == 0
+
+
+def test_two_required_hooks_are_rejected():
+    err = build_error([Governed("gate-a"), Enrich("between"), Governed("gate-b")])
+    assert isinstance(err, InvalidRequiredAfterPlanningHookError)
+    assert err.reason == "multiple_required"
+    assert "gate-a" in str(err) and "gate-b" in str(err)
+
+
+def test_an_ordinary_after_planning_hook_after_the_required_one_is_rejected():
+    err = build_error([Reviewer("early"), Governed(), Reviewer("late")])
+    assert isinstance(err, InvalidRequiredAfterPlanningHookError)
+    assert err.reason == "required_not_terminal"
+    assert err.hook == "governed-plan"
+    assert "'late'" in str(err) and "index 2" in str(err)
+
+
+def test_a_later_hook_implementing_after_planning_among_other_stages_is_also_rejected():
+    class Mixed(PipelineHook):
+        name = "mixed"
+
+        def before_planning(self, ctx):
+            return None
+
+        def after_planning(self, ctx, plan):
+            return plan
+
+    err = build_error([Governed(), Mixed()])
+    assert err.reason == "required_not_terminal"
+
+
+def test_hooks_of_other_stages_may_follow_the_required_hook():
+    registry = HookRegistry([Reviewer("early"), Governed(), Enrich("bp"), Observer("ae"), Rewriter("as")])
+    assert [e.name for e in registry.entries] == ["early", "governed-plan", "bp", "ae", "as"]
+    assert [e.required for e in registry.entries] == [False, True, False, False, False]
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage methods and options
+# --------------------------------------------------------------------------------------------------
+
+
+class _NoArgBeforePlanning(PipelineHook):
+    name = "bp-no-arg"
+
+    def before_planning(self):
+        return None
+
+
+class _OneArgAfterPlanning(PipelineHook):
+    name = "ap-one-arg"
+
+    def after_planning(self, plan):
+        return plan
+
+
+class _ExtraArgSynthesis(PipelineHook):
+    name = "as-extra"
+
+    async def after_synthesis(self, ctx, response, tone):
+        return response
+
+
+class _DecisionWithoutGate(PipelineHook):
+    name = "decision-no-gate"
+
+    def before_planning_decision(self, ctx):
+        return None
+
+
+class _NotCallable(PipelineHook):
+    name = "not-callable"
+    after_execution = "observe"
+
+
+@pytest.mark.parametrize(
+    "hook_cls", [_NoArgBeforePlanning, _OneArgAfterPlanning, _ExtraArgSynthesis, _DecisionWithoutGate, _NotCallable]
+)
+def test_a_stage_method_with_the_wrong_signature_is_rejected(hook_cls):
+    err = build_error([Enrich("fine"), hook_cls()])
+    assert err.reason == "signature_mismatch"
+    assert err.index == 1 and err.hook == hook_cls.name
+
+
+def test_a_required_hook_with_a_drifted_signature_is_rejected_not_skipped():
+    class Governed1(RequiredAfterPlanningHook, PipelineHook):
+        name = "governed-one-arg"
+
+        def after_planning(self, plan):
+            return plan
+
+    err = build_error([Governed1()])
+    assert err.reason in {"signature_mismatch", "stage_drift"}
+
+
+def test_optional_extra_parameters_and_varargs_are_accepted():
+    class Flexible(PipelineHook):
+        name = "flexible"
+
+        def after_synthesis(self, ctx, response, tone="plain"):
+            return response
+
+        def before_planning(self, *args):
+            return None
+
+    entry = HookRegistry([Flexible()]).entries[0]
+    assert entry.stages == [Stage.BEFORE_PLANNING, Stage.AFTER_SYNTHESIS]
+
+
+def test_both_before_planning_contracts_on_one_hook_are_ambiguous():
+    class Both(PipelineHook):
+        name = "both"
+
+        def before_planning(self, ctx):
+            return None
+
+        def before_planning_decision(self, ctx, gate):
+            return None
+
+    err = build_error([Both()])
+    assert err.reason == "ambiguous_before_planning" and err.hook == "both"
+
+
+def test_a_hook_implementing_no_stage_is_rejected():
+    class Idle(PipelineHook):
+        name = "idle"
+
+        def before_plan(self, ctx):  # not a stage method
+            return None
+
+    err = build_error([Enrich("fine"), Idle()])
+    assert err.reason == "no_stage" and err.index == 1 and err.hook == "idle"
+    assert not isinstance(err, InvalidRequiredAfterPlanningHookError)
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("timeout_seconds", 0),
+        ("timeout_seconds", -1.5),
+        ("timeout_seconds", "10"),
+        ("timeout_seconds", 10_000),
+        ("max_attempts", 0),
+        ("max_attempts", -2),
+        ("max_attempts", 1.5),
+        ("run_mode", "thread"),
+        ("run_mode", None),
+    ],
+)
+def test_invalid_run_options_are_rejected(option, value):
+    hook = Enrich("opt")
+    setattr(hook, option, value)
+    err = build_error([hook])
+    assert err.reason == "invalid_option"
+    assert err.hook == "opt" and err.index == 0
+    assert option in str(err)
+
+
+def test_manifest_entries_describe_a_valid_pipeline():
+    class Cheap(PipelineHook):
+        name = "cheap"
+        run_mode = "local_activity"
+        timeout_seconds = 2
+        max_attempts = 1
+
+        def before_planning(self, ctx):
+            return None
+
+        def after_synthesis(self, ctx, response):
+            return response
+
+    class Bare:  # not a PipelineHook subclass: gets the defaults
+        name = "bare"
+
+        async def after_execution(self, ctx, execution):
+            return None
+
+    hooks = [Cheap(), Decide("decider"), Reviewer("reviewer"), Governed(), Bare(), Rewriter("rewriter")]
+    registry = HookRegistry(hooks, pipeline="p1")
+    entries = registry.entries
+    assert registry.pipeline == "p1"
+    assert [(e.name, e.index) for e in entries] == [
+        ("cheap", 0),
+        ("decider", 1),
+        ("reviewer", 2),
+        ("governed-plan", 3),
+        ("bare", 4),
+        ("rewriter", 5),
+    ]
+    assert [e.stages for e in entries] == [
+        [Stage.BEFORE_PLANNING, Stage.AFTER_SYNTHESIS],
+        [Stage.BEFORE_PLANNING],
+        [Stage.AFTER_PLANNING],
+        [Stage.AFTER_PLANNING],
+        [Stage.AFTER_EXECUTION],
+        [Stage.AFTER_SYNTHESIS],
+    ]
+    assert [e.required for e in entries] == [False, False, False, True, False, False]
+    assert [e.before_planning_contract for e in entries] == ["legacy", "decision", None, None, None, None]
+    cheap, decider = entries[0], entries[1]
+    assert (cheap.run_mode, cheap.timeout_seconds, cheap.max_attempts) == (RunMode.LOCAL_ACTIVITY, 2.0, 1)
+    assert (decider.run_mode, decider.timeout_seconds, decider.max_attempts) == (
+        RunMode.ACTIVITY,
+        PipelineHook.timeout_seconds,
+        PipelineHook.max_attempts,
+    )
+    assert entries[4].run_mode is RunMode.ACTIVITY and entries[4].max_attempts == PipelineHook.max_attempts
+    assert registry.hook("bare") is hooks[4]
+    with pytest.raises(LookupError):
+        registry.hook("missing")
+
+
+def test_the_workflow_learns_the_registry_entries_through_the_manifest(tmp_path):
+    registry = HookRegistry([Enrich("bp"), Governed(), Rewriter("as")], pipeline="p2")
+    activities = LifecycleActivities(
+        registry=registry,
+        tools=ToolRegistry(demo_tools(tmp_path)),
+        planner=RulePlanner(),
+        synthesizer=TemplateSynthesizer(),
+        store=SQLiteExecutionStore(tmp_path / "x.sqlite3"),
+    )
+    assert activities.manifest.pipeline == "p2"
+    assert activities.manifest.hooks == registry.entries
+    assert [h.name for h in activities.manifest.participants(Stage.AFTER_PLANNING)] == ["governed-plan"]
+    assert [h.name for h in activities.manifest.participants(Stage.AFTER_EXECUTION)] == []
+
+
+def test_sync_and_async_stage_methods_are_both_accepted():
+    class SyncHook(PipelineHook):
+        name = "sync"
+
+        def before_planning(self, ctx):
+            return None
+
+        def after_planning(self, ctx, plan):
+            return plan
+
+    class AsyncHook(PipelineHook):
+        name = "async"
+
+        async def before_planning_decision(self, ctx, gate):
+            return None
+
+        async def after_synthesis(self, ctx, response):
+            return response
+
+    class AsyncGoverned(RequiredAfterPlanningHook, PipelineHook):
+        name = "async-governed"
+
+        async def after_planning(self, ctx, plan):
+            return plan
+
+    entries = HookRegistry([SyncHook(), AsyncHook(), AsyncGoverned()]).entries
+    assert [e.stages for e in entries] == [
+        [Stage.BEFORE_PLANNING, Stage.AFTER_PLANNING],
+        [Stage.BEFORE_PLANNING, Stage.AFTER_SYNTHESIS],
+        [Stage.AFTER_PLANNING],
+    ]
+    assert entries[2].required
+
+
+# --------------------------------------------------------------------------------------------------
+# worker.py --check
+# --------------------------------------------------------------------------------------------------
+
+
+def run_check(factory: str, state_dir: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AGENT_PIPELINE": f"tests.worker_pipelines:{factory}", "AGENT_STATE_DIR": str(state_dir)}
+    return subprocess.run(
+        [sys.executable, "worker.py", "--check"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "factory, reason, fragments",
+    [
+        ("none_entry", "nil_hook", ["index 2", "None"]),
+        ("stage_drift", "stage_drift", ["'drifted-gate'", "index 1", "after_planning"]),
+        ("multiple_required", "multiple_required", ["'gate-a'", "'gate-b'"]),
+        ("required_not_terminal", "required_not_terminal", ["'governed-plan'", "'late-reviewer'"]),
+        ("duplicate_name", "duplicate_name", ["'same'", "index 1"]),
+    ],
+)
+def test_worker_check_refuses_a_misconfigured_pipeline(factory, reason, fragments, tmp_path):
+    proc = run_check(factory, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert f"pipeline configuration error ({reason})" in proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr
+    assert "pipeline ok" not in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_worker_check_lists_the_hooks_of_a_valid_pipeline(tmp_path):
+    proc = run_check("valid", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "0: enrich [before_planning]",
+        "1: reviewer [after_planning]",
+        "2: governed-plan [after_planning] required",
+        "3: redact [after_synthesis]",
+        "pipeline ok",
+    ]
+
+
+def test_worker_check_accepts_an_empty_pipeline(tmp_path):
+    proc = run_check("empty", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["pipeline ok"]

@@ -1,0 +1,26 @@
+"""Committed histories replay against today's workflow code: a refactor that changes the commands a
+recorded execution issued is caught here, before it breaks executions in flight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+
+from workflows import RequestLifecycleWorkflow, data_converter
+
+HISTORIES = sorted(Path(__file__).with_name("histories").glob("*.json"))
+
+
+def test_histories_are_committed():
+    assert len(HISTORIES) >= 4
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_committed_history_replays(path: Path):
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    replayer = Replayer(workflows=[RequestLifecycleWorkflow], data_converter=data_converter)
+    result = await replayer.replay_workflow(history)
+    assert result.replay_failure is None

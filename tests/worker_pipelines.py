@@ -1,0 +1,93 @@
+"""Pipeline factories for ``worker.py --check`` subprocess tests (``AGENT_PIPELINE=tests.worker_pipelines:<name>``).
+
+Each factory takes the process :class:`client.settings.Settings` and returns ``LifecycleActivities``; the
+misconfigured ones raise from :class:`hooks.HookRegistry` while building it, as a real factory would.
+"""
+
+from __future__ import annotations
+
+from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from client.settings import Settings
+from demo.agent import RulePlanner, TemplateSynthesizer
+from demo.tools import demo_tools
+from hooks import HookRegistry, PipelineHook, RequiredAfterPlanningHook
+
+
+class Enrich(PipelineHook):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def before_planning(self, ctx):
+        return None
+
+
+class Reviewer(PipelineHook):
+    """An ordinary after_planning participant."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def after_planning(self, ctx, plan):
+        return plan
+
+
+class Governed(RequiredAfterPlanningHook, PipelineHook):
+    def __init__(self, name: str = "governed-plan") -> None:
+        self.name = name
+
+    def after_planning(self, ctx, plan):
+        return plan
+
+
+class DriftedGoverned(RequiredAfterPlanningHook, PipelineHook):
+    """Required marker, but the stage method name is misspelt: it implements no after_planning."""
+
+    name = "drifted-gate"
+
+    def after_planing(self, ctx, plan):  # noqa: D401 - the typo is the point
+        return plan
+
+
+class Redact(PipelineHook):
+    name = "redact"
+
+    def after_synthesis(self, ctx, response):
+        return response
+
+
+def _activities(settings: Settings, hooks: list) -> LifecycleActivities:
+    return LifecycleActivities(
+        registry=HookRegistry(hooks, pipeline="check"),
+        tools=ToolRegistry(demo_tools(settings.state_dir)),
+        planner=RulePlanner(),
+        synthesizer=TemplateSynthesizer(),
+        store=SQLiteExecutionStore(settings.execution_store_path),
+    )
+
+
+def valid(settings: Settings) -> LifecycleActivities:
+    return _activities(settings, [Enrich("enrich"), Reviewer("reviewer"), Governed(), Redact()])
+
+
+def empty(settings: Settings) -> LifecycleActivities:
+    return _activities(settings, [])
+
+
+def none_entry(settings: Settings) -> LifecycleActivities:
+    return _activities(settings, [Enrich("first"), Enrich("second"), None, Governed()])
+
+
+def stage_drift(settings: Settings) -> LifecycleActivities:
+    return _activities(settings, [Enrich("enrich"), DriftedGoverned()])
+
+
+def multiple_required(settings: Settings) -> LifecycleActivities:
+    return _activities(settings, [Governed("gate-a"), Governed("gate-b")])
+
+
+def required_not_terminal(settings: Settings) -> LifecycleActivities:
+    return _activities(settings, [Governed(), Reviewer("late-reviewer")])
+
+
+def duplicate_name(settings: Settings) -> LifecycleActivities:
+    return _activities(settings, [Enrich("same"), Enrich("same")])
