@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowFailureError, WorkflowHistory, WorkflowQueryFailedError
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHistory,
+    WorkflowQueryFailedError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
 

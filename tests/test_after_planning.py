@@ -9,23 +9,20 @@ from collections.abc import Callable
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from hooks import HookRejection, Plan, PlanStep, RequiredAfterPlanningHook, RunMode, Stage
+from hooks import (
+    HookRejection,
+    Plan,
+    PlanStep,
+    RequiredAfterPlanningHook,
+    RunMode,
+    Stage,
+)
 from workflows.models import RequestStatus
 
+from .doubles import FixedPlanner, decision, quote, started_attempts
 from .harness import Harness, Outcome
 
 NS = "demo-tools"
-
-
-def quote(step_id: str, symbol: str, depends_on: list[str] | None = None) -> PlanStep:
-    return PlanStep(
-        step_id=step_id,
-        namespace=NS,
-        agent="stock-service",
-        capability="stock_quote",
-        arguments={"symbol": symbol},
-        depends_on=depends_on or [],
-    )
 
 
 def trade(step_id: str, symbol: str) -> PlanStep:
@@ -38,46 +35,13 @@ def trade(step_id: str, symbol: str) -> PlanStep:
     )
 
 
-class FixedPlanner:
-    """Always plans the same steps, so each test knows the exact plan the hooks receive."""
-
-    name = "fixed-planner"
-
-    def __init__(self, *steps: PlanStep) -> None:
-        self.steps = steps
-
-    async def plan(self, request) -> Plan:
-        return Plan(phase=request.phase, steps=[s.model_copy(deep=True) for s in self.steps])
-
-
 def two_quotes() -> FixedPlanner:
     return FixedPlanner(quote("quote-acme", "ACME"), quote("quote-msft", "MSFT"))
-
-
-def decision(invocation) -> tuple[str, str, str]:
-    d = invocation.decision
-    assert d is not None, f"no decision recorded for {invocation.hook}"
-    return (d.failure_policy.value, d.action.value, d.reason)
 
 
 def tool_step_ids(out: Outcome) -> list[str]:
     """The step ids of the execute_tool_step activities, read from their summaries in history."""
     return [a.summary.rsplit("(", 1)[1].rstrip(")") for a in out.tool_activities]
-
-
-def started_attempts(out: Outcome, activity_type: str) -> list[int]:
-    """The attempt of each ActivityTaskStarted of ``activity_type`` (the last attempt the server ran)."""
-    types = {
-        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in out.history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    }
-    return [
-        e.activity_task_started_event_attributes.attempt
-        for e in out.history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
-        and types[e.activity_task_started_event_attributes.scheduled_event_id] == activity_type
-    ]
 
 
 class Recorder:

@@ -24,6 +24,7 @@ from hooks import (
 from hooks.builtin import ResponseCacheHook
 from workflows.models import InvocationOutcome, Plan, RequestStatus, Stage
 
+from .doubles import decision
 from .harness import Harness, Outcome
 
 QUOTE = "What is the price of ACME?"
@@ -171,11 +172,6 @@ def cache_decision(response: str = "cached", cached_against: dict | None = None,
         kind=kind,
         cached_against=cached_against or {},
     )
-
-
-def decision(inv) -> tuple[str, str, str]:
-    assert inv.decision is not None, f"no decision recorded for {inv.hook}"
-    return (inv.decision.failure_policy.value, inv.decision.action.value, inv.decision.reason)
 
 
 def invocation(out: Outcome, hook: str):

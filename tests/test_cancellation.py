@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from temporalio.exceptions import CancelledError
 from pydantic import BaseModel
+from temporalio.exceptions import CancelledError
 
 from activities.tools import Tool, ToolContext
 from workflows.models import Plan, PlanStep, RequestStatus

@@ -20,20 +20,10 @@ from hooks import HookRegistry, Plan, PlanStep, Stage
 from workflows import data_converter, idempotency_key
 from workflows.models import RequestStatus, StageSettings, ToolStepInput, ToolStepOutput
 
+from .doubles import FixedPlanner, NoArguments, quote, started_attempts
 from .harness import Harness, Outcome
 
 NS = "demo-tools"
-
-
-def quote(step_id: str, symbol: str, depends_on: list[str] | None = None) -> PlanStep:
-    return PlanStep(
-        step_id=step_id,
-        namespace=NS,
-        agent="stock-service",
-        capability="stock_quote",
-        arguments={"symbol": symbol},
-        depends_on=depends_on or [],
-    )
 
 
 def message(step_id: str, text: str, depends_on: list[str] | None = None) -> PlanStep:
@@ -56,24 +46,6 @@ def step(step_id: str, namespace: str, agent: str, capability: str, depends_on: 
         arguments=arguments,
         depends_on=depends_on or [],
     )
-
-
-class FixedPlanner:
-    """Plans exactly the given steps."""
-
-    name = "fixed-planner"
-
-    def __init__(self, *steps: PlanStep) -> None:
-        self.steps = steps
-        self.calls = 0
-
-    async def plan(self, request) -> Plan:
-        self.calls += 1
-        return Plan(phase=request.phase, steps=[s.model_copy(deep=True) for s in self.steps])
-
-
-class NoArguments(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class NameArgument(BaseModel):
@@ -184,20 +156,6 @@ def tool_events(out: Outcome) -> dict[str, dict[str, object]]:
             if sid:
                 events[sid]["failed"] = e
     return events
-
-
-def started_attempts(out: Outcome, activity_type: str) -> list[int]:
-    types = {
-        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in out.history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    }
-    return [
-        e.activity_task_started_event_attributes.attempt
-        for e in out.history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
-        and types[e.activity_task_started_event_attributes.scheduled_event_id] == activity_type
-    ]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from demo.pipeline import demo_hooks
 from client.settings import Settings
+from demo.pipeline import demo_hooks
 from workflows.models import RequestStatus, Stage
 
 from .harness import Harness

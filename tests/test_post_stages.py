@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from pydantic import BaseModel, ConfigDict
 from temporalio.api.enums.v1 import EventType
 
 from activities import Tool
@@ -15,7 +14,6 @@ from hooks import (
     ExecutionResult,
     HookRejection,
     PipelineShortCircuit,
-    Plan,
     PlanStep,
     RequiredAfterPlanningHook,
     RunMode,
@@ -23,18 +21,13 @@ from hooks import (
 )
 from workflows.models import RequestStatus, StageSettings
 
+from .doubles import FixedPlanner, NoArguments, decision
 from .harness import Harness, Outcome, ScheduledActivity
 
 ACME = f"ACME is trading at {quote_price('ACME')} USD."
 MSFT = f"MSFT is trading at {quote_price('MSFT')} USD."
 QUOTES = "What is the price of ACME and MSFT?"
 QUOTES_RESPONSE = f"{ACME}\n{MSFT}"
-
-
-def decision(invocation) -> tuple[str, str, str]:
-    d = invocation.decision
-    assert d is not None, f"no decision recorded for {invocation.hook}"
-    return (d.failure_policy.value, d.action.value, d.reason)
 
 
 def local_activities(out: Outcome) -> list[ScheduledActivity]:
@@ -46,10 +39,6 @@ def local_activities(out: Outcome) -> list[ScheduledActivity]:
 # --------------------------------------------------------------------------------------------------
 
 
-class NoArguments(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 class BrokenBroker(Tool):
     namespace = "test-tools"
     agent = "broker"
@@ -58,16 +47,6 @@ class BrokenBroker(Tool):
 
     async def run(self, arguments, ctx):
         raise RuntimeError("broker offline")
-
-
-class FixedPlanner:
-    name = "fixed-planner"
-
-    def __init__(self, *steps: PlanStep) -> None:
-        self.steps = steps
-
-    async def plan(self, request) -> Plan:
-        return Plan(phase=request.phase, steps=[s.model_copy(deep=True) for s in self.steps])
 
 
 async def test_after_execution_observes_every_step_and_cannot_change_results(client, tmp_path):

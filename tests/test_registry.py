@@ -24,6 +24,8 @@ from hooks import (
     Stage,
 )
 
+from .worker_pipelines import Enrich, Governed, Reviewer
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -32,28 +34,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # --------------------------------------------------------------------------------------------------
 
 
-class Enrich(PipelineHook):
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def before_planning(self, ctx):
-        return None
-
-
 class Decide(PipelineHook):
     def __init__(self, name: str) -> None:
         self.name = name
 
     async def before_planning_decision(self, ctx, gate) -> PipelineShortCircuitDecision | None:
         return None
-
-
-class Reviewer(PipelineHook):
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def after_planning(self, ctx, plan):
-        return plan
 
 
 class Observer(PipelineHook):
@@ -70,14 +56,6 @@ class Rewriter(PipelineHook):
 
     def after_synthesis(self, ctx, response):
         return response
-
-
-class Governed(RequiredAfterPlanningHook, PipelineHook):
-    def __init__(self, name: str = "governed-plan") -> None:
-        self.name = name
-
-    def after_planning(self, ctx, plan):
-        return plan
 
 
 def build_error(hooks) -> InvalidPipelineConfigError:

@@ -1,0 +1,64 @@
+"""Small test doubles and history readers shared by the test modules."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+from temporalio.api.enums.v1 import EventType
+
+from workflows.models import HookInvocation, Plan, PlanStep
+
+from .harness import Outcome
+
+NS = "demo-tools"
+
+
+def quote(step_id: str, symbol: str, depends_on: list[str] | None = None) -> PlanStep:
+    """A demo ``stock_quote`` step."""
+    return PlanStep(
+        step_id=step_id,
+        namespace=NS,
+        agent="stock-service",
+        capability="stock_quote",
+        arguments={"symbol": symbol},
+        depends_on=depends_on or [],
+    )
+
+
+class FixedPlanner:
+    """Always plans the same steps, so each test knows the exact plan the hooks receive."""
+
+    name = "fixed-planner"
+
+    def __init__(self, *steps: PlanStep) -> None:
+        self.steps = steps
+        self.calls = 0
+
+    async def plan(self, request) -> Plan:
+        self.calls += 1
+        return Plan(phase=request.phase, steps=[s.model_copy(deep=True) for s in self.steps])
+
+
+class NoArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def decision(invocation: HookInvocation) -> tuple[str, str, str]:
+    """(failure_policy, action, reason) of a recorded invocation."""
+    d = invocation.decision
+    assert d is not None, f"no decision recorded for {invocation.hook}"
+    return (d.failure_policy.value, d.action.value, d.reason)
+
+
+def started_attempts(out: Outcome, activity_type: str) -> list[int]:
+    """The attempt of each ActivityTaskStarted of ``activity_type`` (the last attempt the server ran)."""
+    types = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    }
+    return [
+        e.activity_task_started_event_attributes.attempt
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        and types[e.activity_task_started_event_attributes.scheduled_event_id] == activity_type
+    ]
