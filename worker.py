@@ -25,9 +25,10 @@ from temporalio.worker import Worker
 from activities import LifecycleActivities
 from client import Settings, connect
 from client.devserver import start_dev_server
+from client.search import ensure_search_attributes
 from client.telemetry import configure_telemetry
 from hooks import InvalidPipelineConfigError
-from workflows import RequestLifecycleWorkflow
+from workflows import WORKFLOWS
 
 logger = logging.getLogger("worker")
 
@@ -43,11 +44,11 @@ def load_activities(settings: Settings) -> LifecycleActivities:
 
 
 def build_worker(client: Client, task_queue: str, activities: LifecycleActivities, **options) -> Worker:
-    """A worker for the lifecycle workflow and every activity it schedules."""
+    """A worker for the lifecycle workflow, its detached-effect child, and every activity they schedule."""
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[RequestLifecycleWorkflow],
+        workflows=WORKFLOWS,
         activities=activities.activities(),
         **options,
     )
@@ -66,6 +67,7 @@ async def temporal_client(settings: Settings, *, dev: bool) -> AsyncIterator[Cli
 
 async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool) -> None:
     async with temporal_client(settings, dev=dev) as client:
+        activities.manifest.search_attributes = await ensure_search_attributes(client, settings.temporal_namespace)
         worker = build_worker(client, settings.task_queue, activities)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

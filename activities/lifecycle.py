@@ -24,6 +24,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from hooks.contracts import (
+    DetachedContext,
     PipelineContext,
     PipelineShortCircuit,
     PipelineShortCircuitDecision,
@@ -42,6 +43,10 @@ from workflows.models import (
     AfterSynthesisOutcome,
     BeforePlanningCall,
     BeforePlanningOutcome,
+    DetachedEffectInput,
+    DetachedWorkResult,
+    EffectStatus,
+    EffectUpdateInput,
     EnrichmentChange,
     EnrichmentOperation,
     HookDecision,
@@ -55,6 +60,7 @@ from workflows.models import (
     PlanInput,
     PlanOutput,
     ResolvePipelineInput,
+    ReviewSettings,
     ShortCircuitProposal,
     Stage,
     StageSettings,
@@ -124,6 +130,17 @@ def enrichment_changes(before: Mapping[str, JsonValue], after: Mapping[str, Any]
     return changes
 
 
+def _failed_effects(ctx: PipelineContext, error: str) -> list[dict]:
+    """Effects a failed invocation announced, as the record keeps them: a pending one can no longer
+    complete (its detached work is never started), so it is failed with the invocation's error."""
+    failed = []
+    for effect in ctx.effects:
+        if effect.status is EffectStatus.PENDING:
+            effect = effect.model_copy(update={"status": EffectStatus.FAILED, "error": error, "summary": "submission failed"})
+        failed.append(effect.model_dump(mode="json"))
+    return failed
+
+
 class LifecycleActivities:
     """Every activity ``RequestLifecycle`` schedules, bound to one worker's dependencies.
 
@@ -137,6 +154,9 @@ class LifecycleActivities:
         cache_variation: Extra pipeline-owned cache dimensions (merged over the built-in ones).
         reserved_metadata_dimensions: Request-metadata keys that are cache dimensions (e.g. ``locale``).
         prompt_builder: Renders the planning prompt; the default renders the well-known enrichments.
+        review: Who may decide checkpoints and how long they wait.
+        search_attributes: Whether the lifecycle search attributes exist on the namespace (the worker
+            checks and sets this; without them the workflow does not upsert them).
     """
 
     def __init__(
@@ -151,6 +171,8 @@ class LifecycleActivities:
         cache_variation: Mapping[str, str] | None = None,
         reserved_metadata_dimensions: Sequence[str] = (),
         prompt_builder: PromptBuilder = build_planning_prompt,
+        review: ReviewSettings | None = None,
+        search_attributes: bool = False,
     ) -> None:
         self.registry = registry
         self.tools = tools
@@ -166,6 +188,8 @@ class LifecycleActivities:
             cache_variation={**self._builtin_variation(), **(cache_variation or {})},
             reserved_metadata_dimensions=list(reserved_metadata_dimensions),
             settings=self.settings,
+            review=review or ReviewSettings(),
+            search_attributes=search_attributes,
         )
 
     def _builtin_variation(self) -> dict[str, str]:
@@ -193,6 +217,8 @@ class LifecycleActivities:
             self.execute_tool_step,
             self.synthesize,
             self.persist_execution_record,
+            self.run_detached_work,
+            self.merge_effect_update,
         ]
 
     # ------------------------------------------------------------------------------------------------
@@ -220,6 +246,7 @@ class LifecycleActivities:
             hook_name=entry.name,
             gate=view.gate,
             plan_phase=view.plan_phase,
+            hook=self.registry.hook(entry.name),
         )
 
     async def _invoke(
@@ -251,7 +278,12 @@ class LifecycleActivities:
                 return await run(hook, ctx, span)
             except _HookFailed as err:
                 self._mark_failed(span, entry, stage, err.category, str(err), final=True)
-                raise ApplicationError(str(err), {"hook": entry.name}, type=err.category, non_retryable=True) from None
+                raise ApplicationError(
+                    str(err),
+                    {"hook": entry.name, "effects": _failed_effects(ctx, str(err))},
+                    type=err.category,
+                    non_retryable=True,
+                ) from None
             except asyncio.CancelledError:
                 self._mark_failed(span, entry, stage, decisions.HOOK_TIMEOUT, "cancelled or timed out", final_attempt)
                 raise
@@ -263,7 +295,11 @@ class LifecycleActivities:
                 self._mark_failed(span, entry, stage, decisions.HOOK_ERROR, str(err), final_attempt or deliberate)
                 raise ApplicationError(
                     str(err),
-                    {"hook": entry.name, "exception_type": type(err).__name__},
+                    {
+                        "hook": entry.name,
+                        "exception_type": type(err).__name__,
+                        "effects": _failed_effects(ctx, str(err)),
+                    },
                     type=decisions.HOOK_ERROR,
                     non_retryable=deliberate,
                     # A deliberate refusal is an outcome, not a fault: no error log or failure metric.
@@ -313,7 +349,11 @@ class LifecycleActivities:
                     )
             self._mark_succeeded(span, decision)
             return BeforePlanningOutcome(
-                enrichment_changes=changes, short_circuit=proposal, decision=decision, effects=ctx.effects
+                enrichment_changes=changes,
+                short_circuit=proposal,
+                decision=decision,
+                effects=ctx.effects,
+                detached=ctx.detached,
             )
 
         return await self._invoke(entry, Stage.BEFORE_PLANNING, view, run)
@@ -371,12 +411,14 @@ class LifecycleActivities:
                 plan = Plan.model_validate(returned.model_dump(mode="json"))
             except pydantic.ValidationError as err:
                 raise _HookFailed(decisions.INVALID_HOOK_RESULT, f"returned plan is malformed: {err}") from None
-            problems = self._plan_problems(plan, call.plan.phase)
+            problems = self._plan_problems(plan, call.plan.phase, call.prior_step_ids)
             if problems:
                 raise _HookFailed(decisions.INVALID_PLAN, "invalid plan: " + "; ".join(problems))
             decision = decisions.success_decision(entry, Stage.AFTER_PLANNING)
             self._mark_succeeded(span, decision)
-            return AfterPlanningOutcome(plan=plan, changed=plan != call.plan, decision=decision, effects=ctx.effects)
+            return AfterPlanningOutcome(
+                plan=plan, changed=plan != call.plan, decision=decision, effects=ctx.effects, detached=ctx.detached
+            )
 
         return await self._invoke(entry, Stage.AFTER_PLANNING, call.view, run)
 
@@ -394,7 +436,7 @@ class LifecycleActivities:
                 )
             decision = decisions.success_decision(entry, Stage.AFTER_EXECUTION)
             self._mark_succeeded(span, decision)
-            return ObserveOutcome(decision=decision, effects=ctx.effects)
+            return ObserveOutcome(decision=decision, effects=ctx.effects, detached=ctx.detached)
 
         return await self._invoke(entry, Stage.AFTER_EXECUTION, call.view, run)
 
@@ -412,7 +454,9 @@ class LifecycleActivities:
                 )
             decision = decisions.success_decision(entry, Stage.AFTER_SYNTHESIS)
             self._mark_succeeded(span, decision)
-            return AfterSynthesisOutcome(response=returned, decision=decision, effects=ctx.effects)
+            return AfterSynthesisOutcome(
+                response=returned, decision=decision, effects=ctx.effects, detached=ctx.detached
+            )
 
         return await self._invoke(entry, Stage.AFTER_SYNTHESIS, call.view, run)
 
@@ -420,8 +464,10 @@ class LifecycleActivities:
     # Plan, execute, synthesize, persist
     # ------------------------------------------------------------------------------------------------
 
-    def _plan_problems(self, plan: Plan, phase: int) -> list[str]:
-        problems = plan_problems(plan, self.manifest.tools, max_steps=self.settings.max_plan_steps, phase=phase)
+    def _plan_problems(self, plan: Plan, phase: int, prior_step_ids: Sequence[str] = ()) -> list[str]:
+        problems = plan_problems(
+            plan, self.manifest.tools, max_steps=self.settings.max_plan_steps, phase=phase, prior_step_ids=prior_step_ids
+        )
         for step in plan.steps:
             problems.extend(self.tools.argument_problems(step))
         return problems[:10]
@@ -441,13 +487,14 @@ class LifecycleActivities:
                 enrichments=copy.deepcopy(input.enrichments),
                 tools=tools,
                 phase=input.phase,
+                prior_results=[r.model_copy(deep=True) for r in input.prior_results],
             )
         )
         if not isinstance(plan, Plan):
             raise ApplicationError(
                 f"planner returned {type(plan).__name__}, not a Plan", type=decisions.INVALID_PLAN, non_retryable=True
             )
-        problems = self._plan_problems(plan, input.phase)
+        problems = self._plan_problems(plan, input.phase, [r.step_id for r in input.prior_results])
         if problems:
             raise ApplicationError(
                 "planner produced an invalid plan: " + "; ".join(problems),
@@ -502,4 +549,45 @@ class LifecycleActivities:
     async def persist_execution_record(self, input: PersistRecordInput) -> PersistRecordOutput:
         """Write a full record snapshot; an older or equal revision never replaces a newer one."""
         revision, written = await self.store.save(input.record)
+        return PersistRecordOutput(stored_revision=revision, written=written)
+
+    # ------------------------------------------------------------------------------------------------
+    # Detached effects
+    # ------------------------------------------------------------------------------------------------
+
+    @activity.defn(name="run_detached_work")
+    async def run_detached_work(self, input: DetachedEffectInput) -> DetachedWorkResult:
+        """Run the work a hook detached, through that hook's ``run_detached``."""
+        work = input.work
+        try:
+            hook = self.registry.hook(work.hook)
+        except LookupError as err:
+            raise ApplicationError(str(err), type="HookNotRegistered", non_retryable=True) from None
+        ctx = DetachedContext(
+            effect_id=work.effect_id,
+            name=work.name,
+            payload=copy.deepcopy(work.payload),
+            request_id=input.request_id,
+            workflow_id=input.parent_workflow_id,
+            attempt=activity.info().attempt,
+        )
+        with telemetry.tracer().start_as_current_span(
+            f"pipeline.hook.detached.{work.hook}",
+            attributes={"pipeline.hook.name": work.hook, "pipeline.effect_id": work.effect_id},
+        ):
+            returned = await _call(hook.run_detached, ctx)
+        if returned is None:
+            return DetachedWorkResult()
+        if isinstance(returned, DetachedWorkResult):
+            return returned
+        raise ApplicationError(
+            f"run_detached must return DetachedWorkResult or None, got {type(returned).__name__}",
+            type=decisions.INVALID_HOOK_RESULT,
+            non_retryable=True,
+        )
+
+    @activity.defn(name="merge_effect_update")
+    async def merge_effect_update(self, input: EffectUpdateInput) -> PersistRecordOutput:
+        """Merge a terminal effect into the stored record of its request (accepted once per effect)."""
+        revision, written = await self.store.update_effect(input.workflow_id, input.run_id, input.effect)
         return PersistRecordOutput(stored_revision=revision, written=written)

@@ -15,6 +15,7 @@ from workflows.models import (
     ENRICHMENT_RAG_CONTEXT,
     ENRICHMENT_USER_PROFILE,
     Plan,
+    StepResult,
     SynthesizeInput,
     SynthesizeOutput,
     ToolSpec,
@@ -51,10 +52,14 @@ class PlanningRequest:
     tools: list[ToolSpec]
     phase: int = 1
     metadata: Mapping[str, JsonValue] = field(default_factory=dict)
+    # Every step of the earlier phases, in order: what a later phase plans from. To use an output in an
+    # argument write {{steps.<step_id>.output.<field>}} and list the step id in implicit_deps.
+    prior_results: list[StepResult] = field(default_factory=list)
 
 
 class Planner(Protocol):
-    """Chooses the tools for a request. Returns a :class:`Plan` for ``request.phase``."""
+    """Chooses the tools for a request. Returns a :class:`Plan` for ``request.phase``; setting
+    ``continue_after`` asks to plan again once this phase's steps have run."""
 
     name: str
 

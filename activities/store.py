@@ -1,8 +1,18 @@
-"""The execution store: where finished (and, later, in-flight) execution records are kept.
+"""The execution store: versioned execution records (seed 000 §9).
 
-The default is one SQLite file, safe for several worker processes (WAL journal, busy timeout). Writes
-are revision-gated per run: a snapshot whose ``record_revision`` is not newer than the stored one is
-refused, so a late or replayed write can never replace a newer record.
+Two kinds of write reach it:
+
+* **snapshots** — the whole record, persisted by the request workflow at each lifecycle boundary
+  (accepted plan, checkpoint opened, terminal). A snapshot is accepted only if its snapshot revision is
+  newer than the stored one, so a stale or replayed write never replaces a newer record.
+* **effect updates** — one effect brought to its terminal state by detached work, possibly after the
+  request finished. Each is kept per (run, effect id), accepted once, and merged over the newest
+  snapshot when the record is read, so a later snapshot cannot hide it and two concurrent completions
+  never overwrite each other. They change effects only: a failed request stays failed.
+
+The record's ``record_revision`` as read is the snapshot revision plus the number of accepted effect
+updates: it only grows. The default store is one SQLite file, safe for several worker processes (WAL
+journal, busy timeout, ``BEGIN IMMEDIATE`` around every read-check-write).
 """
 
 from __future__ import annotations
@@ -14,39 +24,70 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
-from workflows.models import ExecutionRecord, RequestStatus
+from workflows.models import EffectStatus, ExecutionRecord, PipelineHookEffect, RequestStatus
 
 DEFAULT_RETENTION = timedelta(days=7)
 DEFAULT_ERROR_RETENTION = timedelta(days=30)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
-    workflow_id     TEXT NOT NULL,
-    run_id          TEXT NOT NULL,
-    request_id      TEXT NOT NULL,
-    status          TEXT NOT NULL,
-    record_revision INTEGER NOT NULL,
-    started_at      TEXT NOT NULL,
-    updated_at      REAL NOT NULL,
-    expires_at      REAL NOT NULL,
-    record          TEXT NOT NULL,
+    workflow_id       TEXT NOT NULL,
+    run_id            TEXT NOT NULL,
+    request_id        TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    snapshot_revision INTEGER NOT NULL,
+    started_at        TEXT NOT NULL,
+    updated_at        REAL NOT NULL,
+    expires_at        REAL NOT NULL,
+    record            TEXT NOT NULL,
     PRIMARY KEY (workflow_id, run_id)
 );
 CREATE INDEX IF NOT EXISTS executions_request ON executions (request_id);
 CREATE INDEX IF NOT EXISTS executions_expiry ON executions (expires_at);
+CREATE TABLE IF NOT EXISTS effect_updates (
+    workflow_id TEXT NOT NULL,
+    run_id      TEXT NOT NULL,
+    effect_id   TEXT NOT NULL,
+    effect      TEXT NOT NULL,
+    updated_at  REAL NOT NULL,
+    PRIMARY KEY (workflow_id, run_id, effect_id)
+);
 """
 
 
 class ExecutionStore(Protocol):
     async def save(self, record: ExecutionRecord) -> tuple[int, bool]:
-        """Store ``record`` unless a revision at least as new is stored. Returns (stored revision, written)."""
+        """Store a snapshot unless one at least as new is stored. Returns (record revision, written)."""
+        ...
+
+    async def update_effect(self, workflow_id: str, run_id: str, effect: PipelineHookEffect) -> tuple[int, bool]:
+        """Bring one effect of a run to its terminal state. Returns (record revision, written)."""
         ...
 
     async def get(self, key: str) -> ExecutionRecord | None:
-        """The newest record whose request id or workflow id is ``key``."""
+        """The newest record whose request id or workflow id is ``key``, effect updates merged."""
         ...
 
     async def recent(self, limit: int = 20) -> list[ExecutionRecord]: ...
+
+
+def snapshot_revision(record: ExecutionRecord) -> int:
+    return record.lifecycle.snapshot_revision if record.lifecycle is not None else record.record_revision
+
+
+def merge_effects(record: ExecutionRecord, updates: list[PipelineHookEffect]) -> ExecutionRecord:
+    """The record with each terminal effect update in place of the effect it updates (or appended when the
+    snapshot never saw the effect), and ``record_revision`` counting the updates."""
+    effects = list(record.effects)
+    for update in updates:
+        index = next((i for i, e in enumerate(effects) if e.effect_id == update.effect_id), None)
+        if index is None:
+            effects.append(update)
+        else:
+            effects[index] = update
+    return record.model_copy(
+        update={"effects": effects, "record_revision": snapshot_revision(record) + len(updates)}
+    )
 
 
 class SQLiteExecutionStore:
@@ -55,7 +96,8 @@ class SQLiteExecutionStore:
     Args:
         path: The database file; its directory is created.
         retention: How long a successful request's record is kept.
-        error_retention: How long a failed or cancelled request's record is kept.
+        error_retention: How long a failed or cancelled request's record is kept (late effect updates
+            do not extend or shorten it).
     """
 
     def __init__(
@@ -72,6 +114,9 @@ class SQLiteExecutionStore:
         self.error_retention = error_retention
         self._clock = clock
         with self._connect() as db:
+            columns = {row[1] for row in db.execute("PRAGMA table_info(executions)")}
+            if "record_revision" in columns:  # a store written before effect updates existed
+                db.execute("ALTER TABLE executions RENAME COLUMN record_revision TO snapshot_revision")
             db.executescript(_SCHEMA)
 
     def _connect(self) -> sqlite3.Connection:
@@ -80,21 +125,47 @@ class SQLiteExecutionStore:
         db.execute("PRAGMA busy_timeout=30000")
         return db
 
-    def _save(self, record: ExecutionRecord) -> tuple[int, bool]:
+    def _write(self, work) -> tuple[int, bool]:
+        """Run ``work(db, now)`` in one immediate transaction, after purging expired records."""
         now = self._clock()
-        failed = record.status in (RequestStatus.FAILED, RequestStatus.CANCELLED)
-        keep = self.error_retention if failed else self.retention
         db = self._connect()
         try:
             db.execute("BEGIN IMMEDIATE")
             db.execute("DELETE FROM executions WHERE expires_at < ?", (now,))
+            orphan_age = now - max(self.retention, self.error_retention).total_seconds()
+            db.execute(
+                "DELETE FROM effect_updates WHERE updated_at < ? AND NOT EXISTS (SELECT 1 FROM executions e "
+                "WHERE e.workflow_id = effect_updates.workflow_id AND e.run_id = effect_updates.run_id)",
+                (orphan_age,),
+            )
+            result = work(db, now)
+            db.execute("COMMIT")
+            return result
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        finally:
+            db.close()
+
+    @staticmethod
+    def _update_count(db: sqlite3.Connection, workflow_id: str, run_id: str) -> int:
+        return db.execute(
+            "SELECT COUNT(*) FROM effect_updates WHERE workflow_id = ? AND run_id = ?", (workflow_id, run_id)
+        ).fetchone()[0]
+
+    def _save(self, record: ExecutionRecord) -> tuple[int, bool]:
+        revision = snapshot_revision(record)
+        failed = record.status in (RequestStatus.FAILED, RequestStatus.CANCELLED)
+        keep = self.error_retention if failed else self.retention
+
+        def work(db: sqlite3.Connection, now: float) -> tuple[int, bool]:
             row = db.execute(
-                "SELECT record_revision FROM executions WHERE workflow_id = ? AND run_id = ?",
+                "SELECT snapshot_revision FROM executions WHERE workflow_id = ? AND run_id = ?",
                 (record.workflow_id, record.run_id),
             ).fetchone()
-            if row is not None and row[0] >= record.record_revision:
-                db.execute("COMMIT")
-                return row[0], False
+            updates = self._update_count(db, record.workflow_id, record.run_id)
+            if row is not None and row[0] >= revision:
+                return row[0] + updates, False
             db.execute(
                 "INSERT OR REPLACE INTO executions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -102,44 +173,68 @@ class SQLiteExecutionStore:
                     record.run_id,
                     record.request_id,
                     record.status.value,
-                    record.record_revision,
+                    revision,
                     record.started_at.isoformat(),
                     now,
                     now + keep.total_seconds(),
                     record.model_dump_json(),
                 ),
             )
-            db.execute("COMMIT")
-            return record.record_revision, True
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        finally:
-            db.close()
+            return revision + updates, True
 
-    def _query(self, sql: str, params: tuple) -> list[ExecutionRecord]:
+        return self._write(work)
+
+    def _update_effect(self, workflow_id: str, run_id: str, effect: PipelineHookEffect) -> tuple[int, bool]:
+        if effect.status is EffectStatus.PENDING:
+            raise ValueError(f"effect {effect.effect_id!r}: an effect update must be terminal, not pending")
+
+        def work(db: sqlite3.Connection, now: float) -> tuple[int, bool]:
+            inserted = db.execute(
+                "INSERT OR IGNORE INTO effect_updates VALUES (?, ?, ?, ?, ?)",
+                (workflow_id, run_id, effect.effect_id, effect.model_dump_json(), now),
+            ).rowcount
+            row = db.execute(
+                "SELECT snapshot_revision FROM executions WHERE workflow_id = ? AND run_id = ?", (workflow_id, run_id)
+            ).fetchone()
+            return (row[0] if row else 0) + self._update_count(db, workflow_id, run_id), inserted == 1
+
+        return self._write(work)
+
+    def _query(self, where: str, params: tuple, limit: int) -> list[ExecutionRecord]:
         db = self._connect()
         try:
-            rows = db.execute(sql, params).fetchall()
+            rows = db.execute(
+                f"SELECT workflow_id, run_id, record FROM executions WHERE expires_at >= ? AND ({where}) "
+                "ORDER BY started_at DESC, updated_at DESC LIMIT ?",
+                (self._clock(), *params, limit),
+            ).fetchall()
+            records = []
+            for workflow_id, run_id, text in rows:
+                updates = [
+                    PipelineHookEffect.model_validate_json(u[0])
+                    for u in db.execute(
+                        "SELECT effect FROM effect_updates WHERE workflow_id = ? AND run_id = ? ORDER BY updated_at",
+                        (workflow_id, run_id),
+                    )
+                ]
+                records.append(merge_effects(ExecutionRecord.model_validate_json(text), updates))
+            return records
         finally:
             db.close()
-        return [ExecutionRecord.model_validate_json(row[0]) for row in rows]
 
     async def save(self, record: ExecutionRecord) -> tuple[int, bool]:
         return await asyncio.to_thread(self._save, record)
 
+    async def update_effect(self, workflow_id: str, run_id: str, effect: PipelineHookEffect) -> tuple[int, bool]:
+        return await asyncio.to_thread(self._update_effect, workflow_id, run_id, effect)
+
     async def get(self, key: str) -> ExecutionRecord | None:
-        rows = await asyncio.to_thread(
-            self._query,
-            "SELECT record FROM executions WHERE (request_id = ? OR workflow_id = ?) AND expires_at >= ? "
-            "ORDER BY started_at DESC LIMIT 1",
-            (key, key, self._clock()),
-        )
+        rows = await asyncio.to_thread(self._query, "request_id = ? OR workflow_id = ?", (key, key), 1)
+        return rows[0] if rows else None
+
+    async def get_run(self, workflow_id: str, run_id: str) -> ExecutionRecord | None:
+        rows = await asyncio.to_thread(self._query, "workflow_id = ? AND run_id = ?", (workflow_id, run_id), 1)
         return rows[0] if rows else None
 
     async def recent(self, limit: int = 20) -> list[ExecutionRecord]:
-        return await asyncio.to_thread(
-            self._query,
-            "SELECT record FROM executions WHERE expires_at >= ? ORDER BY updated_at DESC LIMIT ?",
-            (self._clock(), limit),
-        )
+        return await asyncio.to_thread(self._query, "1 = 1", (), limit)

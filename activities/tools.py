@@ -10,6 +10,7 @@ import pydantic
 from pydantic import BaseModel, JsonValue
 
 from workflows.models import PlanStep, ToolSpec
+from workflows.plan_validation import referencing_fields
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Tool:
     capability: ClassVar[str]
     description: ClassVar[str] = ""
     read_only: ClassVar[bool] = False
+    approval_required: ClassVar[bool] = False
     Arguments: ClassVar[type[BaseModel]]
 
     async def run(self, arguments: BaseModel, ctx: ToolContext) -> JsonValue:
@@ -45,6 +47,7 @@ class Tool:
             description=cls.description,
             parameters=cls.Arguments.model_json_schema(),
             read_only=cls.read_only,
+            approval_required=cls.approval_required,
         )
 
 
@@ -67,15 +70,18 @@ class ToolRegistry:
 
     def argument_problems(self, step: PlanStep) -> list[str]:
         """Why ``step.arguments`` do not fit its tool's parameters (empty when they do or the tool is
-        unknown, which structural validation reports)."""
+        unknown, which structural validation reports). An argument holding a step reference is checked
+        only for presence here; its value is validated when the step runs, once resolved."""
         tool = self._tools.get(step.tool_key)
         if tool is None:
             return []
+        deferred = referencing_fields(step)
         try:
             tool.Arguments.model_validate(step.arguments)
         except pydantic.ValidationError as err:
             return [
                 f"step {step.step_id!r}: argument {'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
                 for e in err.errors(include_url=False)
+                if not (e["loc"] and e["loc"][0] in deferred and e["type"] != "missing")
             ]
         return []

@@ -6,6 +6,13 @@
     agent-lifecycle result request-1a2b3c                     # await an existing request
     agent-lifecycle record request-1a2b3c [--live] [--json]   # stored record, or --live via query
     agent-lifecycle list                                      # recent stored records
+
+A reviewer's inbox:
+
+    agent-lifecycle inbox                                     # requests awaiting review
+    agent-lifecycle show request-1a2b3c                       # the pending checkpoint: plan and reasons
+    agent-lifecycle approve request-1a2b3c --reviewer alice --comment "ok"
+    agent-lifecycle reject request-1a2b3c --reviewer alice --reason "wrong recipient"
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ import sys
 import uuid
 from typing import Any
 
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.service import RPCError
 
 from activities.store import SQLiteExecutionStore
 from workflows import WORKFLOW_TYPE
-from workflows.models import ExecutionRecord, RequestInput, RequestResult
+from workflows import search_attributes
+from workflows.models import Checkpoint, ExecutionRecord, RequestInput, RequestResult, ReviewAck, ReviewRequest
 
 from . import Settings, connect
 
@@ -63,7 +72,7 @@ def format_record(record: ExecutionRecord) -> str:
     lines = [
         f"request {record.request_id}  workflow {record.workflow_id}  run {record.run_id}",
         f"status {record.status.value}  stage {record.lifecycle_stage}  revision {record.record_revision}"
-        f"  pipeline {record.pipeline}",
+        f"  completion {record.request_completion}  pipeline {record.pipeline}",
     ]
     if record.error:
         lines.append(f"error {record.error.type}: {record.error.message}")
@@ -78,8 +87,9 @@ def format_record(record: ExecutionRecord) -> str:
             else "no decision recorded"
         )
         error = f"  error={inv.error_type}: {inv.error}" if inv.error else ""
+        phase = f" (phase {inv.plan_phase})" if inv.plan_phase else ""
         lines.append(
-            f"  {inv.stage.value:<16} #{inv.sequence} {inv.hook:<22} {inv.outcome.value:<9} {decision}"
+            f"  {inv.stage.value:<16} #{inv.sequence} {inv.hook + phase:<30} {inv.outcome.value:<9} {decision}"
             f"  {inv.duration_ms:.0f} ms{error}"
         )
     if not record.pipeline_hooks:
@@ -88,6 +98,11 @@ def format_record(record: ExecutionRecord) -> str:
         lines.append("effects:")
         for effect in record.effects:
             lines.append(f"  {effect.effect_id:<34} {effect.status.value:<9} {effect.hook or ''}  {effect.summary}")
+    for checkpoint in record.checkpoints:
+        decided = f" by {checkpoint.reviewer}: {checkpoint.comment!r}" if checkpoint.reviewer else ""
+        lines.append(f"checkpoint {checkpoint.checkpoint_id} (phase {checkpoint.phase}) {checkpoint.status.value}{decided}")
+    for ignored in record.ignored_reviews:
+        lines.append(f"ignored {ignored.via} from {ignored.reviewer!r} for {ignored.checkpoint_id!r}: {ignored.reason}")
     if record.plans:
         lines.append("accepted plans:")
         for accepted in record.plans:
@@ -105,6 +120,52 @@ def format_record(record: ExecutionRecord) -> str:
     return "\n".join(lines)
 
 
+def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
+    lines = [
+        f"{workflow_id}  checkpoint {checkpoint.checkpoint_id}  phase {checkpoint.phase}  "
+        f"requested {checkpoint.requested_at:%Y-%m-%d %H:%M:%S}  expires {checkpoint.expires_at:%Y-%m-%d %H:%M:%S} UTC",
+        "  needs approval:",
+        *(f"    {r.step_id} ({r.tool}): {r.reason}" for r in checkpoint.reasons),
+        "  plan:",
+    ]
+    for step in checkpoint.plan.steps:
+        deps = step.depends_on + step.implicit_deps
+        lines.append(f"    {step.step_id}: {step.tool} {json.dumps(step.arguments)}" + (f" after {', '.join(deps)}" if deps else ""))
+    return "\n".join(lines)
+
+
+async def pending_checkpoint(client: Client, workflow_id: str) -> Checkpoint | None:
+    handle = client.get_workflow_handle(workflow_id)
+    return await handle.query("pending_checkpoint", result_type=Checkpoint | None)
+
+
+async def review(client: Client, workflow_id: str, decision: str, reviewer: str, comment: str, checkpoint_id: str | None) -> ReviewAck:
+    """Decide a checkpoint through the ``review`` update (validated, acknowledged)."""
+    if checkpoint_id is None:
+        checkpoint = await pending_checkpoint(client, workflow_id)
+        if checkpoint is None:
+            raise ValueError(f"{workflow_id} has no pending checkpoint")
+        checkpoint_id = checkpoint.checkpoint_id
+    handle = client.get_workflow_handle(workflow_id)
+    return await handle.execute_update(
+        "review",
+        ReviewRequest(checkpoint_id=checkpoint_id, reviewer=reviewer, decision=decision, comment=comment),
+        result_type=ReviewAck,
+    )
+
+
+async def _inbox(client: Client) -> int:
+    found = 0
+    async for execution in client.list_workflows(search_attributes.AWAITING_REVIEW_QUERY):
+        checkpoint = await pending_checkpoint(client, execution.id)
+        if checkpoint is not None:
+            found += 1
+            print(format_checkpoint(execution.id, checkpoint))
+    if not found:
+        print("no requests awaiting review")
+    return 0
+
+
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command in ("record", "list") and not getattr(args, "live", False):
         store = SQLiteExecutionStore(settings.execution_store_path)
@@ -118,6 +179,21 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     client = await connect(settings)
+    if args.command == "inbox":
+        return await _inbox(client)
+    if args.command == "show":
+        checkpoint = await pending_checkpoint(client, args.workflow_id)
+        print(format_checkpoint(args.workflow_id, checkpoint) if checkpoint else f"{args.workflow_id} has no pending checkpoint")
+        return 0 if checkpoint else 1
+    if args.command in ("approve", "reject"):
+        text = args.comment if args.command == "approve" else args.reason
+        try:
+            ack = await review(client, args.workflow_id, args.command, args.reviewer, text, args.checkpoint)
+        except WorkflowUpdateFailedError as err:
+            print(f"refused: {getattr(err.cause, 'message', err.cause)}", file=sys.stderr)
+            return 1
+        print(ack.model_dump_json(indent=2))
+        return 0
     if args.command == "record":
         handle = client.get_workflow_handle(args.key)
         record = await handle.query("execution_record", result_type=ExecutionRecord)
@@ -155,13 +231,22 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_argument("key", help="request id or workflow id")
     sub.add_argument("--live", action="store_true", help="query the running workflow instead of the store")
     sub.add_argument("--json", action="store_true")
+    commands.add_parser("inbox", help="requests awaiting review")
+    sub = commands.add_parser("show", help="the pending checkpoint of a request: plan and reasons")
+    sub.add_argument("workflow_id")
+    for name, text_flag in (("approve", "--comment"), ("reject", "--reason")):
+        sub = commands.add_parser(name, help=f"{name} a request's pending checkpoint")
+        sub.add_argument("workflow_id")
+        sub.add_argument("--reviewer", required=True)
+        sub.add_argument(text_flag, default="")
+        sub.add_argument("--checkpoint", help="checkpoint id (default: the pending one)")
     sub = commands.add_parser("list", help="recent stored execution records")
     sub.add_argument("--limit", type=int, default=10)
     sub.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
         return asyncio.run(_run(args, Settings.from_env()))
-    except (ValueError, RuntimeError) as err:
+    except (ValueError, RuntimeError, RPCError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
+from workflows import search_attributes
+
 from .settings import Settings
 
 
@@ -57,6 +59,7 @@ async def start_dev_server(settings: Settings) -> WorkflowEnvironment:
         port=port,
         ui=True,
         ui_port=settings.ui_port,
+        search_attributes=search_attributes.ALL,
         dev_server_existing_path=temporal_cli_path(),
         dev_server_database_filename=str((settings.state_dir / "temporal-dev.db").resolve()),
         dev_server_log_level="error",

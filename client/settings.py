@@ -20,7 +20,8 @@ class Settings(BaseModel):
     Environment: ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_TASK_QUEUE``, ``TEMPORAL_UI_PORT``,
     ``AGENT_STATE_DIR``, ``AGENT_EXECUTION_STORE``, ``AGENT_PIPELINE`` (``module:function``),
     ``AGENT_ALLOWED_OPERATIONS`` (comma-separated ``namespace/agent/capability``),
-    ``AGENT_RECORD_RETENTION_DAYS``, ``AGENT_ERROR_RETENTION_DAYS``, ``AGENT_CACHE_TTL_SECONDS``.
+    ``AGENT_RECORD_RETENTION_DAYS``, ``AGENT_ERROR_RETENTION_DAYS``, ``AGENT_CACHE_TTL_SECONDS``,
+    ``AGENT_REVIEWERS`` (comma-separated; empty: any named reviewer), ``AGENT_CHECKPOINT_EXPIRY_SECONDS``.
     """
 
     temporal_address: str = "localhost:7233"
@@ -34,6 +35,8 @@ class Settings(BaseModel):
     record_retention_days: float = Field(default=7.0, gt=0)
     error_retention_days: float = Field(default=30.0, gt=0)
     cache_ttl_seconds: float = Field(default=300.0, gt=0)
+    reviewers: list[str] = Field(default_factory=list)
+    checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0)
 
     @property
     def execution_store_path(self) -> Path:
@@ -58,9 +61,11 @@ class Settings(BaseModel):
             "AGENT_RECORD_RETENTION_DAYS": "record_retention_days",
             "AGENT_ERROR_RETENTION_DAYS": "error_retention_days",
             "AGENT_CACHE_TTL_SECONDS": "cache_ttl_seconds",
+            "AGENT_CHECKPOINT_EXPIRY_SECONDS": "checkpoint_expiry_seconds",
         }
         values: dict = {field: env[name] for name, field in names.items() if env.get(name)}
-        if env.get("AGENT_ALLOWED_OPERATIONS") is not None:
-            values["allowed_operations"] = [op.strip() for op in env["AGENT_ALLOWED_OPERATIONS"].split(",") if op.strip()]
+        for name, field in (("AGENT_ALLOWED_OPERATIONS", "allowed_operations"), ("AGENT_REVIEWERS", "reviewers")):
+            if env.get(name) is not None:
+                values[field] = [item.strip() for item in env[name].split(",") if item.strip()]
         values.update(overrides)
         return cls.model_validate(values)

@@ -5,7 +5,10 @@
 
 1. an allowed quote request is planned, executed and answered (cache reads bypassed, so it is fresh);
 2. a trade request is refused by the required ``allowed-operations`` hook (``RequiredAfterPlanningError``);
-3. the first request, repeated, is served from the response cache.
+3. the first request, repeated, is served from the response cache;
+4. a message with a price is planned in two phases (quote, then ``send_message`` referencing the quote),
+   waits at a human-in-the-loop checkpoint because ``send_message`` needs approval, and is approved by the
+   demo reviewer through the ``review`` update; its audit record is written by a detached child workflow.
 
 Exits non-zero if any of the three does not behave that way.
 """
@@ -23,17 +26,35 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.client import WorkflowFailureError
 
 from client import Settings, connect
-from client.cli import describe_failure, format_record, start_request
+from client.cli import describe_failure, format_checkpoint, format_record, pending_checkpoint, review, start_request
 from client.devserver import start_dev_server
 from workflows.models import ExecutionRecord
 from worker import build_worker, load_activities
 
 QUOTE = "What is the price of ACME?"
 TRADE = "Buy 10 ACME"
+MESSAGE = "Send a message to alice with the price of ACME"
+REVIEWER = "demo-reviewer"
 
 
-async def _request(client, settings, spans, text: str, metadata: dict | None = None):
+async def _approve_when_asked(client, workflow_id: str) -> None:
+    """Play the reviewer: wait for the checkpoint, show it, approve it through the update."""
+    for _ in range(300):
+        checkpoint = await pending_checkpoint(client, workflow_id)
+        if checkpoint is not None:
+            print("\n=== 4a. a checkpoint is waiting for a reviewer")
+            print(format_checkpoint(workflow_id, checkpoint))
+            ack = await review(client, workflow_id, "approve", REVIEWER, "recipient and text checked", checkpoint.checkpoint_id)
+            print(f"approved by {ack.reviewer} at {ack.accepted_at:%H:%M:%S}")
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError("no checkpoint opened")
+
+
+async def _request(client, settings, spans, text: str, metadata: dict | None = None, *, reviewer: bool = False):
     handle = await start_request(client, settings, text, metadata=metadata)
+    if reviewer:
+        await _approve_when_asked(client, handle.id)
     try:
         result, failure = await handle.result(), None
     except WorkflowFailureError as err:
@@ -42,6 +63,19 @@ async def _request(client, settings, spans, text: str, metadata: dict | None = N
     hook_spans = [s.name for s in spans.get_finished_spans() if s.name.startswith("pipeline.hook.")
                   and s.attributes.get("pipeline.request_id") == record.request_id]
     return handle.id, result, failure, record, hook_spans
+
+
+async def _settled_effect(store, workflow_id: str, effect_id: str) -> str | None:
+    """The effect's status in the stored record once the detached child has reported (or after 30 s)."""
+    status = None
+    for _ in range(300):
+        record = await store.get(workflow_id)
+        effect = record.effect(effect_id) if record else None
+        status = effect.status.value if effect else None
+        if status not in (None, "pending"):
+            break
+        await asyncio.sleep(0.1)
+    return status
 
 
 def _show(title: str, settings: Settings, workflow_id: str, result, failure, record, hook_spans) -> None:
@@ -75,6 +109,10 @@ async def main(hold: bool) -> int:
             _show("2. trade request (execute_trade is not on the allow-list)", settings, *trade)
             repeat = await _request(client, settings, spans, QUOTE)
             _show("3. the quote request again", settings, *repeat)
+            message = await _request(client, settings, spans, MESSAGE, {"cache": "bypass"}, reviewer=True)
+            _show("4b. the message request, approved and finished", settings, *message)
+            audit = await _settled_effect(activities.store, message[0], "audit-write")
+            print(f"audit-write effect in the store after the detached child finished: {audit}")
 
             checks = {
                 "quote answered after planning and execution": quote[1] is not None
@@ -86,6 +124,11 @@ async def main(hold: bool) -> int:
                 "repeat served from the response cache": repeat[1] is not None
                 and repeat[1].short_circuit is not None
                 and repeat[1].short_circuit.reason == "cache_match",
+                "message sent after approval, in two phases": message[1] is not None
+                and [s.status for s in message[1].steps] == ["succeeded", "succeeded"]
+                and [c.status for c in message[3].checkpoints] == ["approved"]
+                and [p.phase for p in message[3].plans] == [1, 2],
+                "audit write detached and completed": audit == "succeeded",
             }
             print("\n=== summary")
             for name, ok in checks.items():

@@ -29,13 +29,17 @@ def _words(text: str) -> set[str]:
 
 class RulePlanner:
     """Keyword rules: "quote"/"price" → ``stock_quote`` per ticker; "buy"/"sell" → ``execute_trade``;
-    "notify"/"send"/"message" → ``send_message`` after the other steps; otherwise no steps."""
+    "notify"/"send"/"message" → ``send_message``. A message about quoted prices is a second phase: phase 1
+    fetches the quotes, phase 2 sends them, referencing each quote's output (``implicit_deps``)."""
 
     name = "rule-planner/1"
 
     async def plan(self, request: PlanningRequest) -> Plan:
         text = request.request
         words = _words(text)
+        wants_message = bool(words & {"notify", "send", "message"})
+        if request.phase > 1:
+            return self._message_phase(request, text)
         tickers = list(dict.fromkeys(t for t in _TICKER.findall(text) if t not in _NOT_TICKERS))
         steps: list[PlanStep] = []
         if words & {"quote", "quotes", "price", "prices"}:
@@ -61,19 +65,33 @@ class RulePlanner:
                     arguments={"symbol": tickers[0], "side": side, "quantity": int(quantity.group(1)) if quantity else 1},
                 )
             )
-        if words & {"notify", "send", "message"}:
-            recipient = _RECIPIENT.search(text)
-            steps.append(
-                PlanStep(
-                    step_id="notify",
-                    namespace=NAMESPACE,
-                    agent="notify-service",
-                    capability="send_message",
-                    arguments={"to": recipient.group(1) if recipient else "me", "text": text[:2000]},
-                    depends_on=[s.step_id for s in steps],
-                )
-            )
+        if wants_message and steps:
+            return Plan(phase=1, steps=steps, rationale="fetch first; the message is planned from the results", continue_after=True)
+        if wants_message:
+            steps.append(self._message(text, text[:2000]))
         return Plan(phase=request.phase, steps=steps, rationale=f"{len(steps)} step(s) from keyword rules")
+
+    def _message_phase(self, request: PlanningRequest, text: str) -> Plan:
+        quotes = [r for r in request.prior_results if r.tool.endswith("stock_quote") and r.status is StepStatus.SUCCEEDED]
+        if not quotes:
+            return Plan(phase=request.phase, steps=[], rationale="nothing to report")
+        body = "; ".join(
+            f"{r.output['symbol']} {{{{steps.{r.step_id}.output.price}}}} USD" for r in quotes if isinstance(r.output, dict)
+        )
+        step = self._message(text, f"Prices: {body}")
+        step.implicit_deps = [r.step_id for r in quotes]
+        return Plan(phase=request.phase, steps=[step], rationale="report the quoted prices")
+
+    @staticmethod
+    def _message(text: str, body: str) -> PlanStep:
+        recipient = _RECIPIENT.search(text)
+        return PlanStep(
+            step_id="notify",
+            namespace=NAMESPACE,
+            agent="notify-service",
+            capability="send_message",
+            arguments={"to": recipient.group(1) if recipient else "me", "text": body},
+        )
 
 
 def _describe(step: StepResult) -> str:

@@ -12,7 +12,15 @@ from pathlib import Path
 from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
 from client.settings import Settings
 from hooks import HookRegistry
-from hooks.builtin import AllowedOperationsHook, KnowledgeContextHook, ResponseCacheHook, SecretRedactionHook
+from hooks.builtin import (
+    AllowedOperationsHook,
+    AuditHook,
+    JsonlAuditWriter,
+    KnowledgeContextHook,
+    ResponseCacheHook,
+    SecretRedactionHook,
+)
+from workflows.models import ReviewSettings
 
 from .agent import RulePlanner, TemplateSynthesizer
 from .tools import demo_tools
@@ -26,12 +34,14 @@ def demo_hooks(settings: Settings) -> list:
     ``secret-redaction`` comes before ``response-cache`` because both run at after_synthesis and the
     cache must store the redacted text (a cached answer skips after_synthesis when served).
     ``allowed-operations`` is the required hook and the only after_planning participant.
+    ``application-audit`` records every executed request with a detached write.
     """
     return [
         SecretRedactionHook(),
         ResponseCacheHook(settings.state_dir / "response-cache.sqlite3", ttl_seconds=settings.cache_ttl_seconds),
         KnowledgeContextHook(KNOWLEDGE_FILE),
         AllowedOperationsHook(settings.allowed_operations),
+        AuditHook(JsonlAuditWriter(settings.state_dir / "audit.jsonl")),
     ]
 
 
@@ -46,4 +56,5 @@ def build_activities(settings: Settings) -> LifecycleActivities:
             retention=timedelta(days=settings.record_retention_days),
             error_retention=timedelta(days=settings.error_retention_days),
         ),
+        review=ReviewSettings(reviewers=settings.reviewers, checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds),
     )

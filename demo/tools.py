@@ -117,6 +117,7 @@ class SendMessage(Tool):
     agent = "notify-service"
     capability = "send_message"
     description = "Send a message to a person (writes to the outbox)"
+    approval_required = True  # a reviewer approves every message before it is sent
     Arguments = MessageArguments
 
     def __init__(self, outbox_path: str | Path) -> None:

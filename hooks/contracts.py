@@ -14,13 +14,15 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, JsonValue
 
 from workflows.models import (
+    DetachedWork,
+    DetachedWorkResult,
     EffectStatus,
     ExecutionResult,
     GateState,
@@ -36,6 +38,8 @@ __all__ = [
     "AfterSynthesisHook",
     "BeforePlanningDecisionHook",
     "BeforePlanningHook",
+    "DetachedContext",
+    "DetachedWorkResult",
     "HookRejection",
     "PipelineContext",
     "PipelineGate",
@@ -109,7 +113,9 @@ class PipelineContext:
     hook_name: str
     gate: PipelineGate
     plan_phase: int | None = None
+    _hook: Any = field(default=None, repr=False)
     _effects: dict[str, PipelineHookEffect] = field(default_factory=dict, repr=False)
+    _detached: dict[str, DetachedWork] = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(
@@ -124,6 +130,7 @@ class PipelineContext:
         hook_name: str,
         gate: GateState,
         plan_phase: int | None = None,
+        hook: Any = None,
     ) -> PipelineContext:
         return cls(
             request=request,
@@ -135,6 +142,7 @@ class PipelineContext:
             hook_name=hook_name,
             gate=PipelineGate(gate),
             plan_phase=plan_phase,
+            _hook=hook,
         )
 
     def report_effect(
@@ -170,9 +178,58 @@ class PipelineContext:
         self._effects[effect_id] = effect
         return effect
 
+    def detach(
+        self,
+        effect_id: str,
+        *,
+        name: str,
+        payload: JsonValue = None,
+        data: JsonValue = None,
+        summary: str = "submitted",
+    ) -> PipelineHookEffect:
+        """Hand work off so it outlives this invocation and the request (seed 000 §7.5).
+
+        The effect is announced ``pending`` now; once this invocation returns successfully the request
+        starts a child workflow ``<workflow id>/effect/<effect_id>`` that runs this hook's
+        ``run_detached(work)`` with ``payload`` and brings the same effect to ``succeeded`` or ``failed``.
+        If this invocation fails instead, nothing is started and the effect is recorded as failed.
+        ``payload`` is copied: the detached work never sees objects this invocation still holds.
+        """
+        if not callable(getattr(self._hook, "run_detached", None)):
+            raise TypeError(f"hook {self.hook_name!r} detaches work but implements no run_detached(work)")
+        effect = self.report_effect(
+            effect_id, name=name, status=EffectStatus.PENDING, data=data, summary=summary, started_at=_utcnow()
+        )
+        self._detached[effect_id] = DetachedWork(
+            effect_id=effect_id, hook=self.hook_name, stage=self.stage, name=name, payload=copy.deepcopy(payload)
+        )
+        return effect
+
     @property
     def effects(self) -> list[PipelineHookEffect]:
         return list(self._effects.values())
+
+    @property
+    def detached(self) -> list[DetachedWork]:
+        return list(self._detached.values())
+
+
+@dataclass(frozen=True)
+class DetachedContext:
+    """What a hook's ``run_detached`` receives: the work it handed off, in a later activity that may run
+    on another worker, after the request has finished. Raise to report the effect ``failed`` (after the
+    child's retries); return a :class:`DetachedWorkResult` (or ``None``) to report it ``succeeded``."""
+
+    effect_id: str
+    name: str
+    payload: JsonValue
+    request_id: str
+    workflow_id: str
+    attempt: int
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 class PipelineHook:

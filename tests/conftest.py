@@ -19,6 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from client.devserver import temporal_cli_path, time_skipping_server_path
 from workflows import data_converter
+from workflows import search_attributes
 
 # OpenTelemetry globals can be set once per process: install in-memory providers for the session.
 SPAN_EXPORTER = InMemorySpanExporter()
@@ -36,6 +37,7 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_existing_path=temporal_cli_path(),
         data_converter=data_converter,
         interceptors=[TracingInterceptor()],
+        search_attributes=search_attributes.ALL,
         dev_server_log_level="error",
     )
     yield env

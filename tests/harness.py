@@ -6,6 +6,7 @@ each test also proves the workflow deterministic for the paths it exercised.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Sequence
@@ -27,8 +28,16 @@ from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry
-from workflows import RequestLifecycleWorkflow, data_converter
-from workflows.models import ExecutionRecord, RequestInput, RequestResult, StageSettings
+from workflows import WORKFLOWS, data_converter
+from workflows.models import (
+    ApproveSignal,
+    Checkpoint,
+    ExecutionRecord,
+    RequestInput,
+    RequestResult,
+    ReviewSettings,
+    StageSettings,
+)
 
 HOOK_ACTIVITY_TYPES = {"before_planning_hook", "after_planning_hook", "after_execution_hook", "after_synthesis_hook"}
 
@@ -108,6 +117,9 @@ class Harness:
     settings: StageSettings | None = None
     cache_variation: dict[str, str] | None = None
     reserved_metadata_dimensions: Sequence[str] = ()
+    review: ReviewSettings | None = None
+    # The dev server fixture registers the lifecycle search attributes; the time-skipping server does not.
+    search_attributes: bool = True
     pipeline: str = "test"
     task_queue: str = field(default_factory=lambda: f"tq-{uuid.uuid4()}")
     worker_options: dict[str, Any] = field(default_factory=dict)
@@ -124,6 +136,8 @@ class Harness:
             settings=self.settings,
             cache_variation=self.cache_variation,
             reserved_metadata_dimensions=self.reserved_metadata_dimensions,
+            review=self.review,
+            search_attributes=self.search_attributes,
         )
         self.histories: list[WorkflowHistory] = []
 
@@ -131,7 +145,7 @@ class Harness:
         self.worker = Worker(
             self.client,
             task_queue=self.task_queue,
-            workflows=[RequestLifecycleWorkflow],
+            workflows=WORKFLOWS,
             activities=self.activities.activities(),
             **self.worker_options,
         )
@@ -144,7 +158,7 @@ class Harness:
             await self.replay()
 
     async def replay(self) -> None:
-        replayer = Replayer(workflows=[RequestLifecycleWorkflow], data_converter=data_converter)
+        replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter)
         for history in self.histories:
             await replayer.replay_workflow(history)
 
@@ -156,13 +170,18 @@ class Harness:
             "RequestLifecycle", arg, id=workflow_id, task_queue=self.task_queue, result_type=RequestResult
         )
 
-    async def finish(self, handle) -> Outcome:
-        """Wait for a started request and gather its outcome."""
+    async def finish(self, handle, *, approve_as: str | None = None) -> Outcome:
+        """Wait for a started request and gather its outcome; with ``approve_as``, approve every
+        checkpoint it opens (by the ``approve`` signal) as that reviewer."""
         result = failure = None
+        reviewer = asyncio.create_task(self._approve_checkpoints(handle, approve_as)) if approve_as else None
         try:
             result = await handle.result()
         except WorkflowFailureError as err:
             failure = err.cause
+        finally:
+            if reviewer is not None:
+                reviewer.cancel()
         history = await handle.fetch_history()
         self.histories.append(history)
         try:
@@ -171,8 +190,27 @@ class Harness:
             record = None  # an input that never decoded: the SDK cannot instantiate the workflow to answer
         return Outcome(handle.id, result, failure, record, history, self.store)
 
-    async def run(self, request: str | dict, metadata: dict | None = None, **kwargs: Any) -> Outcome:
-        return await self.finish(await self.start(request, metadata, **kwargs))
+    @staticmethod
+    async def _approve_checkpoints(handle, reviewer: str) -> None:
+        decided: set[str] = set()
+        while True:
+            checkpoint = await handle.query("pending_checkpoint", result_type=Checkpoint | None)
+            if checkpoint is not None and checkpoint.checkpoint_id not in decided:
+                decided.add(checkpoint.checkpoint_id)
+                await handle.signal("approve", ApproveSignal(checkpoint_id=checkpoint.checkpoint_id, reviewer=reviewer))
+            await asyncio.sleep(0.05)
+
+    async def wait_for_checkpoint(self, handle, *, timeout: float = 30.0) -> Checkpoint:
+        """The checkpoint the request opens, once it is open."""
+        async with asyncio.timeout(timeout):
+            while True:
+                checkpoint = await handle.query("pending_checkpoint", result_type=Checkpoint | None)
+                if checkpoint is not None:
+                    return checkpoint
+                await asyncio.sleep(0.05)
+
+    async def run(self, request: str | dict, metadata: dict | None = None, *, approve_as: str | None = None, **kwargs: Any) -> Outcome:
+        return await self.finish(await self.start(request, metadata, **kwargs), approve_as=approve_as)
 
 
 def history_json(history: WorkflowHistory) -> str:

@@ -51,5 +51,6 @@ async def test_cancelled_request_persists_a_cancelled_record(client, tmp_path):
     stored = await out.stored()
     assert stored.status is RequestStatus.CANCELLED
     assert stored.error.type == "Cancelled"
-    assert stored.record_revision == 1
+    assert stored.record_revision == 2  # accepted plan, then terminal
+    assert stored.request_completion == "cancelled"
     assert out.record.status is RequestStatus.CANCELLED

@@ -91,7 +91,7 @@ def test_temporal_cli_alone_starts_a_request_and_reads_its_record(dev_worker):
 
     stored = _cli(env, "record", workflow_id)
     assert stored.returncode == 0, stored.stderr
-    assert "status succeeded" in stored.stdout and "after_planning   #1 allowed-operations" in stored.stdout
+    assert "status succeeded" in stored.stdout and "after_planning   #1 allowed-operations (phase 1)" in stored.stdout
 
     # The Web UI of the embedded server answers.
     with urllib.request.urlopen(f"http://127.0.0.1:{env['TEMPORAL_UI_PORT']}/", timeout=10) as page:

@@ -166,7 +166,7 @@ def tool_events(out: Outcome) -> dict[str, dict[str, object]]:
 async def test_each_plan_step_is_one_labelled_activity(client, tmp_path):
     planner = FixedPlanner(quote("quote-acme", "ACME"), quote("quote-msft", "MSFT"), message("tell-ops", "done"))
     async with Harness(client, tmp_path, planner=planner) as h:
-        out = await h.run("two quotes and a message")
+        out = await h.run("two quotes and a message", approve_as="ops-reviewer")
 
     assert out.failure is None
     assert [a.summary for a in out.tool_activities] == [
@@ -215,7 +215,7 @@ async def test_depends_on_is_honoured_and_independent_steps_run_concurrently(cli
         quote("e", "ORCL"),
     )
     async with Harness(client, tmp_path, planner=planner) as h:
-        out = await h.run("dependent steps")
+        out = await h.run("dependent steps", approve_as="ops-reviewer")
 
     assert out.failure is None
     ev = tool_events(out)
@@ -353,7 +353,7 @@ async def test_a_failing_tool_fails_its_step_skips_dependents_and_the_request_st
         tools=[*demo_tools(tmp_path), failing],
         settings=StageSettings(tool_max_attempts=2),
     ) as h:
-        out = await h.run("order and confirm")
+        out = await h.run("order and confirm", approve_as="ops-reviewer")
 
     assert out.failure is None
     assert failing.attempts == [1, 2]

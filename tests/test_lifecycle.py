@@ -22,7 +22,9 @@ async def test_quote_request_runs_every_stage_as_labelled_activities(client, tmp
         "before_planning_hook",
         "plan",
         "after_planning_hook",
+        "persist_execution_record",
         "execute_tool_step",
+        "after_execution_hook",
         "synthesize",
         "after_synthesis_hook",
         "after_synthesis_hook",
@@ -32,15 +34,18 @@ async def test_quote_request_runs_every_stage_as_labelled_activities(client, tmp
         "before_planning · response-cache",
         "before_planning · knowledge-context",
         "after_planning · allowed-operations",
+        "after_execution · application-audit",
         "after_synthesis · secret-redaction",
         "after_synthesis · response-cache",
     ]
-    # No demo hook implements after_execution, so that stage schedules nothing.
-    assert not any(s.startswith("after_execution") for s in out.summaries)
+    # Hooks are scheduled only at the stages they implement: two hooks at before_planning, one after.
+    assert [s for s in out.summaries if s.startswith("before_planning")] == out.hook_summaries()[:2]
 
     stored = await out.stored()
     assert stored is not None and stored.status is RequestStatus.SUCCEEDED
-    assert stored.record_revision == 1
+    # Two snapshots (accepted plan, terminal), plus the audit effect's update once its child reports.
+    assert stored.lifecycle.snapshot_revision == 2 and stored.record_revision in (2, 3)
+    assert stored.lifecycle.boundary == "terminal" and stored.request_completion == "completed"
     assert [i.hook for i in stored.invocations(Stage.AFTER_SYNTHESIS)] == ["secret-redaction", "response-cache"]
     # The model's output and the final response are kept apart: the knowledge file's key is redacted.
     assert "sk-demo-" in stored.model_response

@@ -288,6 +288,7 @@ async def test_a_pipeline_of_one_stage_schedules_nothing_at_the_others(client, t
     assert out.activity_types() == [
         "resolve_pipeline",
         "plan",
+        "persist_execution_record",
         "execute_tool_step",
         "execute_tool_step",
         "synthesize",

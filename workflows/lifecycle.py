@@ -7,32 +7,37 @@ run in activities that this module names by string; it imports only the shared m
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
+from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, JsonValue
 
     from . import decisions
+    from . import search_attributes as sa
+    from .detached import DETACHED_WORKFLOW_TYPE, EFFECT_UPDATE_SIGNAL, detached_workflow_id
     from .models import (
-        ENRICHMENT_CONVERSATION_HISTORY,
-        ENRICHMENT_RAG_CONTEXT,
         MAX_RECORDED_PROMPT_CHARS,
-        METADATA_CONVERSATION_TURNS,
         AcceptedPlan,
+        AfterExecutionCall,
         AfterPlanningCall,
         AfterPlanningOutcome,
-        AfterExecutionCall,
         AfterSynthesisCall,
         AfterSynthesisOutcome,
+        ApprovalReason,
+        ApproveSignal,
         BeforePlanningCall,
         BeforePlanningOutcome,
+        Checkpoint,
+        CheckpointStatus,
         DecisionAction,
+        DetachedEffectInput,
+        DetachedWork,
         EffectStatus,
         EnrichmentChange,
         EnrichmentOperation,
@@ -42,8 +47,11 @@ with workflow.unsafe.imports_passed_through():
         HookDecision,
         HookEntry,
         HookInvocation,
+        HookOutcome,
         HookRequestView,
+        IgnoredReview,
         InvocationOutcome,
+        LifecycleBoundary,
         ObserveOutcome,
         PersistRecordInput,
         PersistRecordOutput,
@@ -53,11 +61,15 @@ with workflow.unsafe.imports_passed_through():
         PlanInput,
         PlanOutput,
         PlanStep,
+        RecordLifecycle,
+        RejectSignal,
         RequestError,
         RequestInput,
         RequestResult,
         RequestStatus,
         ResolvePipelineInput,
+        ReviewAck,
+        ReviewRequest,
         RunMode,
         ShortCircuitInfo,
         ShortCircuitProposal,
@@ -71,16 +83,22 @@ with workflow.unsafe.imports_passed_through():
         ToolStepOutput,
         bounded_value,
     )
+    from .plan_validation import UnresolvedReference, resolve_references
+    from .support import (
+        NON_RETRYABLE_HOOK_FAILURES,
+        HookFailure,
+        approval_reasons,
+        idempotency_key,
+        promote_metadata,
+        stage_failure,
+    )
 
 WORKFLOW_TYPE = "RequestLifecycle"
-MAX_CONVERSATION_TURNS = 20
+CHECKPOINT_REJECTED = "CheckpointRejected"
+CHECKPOINT_EXPIRED = "CheckpointExpired"
+INVALID_REVIEW = "InvalidReview"
+MAX_IGNORED_REVIEWS = 50
 HOOK_RETRY_INITIAL_INTERVAL = timedelta(milliseconds=200)
-# Hook failures that retrying cannot change.
-NON_RETRYABLE_HOOK_FAILURES = [
-    decisions.HOOK_CONTRACT_ERROR,
-    decisions.INVALID_HOOK_RESULT,
-    decisions.INVALID_PLAN,
-]
 _HOOK_ACTIVITIES = {
     Stage.BEFORE_PLANNING: "before_planning_hook",
     Stage.AFTER_PLANNING: "after_planning_hook",
@@ -88,66 +106,13 @@ _HOOK_ACTIVITIES = {
     Stage.AFTER_SYNTHESIS: "after_synthesis_hook",
 }
 
-OutcomeT = TypeVar("OutcomeT", bound=BaseModel)
-
-
-class HookFailure(BaseModel):
-    """Why a hook invocation did not produce an outcome."""
-
-    category: str
-    message: str
-    exception_type: str | None = None
-
-    @classmethod
-    def from_activity_error(cls, err: FailureError, hook: HookEntry) -> HookFailure:
-        # A regular activity's failure arrives wrapped in ActivityError; a local activity's arrives bare.
-        cause = err.cause if isinstance(err, ActivityError) else err
-        if isinstance(cause, TimeoutError):
-            return cls(
-                category=decisions.HOOK_TIMEOUT,
-                message=f"hook did not finish within {hook.timeout_seconds:g}s ({cause.type.name.lower()})",
-            )
-        if isinstance(cause, ApplicationError):
-            details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
-            known = {decisions.HOOK_ERROR, *NON_RETRYABLE_HOOK_FAILURES}
-            return cls(
-                category=cause.type if cause.type in known else decisions.HOOK_ERROR,
-                message=cause.message,
-                exception_type=details.get("exception_type"),
-            )
-        return cls(category=decisions.HOOK_ERROR, message=str(cause or err))
-
-
-def idempotency_key(workflow_id: str, step_id: str) -> str:
-    """The key a tool receives for a step: stable across activity retries and worker restarts."""
-    digest = hashlib.sha256(f"{workflow_id}\x00{step_id}".encode()).hexdigest()[:32]
-    return f"{step_id}-{digest}"
-
-
-def promote_metadata(metadata: dict[str, JsonValue]) -> dict[str, JsonValue]:
-    """Seed 000 §5.4: lift ``rag_context`` and conversation history out of request metadata."""
-    promoted: dict[str, JsonValue] = {}
-    rag = metadata.get(ENRICHMENT_RAG_CONTEXT)
-    if isinstance(rag, str) and rag.strip():
-        promoted[ENRICHMENT_RAG_CONTEXT] = rag
-    history = metadata.get(ENRICHMENT_CONVERSATION_HISTORY)
-    turns = metadata.get(METADATA_CONVERSATION_TURNS)
-    if isinstance(history, str) and history.strip():
-        promoted[ENRICHMENT_CONVERSATION_HISTORY] = history
-    elif isinstance(turns, list) and turns:
-        lines = []
-        for turn in turns[-MAX_CONVERSATION_TURNS:]:
-            if isinstance(turn, dict) and isinstance(turn.get("content"), str):
-                lines.append(f"{turn.get('role', 'user')}: {turn['content']}")
-        if lines:
-            promoted[ENRICHMENT_CONVERSATION_HISTORY] = "\n".join(lines)
-    return promoted
+OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
 class RequestLifecycleWorkflow:
-    """One agent request: before_planning → plan → after_planning → execute → after_execution →
-    synthesize → after_synthesis, each hook invocation its own activity."""
+    """One agent request: before_planning → (plan → after_planning → [checkpoint] → execute) per phase →
+    after_execution → synthesize → after_synthesis, each hook invocation its own activity."""
 
     @workflow.init
     def __init__(self, input: RequestInput) -> None:
@@ -157,6 +122,7 @@ class RequestLifecycleWorkflow:
         self._manifest = PipelineManifest(pipeline="unresolved")
         self._enrichments: dict[str, JsonValue] = {}
         self._gate = GateState()
+        self._results: dict[str, StepResult] = {}
         self._record = ExecutionRecord(
             request_id=self._request_id,
             workflow_id=info.workflow_id,
@@ -166,10 +132,103 @@ class RequestLifecycleWorkflow:
             started_at=workflow.now(),
         )
 
+    # ------------------------------------------------------------------------------------------------
+    # Queries, signals, updates
+    # ------------------------------------------------------------------------------------------------
+
     @workflow.query(name="execution_record")
     def execution_record(self) -> ExecutionRecord:
         """The execution record as it stands: every invocation, decision and effect so far."""
         return self._record
+
+    @workflow.query(name="pending_checkpoint")
+    def pending_checkpoint(self) -> Checkpoint | None:
+        """The checkpoint waiting for a reviewer, or null."""
+        return next((c for c in self._record.checkpoints if c.status is CheckpointStatus.PENDING), None)
+
+    @workflow.signal(name="approve")
+    def approve(self, signal: ApproveSignal) -> None:
+        """Approve the open checkpoint: ``{"checkpoint_id", "reviewer", "comment"}``."""
+        self._decide("approve", "approve", signal.checkpoint_id, signal.reviewer, signal.comment)
+
+    @workflow.signal(name="reject")
+    def reject(self, signal: RejectSignal) -> None:
+        """Reject the open checkpoint: ``{"checkpoint_id", "reviewer", "reason"}``."""
+        self._decide("reject", "reject", signal.checkpoint_id, signal.reviewer, signal.reason)
+
+    @workflow.update(name="review")
+    def review(self, request: ReviewRequest) -> ReviewAck:
+        """Approve or reject with an acknowledgement; refused before it is accepted if invalid."""
+        self._decide("review", request.decision, request.checkpoint_id, request.reviewer, request.comment)
+        return ReviewAck(
+            checkpoint_id=request.checkpoint_id,
+            decision=request.decision,
+            reviewer=request.reviewer,
+            accepted_at=workflow.now(),
+        )
+
+    @review.validator
+    def _validate_review(self, request: ReviewRequest) -> None:
+        problem = self._review_problem(request.checkpoint_id, request.reviewer)
+        if problem:
+            raise ApplicationError(problem, type=INVALID_REVIEW, non_retryable=True)
+
+    @workflow.signal(name=EFFECT_UPDATE_SIGNAL)
+    def effect_update(self, effect: PipelineHookEffect) -> None:
+        """A detached effect reached its terminal state (sent by its ``DetachedEffect`` child)."""
+        if effect.status is EffectStatus.PENDING:
+            return
+        for index, existing in enumerate(self._record.effects):
+            if existing.effect_id == effect.effect_id:
+                if existing.status is EffectStatus.PENDING:
+                    self._record.effects[index] = effect
+                return
+        self._record.effects.append(effect)
+
+    def _review_problem(self, checkpoint_id: str, reviewer: str) -> str | None:
+        if not checkpoint_id:
+            return "checkpoint_id is required"
+        if not reviewer.strip():
+            return "reviewer is required"
+        checkpoint = next((c for c in self._record.checkpoints if c.checkpoint_id == checkpoint_id), None)
+        if checkpoint is None:
+            return f"unknown checkpoint {checkpoint_id!r}"
+        if checkpoint.status is not CheckpointStatus.PENDING:
+            return f"checkpoint {checkpoint_id!r} is already {checkpoint.status.value}"
+        allowed = self._manifest.review.reviewers
+        if allowed and reviewer not in allowed:
+            return f"reviewer {reviewer!r} may not review this pipeline's checkpoints"
+        if workflow.now() >= checkpoint.expires_at:
+            return f"checkpoint {checkpoint_id!r} has expired"
+        return None
+
+    def _decide(
+        self,
+        via: Literal["approve", "reject", "review"],
+        decision: Literal["approve", "reject"],
+        checkpoint_id: str,
+        reviewer: str,
+        comment: str,
+    ) -> None:
+        problem = self._review_problem(checkpoint_id, reviewer)
+        if problem:
+            # Changes nothing; kept (bounded) so an operator can see what was tried.
+            if len(self._record.ignored_reviews) < MAX_IGNORED_REVIEWS:
+                self._record.ignored_reviews.append(
+                    IgnoredReview(
+                        received_at=workflow.now(), via=via, checkpoint_id=checkpoint_id, reviewer=reviewer, reason=problem
+                    )
+                )
+            return
+        checkpoint = next(c for c in self._record.checkpoints if c.checkpoint_id == checkpoint_id)
+        checkpoint.status = CheckpointStatus.APPROVED if decision == "approve" else CheckpointStatus.REJECTED
+        checkpoint.reviewer = reviewer
+        checkpoint.comment = comment
+        checkpoint.decided_at = workflow.now()
+
+    # ------------------------------------------------------------------------------------------------
+    # The lifecycle
+    # ------------------------------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, input: RequestInput) -> RequestResult:
@@ -189,10 +248,6 @@ class RequestLifecycleWorkflow:
         await self._finish(RequestStatus.SUCCEEDED)
         return result
 
-    # ------------------------------------------------------------------------------------------------
-    # The lifecycle
-    # ------------------------------------------------------------------------------------------------
-
     async def _lifecycle(self) -> RequestResult:
         await self._resolve_pipeline()
         self._enrichments = promote_metadata(self._input.metadata)
@@ -203,9 +258,8 @@ class RequestLifecycleWorkflow:
         if short_circuit is not None:
             return short_circuit
 
-        plan = await self._plan(phase=1)
-        plan = await self._after_planning(plan)
-        execution = await self._execute(plan)
+        plan = await self._run_phases()
+        execution = ExecutionResult(steps=list(self._record.steps))
         await self._after_execution(execution)
         synthesis = await self._synthesize(plan, execution)
         response = await self._after_synthesis(synthesis.response)
@@ -233,7 +287,7 @@ class RequestLifecycleWorkflow:
                 summary="resolve_pipeline",
             )
         except ActivityError as err:
-            raise _stage_failure(decisions.PIPELINE_UNAVAILABLE, "could not resolve the hook pipeline", err)
+            raise stage_failure(decisions.PIPELINE_UNAVAILABLE, "could not resolve the hook pipeline", err)
         self._record.pipeline = self._manifest.pipeline
         self._gate = decisions.gate_for_request(
             self._input.metadata, self._manifest.cache_variation, self._manifest.reserved_metadata_dimensions
@@ -256,7 +310,6 @@ class RequestLifecycleWorkflow:
                     )
                 continue
             self._apply_enrichment_changes(hook, outcome.enrichment_changes)
-            self._record.effects.extend(outcome.effects)
             proposal = outcome.short_circuit
             if proposal is not None and outcome.decision.action is DecisionAction.SHORT_CIRCUIT:
                 return self._short_circuit_result(proposal, outcome.decision)
@@ -276,6 +329,24 @@ class RequestLifecycleWorkflow:
             metadata={**proposal.metadata, **self._enrichments},
         )
 
+    async def _run_phases(self) -> Plan:
+        """Plan, govern, (review,) execute — once per phase until the planner stops or the cap is hit."""
+        phase = 1
+        while True:
+            plan = await self._plan(phase)
+            plan = await self._after_planning(plan)
+            await self._persist(LifecycleBoundary.ACCEPTED_PLAN)
+            reasons = approval_reasons(plan, self._manifest.tools)
+            if reasons:
+                plan = await self._checkpoint(plan, reasons)
+            await self._execute(plan)
+            if not plan.continue_after:
+                return plan
+            if phase >= self._manifest.settings.max_planning_phases:
+                self._record.phase_cap_reached = True
+                return plan
+            phase += 1
+
     async def _plan(self, phase: int) -> Plan:
         self._set_stage("planning")
         settings = self._manifest.settings
@@ -288,6 +359,7 @@ class RequestLifecycleWorkflow:
                     workflow_id=self._record.workflow_id,
                     enrichments=self._enrichments,
                     phase=phase,
+                    prior_results=self._record.steps,
                 ),
                 result_type=PlanOutput,
                 start_to_close_timeout=timedelta(seconds=settings.plan_timeout_seconds),
@@ -295,7 +367,7 @@ class RequestLifecycleWorkflow:
                 summary=f"plan · phase {phase}",
             )
         except ActivityError as err:
-            raise _stage_failure(decisions.PLANNING_FAILED, "planning failed", err)
+            raise stage_failure(decisions.PLANNING_FAILED, "planning failed", err)
         self._record.planning_prompt = output.prompt[:MAX_RECORDED_PROMPT_CHARS]
         self._record.planner = output.planner
         return output.plan
@@ -304,9 +376,12 @@ class RequestLifecycleWorkflow:
         """Chain copy-on-write mutations; the required hook's failure ends the request (seed 000 §4.2)."""
         stage = Stage.AFTER_PLANNING
         self._set_stage(stage)
+        prior_step_ids = [s.step_id for s in self._record.steps]
         current = plan
         for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
-            call = AfterPlanningCall(hook=hook, view=self._view(plan_phase=plan.phase), plan=current)
+            call = AfterPlanningCall(
+                hook=hook, view=self._view(plan_phase=plan.phase), plan=current, prior_step_ids=prior_step_ids
+            )
             outcome, failure = await self._invoke(hook, stage, sequence, call, AfterPlanningOutcome, plan.phase)
             if outcome is not None:
                 current = outcome.plan
@@ -327,15 +402,66 @@ class RequestLifecycleWorkflow:
         self._record.plans.append(AcceptedPlan(phase=current.phase, plan=current, accepted_at=workflow.now()))
         return current
 
+    async def _checkpoint(self, plan: Plan, reasons: list[ApprovalReason]) -> Plan:
+        """Wait for a reviewer. Approval runs this plan as it is (after_planning does not run again);
+        rejection or expiry fails the request before any of its tools runs (seed 000 §4.2)."""
+        now = workflow.now()
+        checkpoint = Checkpoint(
+            checkpoint_id=f"cp-{plan.phase}-{str(workflow.uuid4())[:8]}",
+            phase=plan.phase,
+            plan=plan,
+            reasons=reasons,
+            requested_at=now,
+            expires_at=now + timedelta(seconds=self._manifest.review.checkpoint_expiry_seconds),
+        )
+        self._record.checkpoints.append(checkpoint)
+        self._record.status = RequestStatus.SUSPENDED
+        self._set_stage("awaiting_review", detail=f"checkpoint {checkpoint.checkpoint_id}: {len(reasons)} reason(s)")
+        self._upsert_search_attributes("awaiting_review", awaiting_review=True)
+        await self._persist(LifecycleBoundary.CHECKPOINT_OPENED)
+        try:
+            await workflow.wait_condition(
+                lambda: checkpoint.status is not CheckpointStatus.PENDING,
+                timeout=checkpoint.expires_at - now,
+                timeout_summary=f"checkpoint {checkpoint.checkpoint_id} expiry",
+            )
+        except asyncio.TimeoutError:
+            checkpoint.status = CheckpointStatus.EXPIRED
+            checkpoint.decided_at = workflow.now()
+        self._record.status = RequestStatus.RUNNING
+        self._upsert_search_attributes("executing", awaiting_review=False)
+        details = {
+            "checkpoint_id": checkpoint.checkpoint_id,
+            "phase": checkpoint.phase,
+            "reviewer": checkpoint.reviewer,
+            "reason": checkpoint.comment,
+        }
+        if checkpoint.status is CheckpointStatus.REJECTED:
+            raise ApplicationError(
+                f"checkpoint {checkpoint.checkpoint_id} rejected by {checkpoint.reviewer}: {checkpoint.comment}",
+                details,
+                type=CHECKPOINT_REJECTED,
+                non_retryable=True,
+            )
+        if checkpoint.status is CheckpointStatus.EXPIRED:
+            raise ApplicationError(
+                f"checkpoint {checkpoint.checkpoint_id} expired at {checkpoint.expires_at.isoformat()} without a decision",
+                {**details, "expires_at": checkpoint.expires_at.isoformat()},
+                type=CHECKPOINT_EXPIRED,
+                non_retryable=True,
+            )
+        return checkpoint.plan
+
     async def _execute(self, plan: Plan) -> ExecutionResult:
-        """One activity per step; a step starts when everything it depends on has succeeded."""
+        """One activity per step; a step starts when everything it depends on (``depends_on`` in this
+        phase, ``implicit_deps`` in earlier ones) has succeeded."""
         self._set_stage("executing")
-        results: dict[str, StepResult] = {}
+        results = self._results
         waiting = list(plan.steps)
         running: dict[asyncio.Task[StepResult], str] = {}
         while waiting or running:
             for step in list(waiting):
-                deps = [results.get(d) for d in step.depends_on]
+                deps = [results.get(d) for d in [*step.depends_on, *step.implicit_deps]]
                 if any(d is None for d in deps):
                     continue
                 waiting.remove(step)
@@ -372,9 +498,15 @@ class RequestLifecycleWorkflow:
         started = workflow.now()
         base = {"step_id": step.step_id, "tool": step.tool, "idempotency_key": key, "started_at": started}
         try:
+            arguments = resolve_references(step.arguments, self._results)
+        except UnresolvedReference as err:
+            return StepResult(**base, status=StepStatus.FAILED, error=str(err), error_type="UnresolvedReference", duration_ms=0.0)
+        try:
             output = await workflow.execute_activity(
                 "execute_tool_step",
-                ToolStepInput(step=step, request_id=self._request_id, idempotency_key=key),
+                ToolStepInput(
+                    step=step.model_copy(update={"arguments": arguments}), request_id=self._request_id, idempotency_key=key
+                ),
                 result_type=ToolStepOutput,
                 start_to_close_timeout=timedelta(seconds=settings.tool_timeout_seconds),
                 retry_policy=RetryPolicy(
@@ -418,7 +550,7 @@ class RequestLifecycleWorkflow:
                 summary="synthesize",
             )
         except ActivityError as err:
-            raise _stage_failure(decisions.SYNTHESIS_FAILED, "synthesis failed", err)
+            raise stage_failure(decisions.SYNTHESIS_FAILED, "synthesis failed", err)
         self._record.model_response = output.response
         return output
 
@@ -434,7 +566,7 @@ class RequestLifecycleWorkflow:
         return current
 
     # ------------------------------------------------------------------------------------------------
-    # Hook invocation and the record
+    # Hook invocation, detached effects and the record
     # ------------------------------------------------------------------------------------------------
 
     async def _invoke(
@@ -446,7 +578,8 @@ class RequestLifecycleWorkflow:
         result_type: type[OutcomeT],
         plan_phase: int | None = None,
     ) -> tuple[OutcomeT, None] | tuple[None, HookFailure]:
-        """Run one hook invocation as an activity and record it, whatever its outcome."""
+        """Run one hook invocation as an activity and record it, its decision and its effects, whatever
+        its outcome; start the work it detached once it has succeeded."""
         started = workflow.now()
         options: dict[str, Any] = {
             "result_type": result_type,
@@ -474,7 +607,7 @@ class RequestLifecycleWorkflow:
             else:
                 outcome = await workflow.execute_activity(activity, call, **options)
         except (ActivityError, ApplicationError, TimeoutError) as err:
-            failure = HookFailure.from_activity_error(err, hook)
+            failure = HookFailure.from_error(err, hook)
             invocation.duration_ms = _elapsed_ms(started)
             invocation.outcome = (
                 InvocationOutcome.TIMED_OUT if failure.category == decisions.HOOK_TIMEOUT else InvocationOutcome.FAILED
@@ -484,13 +617,58 @@ class RequestLifecycleWorkflow:
             invocation.exception_type = failure.exception_type
             invocation.decision = decisions.failure_decision(hook, stage, failure.category)
             self._record.pipeline_hooks.append(invocation)
+            self._record_effects(failure.effects)
             return None, failure
         invocation.duration_ms = _elapsed_ms(started)
         invocation.decision = outcome.decision
         self._record.pipeline_hooks.append(invocation)
-        if stage is not Stage.BEFORE_PLANNING:
-            self._record.effects.extend(outcome.effects)
+        self._record_effects(outcome.effects)
+        for work in outcome.detached:
+            await self._start_detached(work)
         return outcome, None
+
+    def _record_effects(self, effects: list[PipelineHookEffect]) -> None:
+        """Add effects; one with an id already recorded replaces it unless that one is terminal."""
+        for effect in effects:
+            index = next((i for i, e in enumerate(self._record.effects) if e.effect_id == effect.effect_id), None)
+            if index is None:
+                self._record.effects.append(effect)
+            elif self._record.effects[index].status is EffectStatus.PENDING:
+                self._record.effects[index] = effect
+
+    async def _start_detached(self, work: DetachedWork) -> None:
+        """Start the child that carries a detached effect to its terminal state; it outlives the request."""
+        effect = next((e for e in self._record.effects if e.effect_id == work.effect_id), None)
+        if effect is None:
+            return
+        info = workflow.info()
+        try:
+            await workflow.start_child_workflow(
+                DETACHED_WORKFLOW_TYPE,
+                DetachedEffectInput(
+                    parent_workflow_id=info.workflow_id,
+                    parent_run_id=info.run_id,
+                    request_id=self._request_id,
+                    work=work,
+                    effect=effect,
+                ),
+                id=detached_workflow_id(info.workflow_id, work.effect_id),
+                task_queue=info.task_queue,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                static_summary=f"{work.stage.value} · {work.hook} · {work.effect_id}",
+            )
+        except FailureError as err:  # e.g. an effect id this request already used for detached work
+            self._record_effects(
+                [
+                    effect.model_copy(
+                        update={
+                            "status": EffectStatus.FAILED,
+                            "error": f"could not start detached work: {err}",
+                            "summary": "submission failed",
+                        }
+                    )
+                ]
+            )
 
     def _apply_enrichment_changes(self, hook: HookEntry, changes: list[EnrichmentChange]) -> None:
         """Merge a hook's changes and record each as the effect ``planning_enrichment:<key>``."""
@@ -531,20 +709,35 @@ class RequestLifecycleWorkflow:
             plan_phase=plan_phase,
         )
 
-    def _set_stage(self, stage: str) -> None:
+    def _set_stage(self, stage: str, detail: str = "") -> None:
         self._record.lifecycle_stage = str(stage)
-        workflow.set_current_details(f"**stage:** {stage}")
+        workflow.set_current_details(f"**stage:** {stage}" + (f" — {detail}" if detail else ""))
+
+    def _upsert_search_attributes(self, stage: str, *, awaiting_review: bool) -> None:
+        if self._manifest.search_attributes:
+            workflow.upsert_search_attributes(
+                [sa.LIFECYCLE_STAGE.value_set(stage), sa.AWAITING_REVIEW.value_set(awaiting_review)]
+            )
 
     async def _finish(self, status: RequestStatus, error: RequestError | None = None) -> None:
         self._record.status = status
         self._record.error = error
         self._record.lifecycle_stage = "completed" if status is RequestStatus.SUCCEEDED else str(status)
         self._record.completed_at = workflow.now()
-        await self._persist()
+        self._upsert_search_attributes(self._record.lifecycle_stage, awaiting_review=False)
+        await self._persist(LifecycleBoundary.TERMINAL)
 
-    async def _persist(self) -> None:
-        """Persist the full snapshot with a higher ``record_revision``; never masks the request outcome."""
+    async def _persist(self, boundary: LifecycleBoundary) -> None:
+        """Persist the full snapshot with a higher revision; never masks the request outcome."""
         self._record.record_revision += 1
+        completion = {
+            RequestStatus.SUCCEEDED: "completed",
+            RequestStatus.FAILED: "failed",
+            RequestStatus.CANCELLED: "cancelled",
+        }.get(self._record.status, "pending")
+        self._record.lifecycle = RecordLifecycle(
+            boundary=boundary, completion=completion, snapshot_revision=self._record.record_revision
+        )
         try:
             await workflow.execute_activity(
                 "persist_execution_record",
@@ -552,7 +745,7 @@ class RequestLifecycleWorkflow:
                 result_type=PersistRecordOutput,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_attempts=5),
-                summary=f"persist record · revision {self._record.record_revision}",
+                summary=f"persist record · {boundary.value} · revision {self._record.record_revision}",
             )
         except ActivityError as err:
             workflow.logger.warning("execution record revision %s was not persisted: %s", self._record.record_revision, err.cause)
@@ -560,14 +753,3 @@ class RequestLifecycleWorkflow:
 
 def _elapsed_ms(started: datetime) -> float:
     return (workflow.now() - started).total_seconds() * 1000.0
-
-
-def _stage_failure(error_type: str, message: str, err: ActivityError) -> ApplicationError:
-    cause = err.cause
-    cause_message = getattr(cause, "message", None) or str(cause or err)
-    return ApplicationError(
-        f"{message}: {cause_message}",
-        {"cause": cause_message, "cause_type": getattr(cause, "type", None) or type(cause).__name__},
-        type=error_type,
-        non_retryable=True,
-    )

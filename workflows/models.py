@@ -147,6 +147,7 @@ class ToolSpec(BaseModel):
     description: str = ""
     parameters: dict[str, JsonValue] = Field(default_factory=dict)  # JSON schema of the arguments
     read_only: bool = False
+    approval_required: bool = False  # every step calling it waits for a reviewer's approval
 
     @property
     def key(self) -> str:
@@ -162,6 +163,8 @@ class PlanStep(BaseModel):
     capability: str
     arguments: dict[str, JsonValue] = Field(default_factory=dict)
     depends_on: list[str] = Field(default_factory=list)
+    # Prior-phase step ids this step's arguments reference ({{steps.<id>.output...}}), exactly.
+    implicit_deps: list[str] = Field(default_factory=list)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
 
     @property
@@ -174,11 +177,16 @@ class PlanStep(BaseModel):
 
 
 class Plan(BaseModel):
-    """A routing plan: the steps to run for one planning phase."""
+    """A routing plan: the steps to run for one planning phase.
+
+    ``continue_after`` asks for another planning phase once this one's steps have run; the planner then
+    sees their results. The pipeline's phase cap bounds the loop.
+    """
 
     phase: int = 1
     steps: list[PlanStep] = Field(default_factory=list)
     rationale: str = ""
+    continue_after: bool = False
 
 
 class StepStatus(StrEnum):
@@ -241,6 +249,14 @@ class StageSettings(BaseModel):
     tool_max_attempts: int = 3
     synthesize_timeout_seconds: float = 60.0
     max_plan_steps: int = 32
+    max_planning_phases: int = 3
+
+
+class ReviewSettings(BaseModel):
+    """Human-in-the-loop checkpoints: who may decide, and how long a checkpoint waits."""
+
+    reviewers: list[str] = Field(default_factory=list)  # empty: any named reviewer may decide
+    checkpoint_expiry_seconds: float = 24 * 3600.0
 
 
 class PipelineManifest(BaseModel):
@@ -252,6 +268,9 @@ class PipelineManifest(BaseModel):
     cache_variation: dict[str, str] = Field(default_factory=dict)
     reserved_metadata_dimensions: list[str] = Field(default_factory=list)
     settings: StageSettings = Field(default_factory=StageSettings)
+    review: ReviewSettings = Field(default_factory=ReviewSettings)
+    # Whether the lifecycle search attributes are registered on the namespace (checked by the worker).
+    search_attributes: bool = False
 
     def participants(self, stage: Stage) -> list[HookEntry]:
         return [h for h in self.hooks if h.implements(stage)]
@@ -330,6 +349,17 @@ class PipelineHookEffect(BaseModel):
     stage: Stage | None = None
 
 
+class DetachedWork(BaseModel):
+    """Work a hook handed off: run by a child workflow that outlives the request and brings the
+    effect ``effect_id`` from pending to its terminal state."""
+
+    effect_id: str
+    hook: str
+    stage: Stage
+    name: str
+    payload: JsonValue = None
+
+
 class EnrichmentOperation(StrEnum):
     ADDED = "added"
     UPDATED = "updated"
@@ -384,30 +414,34 @@ class HookRequestView(BaseModel):
     plan_phase: int | None = None
 
 
+class HookOutcome(BaseModel):
+    """What every successful invocation returns besides its stage's own result."""
+
+    decision: HookDecision
+    effects: list[PipelineHookEffect] = Field(default_factory=list)
+    detached: list[DetachedWork] = Field(default_factory=list)
+
+
 class BeforePlanningCall(BaseModel):
     hook: HookEntry
     view: HookRequestView
 
 
-class BeforePlanningOutcome(BaseModel):
+class BeforePlanningOutcome(HookOutcome):
     enrichment_changes: list[EnrichmentChange] = Field(default_factory=list)
     short_circuit: ShortCircuitProposal | None = None
-    decision: HookDecision
-    effects: list[PipelineHookEffect] = Field(default_factory=list)
 
 
 class AfterPlanningCall(BaseModel):
     hook: HookEntry
     view: HookRequestView
     plan: Plan
-    prior_plans: list[Plan] = Field(default_factory=list)
+    prior_step_ids: list[str] = Field(default_factory=list)  # steps of earlier phases, for implicit_deps
 
 
-class AfterPlanningOutcome(BaseModel):
+class AfterPlanningOutcome(HookOutcome):
     plan: Plan
     changed: bool
-    decision: HookDecision
-    effects: list[PipelineHookEffect] = Field(default_factory=list)
 
 
 class AfterExecutionCall(BaseModel):
@@ -422,17 +456,12 @@ class AfterSynthesisCall(BaseModel):
     response: str
 
 
-class AfterSynthesisOutcome(BaseModel):
+class AfterSynthesisOutcome(HookOutcome):
     response: str
-    decision: HookDecision
-    effects: list[PipelineHookEffect] = Field(default_factory=list)
 
 
-class ObserveOutcome(BaseModel):
+class ObserveOutcome(HookOutcome):
     """The outcome of an observe-only (after_execution) invocation."""
-
-    decision: HookDecision
-    effects: list[PipelineHookEffect] = Field(default_factory=list)
 
 
 class PlanInput(BaseModel):
@@ -441,6 +470,7 @@ class PlanInput(BaseModel):
     workflow_id: str
     enrichments: dict[str, JsonValue] = Field(default_factory=dict)
     phase: int = 1
+    prior_results: list[StepResult] = Field(default_factory=list)  # every step of earlier phases
 
 
 class PlanOutput(BaseModel):
@@ -472,6 +502,108 @@ class SynthesizeOutput(BaseModel):
     confidence: float = Field(ge=0.0, le=1.0)
 
 
+class DetachedEffectInput(BaseModel):
+    """The input of a ``DetachedEffect`` child workflow."""
+
+    parent_workflow_id: str
+    parent_run_id: str
+    request_id: str
+    work: DetachedWork
+    effect: PipelineHookEffect  # as announced (pending)
+    timeout_seconds: float = 300.0
+    max_attempts: int = 5
+
+
+class DetachedWorkResult(BaseModel):
+    """What a hook's detached work reports back: the effect's new data and summary."""
+
+    data: JsonValue = None
+    summary: str = ""
+
+
+class EffectUpdateInput(BaseModel):
+    workflow_id: str
+    run_id: str
+    effect: PipelineHookEffect
+
+
+# --------------------------------------------------------------------------------------------------
+# Human-in-the-loop checkpoints
+# --------------------------------------------------------------------------------------------------
+
+
+class CheckpointStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+class ApprovalReason(BaseModel):
+    step_id: str
+    tool: str
+    reason: str
+
+
+class Checkpoint(BaseModel):
+    """A plan waiting for a reviewer. Approval runs exactly this plan; after_planning does not run again."""
+
+    checkpoint_id: str
+    phase: int
+    plan: Plan
+    reasons: list[ApprovalReason]
+    requested_at: datetime
+    expires_at: datetime
+    status: CheckpointStatus = CheckpointStatus.PENDING
+    reviewer: str | None = None
+    comment: str | None = None  # the approval comment or the rejection reason
+    decided_at: datetime | None = None
+
+
+class ApproveSignal(BaseModel):
+    """Signal ``approve``. Lenient on purpose: a malformed review is recorded as ignored, not dropped."""
+
+    model_config = ConfigDict(extra="ignore")
+    checkpoint_id: str = ""
+    reviewer: str = ""
+    comment: str = ""
+
+
+class RejectSignal(BaseModel):
+    """Signal ``reject``."""
+
+    model_config = ConfigDict(extra="ignore")
+    checkpoint_id: str = ""
+    reviewer: str = ""
+    reason: str = ""
+
+
+class ReviewRequest(BaseModel):
+    """Update ``review``: the validated, acknowledged twin of the two signals."""
+
+    checkpoint_id: str
+    reviewer: str
+    decision: Literal["approve", "reject"]
+    comment: str = ""  # approval comment, or the rejection reason
+
+
+class ReviewAck(BaseModel):
+    checkpoint_id: str
+    decision: Literal["approve", "reject"]
+    reviewer: str
+    accepted_at: datetime
+
+
+class IgnoredReview(BaseModel):
+    """A review that changed nothing, kept in the record with the reason."""
+
+    received_at: datetime
+    via: Literal["approve", "reject", "review"]
+    checkpoint_id: str
+    reviewer: str
+    reason: str
+
+
 # --------------------------------------------------------------------------------------------------
 # The execution record (StoredExecution)
 # --------------------------------------------------------------------------------------------------
@@ -479,6 +611,7 @@ class SynthesizeOutput(BaseModel):
 
 class RequestStatus(StrEnum):
     RUNNING = "running"
+    SUSPENDED = "suspended"  # waiting at a checkpoint
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -488,6 +621,21 @@ class RequestError(BaseModel):
     type: str
     message: str
     details: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class LifecycleBoundary(StrEnum):
+    ACCEPTED_PLAN = "accepted_plan"
+    CHECKPOINT_OPENED = "checkpoint_opened"
+    TERMINAL = "terminal"
+
+
+class RecordLifecycle(BaseModel):
+    """Lifecycle evidence: which boundary the snapshot was taken at and whether the request completed.
+    Records written without it (older writers) read as completion ``unknown``."""
+
+    boundary: LifecycleBoundary
+    completion: Literal["pending", "completed", "failed", "cancelled"]
+    snapshot_revision: int
 
 
 class AcceptedPlan(BaseModel):
@@ -522,7 +670,16 @@ class ExecutionRecord(BaseModel):
     short_circuit: ShortCircuitInfo | None = None
     pipeline_hooks: list[HookInvocation] = Field(default_factory=list)
     effects: list[PipelineHookEffect] = Field(default_factory=list)
+    checkpoints: list[Checkpoint] = Field(default_factory=list)
+    ignored_reviews: list[IgnoredReview] = Field(default_factory=list)
+    phase_cap_reached: bool = False
     error: RequestError | None = None
+    lifecycle: RecordLifecycle | None = None
+
+    @property
+    def request_completion(self) -> str:
+        """completed / failed / cancelled / pending, or ``unknown`` for a record without lifecycle evidence."""
+        return self.lifecycle.completion if self.lifecycle is not None else "unknown"
 
     def invocations(self, stage: Stage | None = None, hook: str | None = None) -> list[HookInvocation]:
         return [

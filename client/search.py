@@ -1,0 +1,33 @@
+"""Make sure the lifecycle search attributes exist on the namespace before workers rely on them."""
+
+from __future__ import annotations
+
+import logging
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from workflows import search_attributes
+
+logger = logging.getLogger(__name__)
+
+
+async def ensure_search_attributes(client: Client, namespace: str) -> bool:
+    """Register any missing lifecycle search attribute. Returns whether all of them are available; when
+    they are not (no operator permission, a server without custom attributes) requests still run, they
+    are just not listed by stage or review state."""
+    wanted = {key.name: IndexedValueType.ValueType(key.indexed_value_type) for key in search_attributes.ALL}
+    try:
+        listed = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+        missing = {name: kind for name, kind in wanted.items() if name not in listed.custom_attributes}
+        if missing:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+            )
+            logger.info("registered search attributes %s", ", ".join(sorted(missing)))
+        return True
+    except RPCError as err:
+        logger.warning("lifecycle search attributes unavailable (%s); the review inbox will be empty", err.message)
+        return False

@@ -1,0 +1,76 @@
+"""``DetachedEffect``: the child workflow that carries one detached hook effect to its terminal state.
+
+Started by ``RequestLifecycle`` with id ``<request workflow id>/effect/<effect id>`` and
+``ParentClosePolicy.ABANDON``, so it outlives the request. It runs the hook's detached work as an
+activity, then reports the same effect id as ``succeeded`` or ``failed``: to the request while it still
+runs (signal ``effect_update``) and to the execution store either way — one effect that changes
+status, never a second one.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from .models import (
+        DetachedEffectInput,
+        DetachedWorkResult,
+        EffectStatus,
+        EffectUpdateInput,
+        PersistRecordOutput,
+        PipelineHookEffect,
+    )
+
+DETACHED_WORKFLOW_TYPE = "DetachedEffect"
+EFFECT_UPDATE_SIGNAL = "effect_update"
+
+
+def detached_workflow_id(request_workflow_id: str, effect_id: str) -> str:
+    return f"{request_workflow_id}/effect/{effect_id}"
+
+
+@workflow.defn(name=DETACHED_WORKFLOW_TYPE)
+class DetachedEffectWorkflow:
+    @workflow.run
+    async def run(self, input: DetachedEffectInput) -> PipelineHookEffect:
+        work = input.work
+        effect = input.effect.model_copy(deep=True)
+        try:
+            result = await workflow.execute_activity(
+                "run_detached_work",
+                input,
+                result_type=DetachedWorkResult,
+                start_to_close_timeout=timedelta(seconds=input.timeout_seconds),
+                retry_policy=RetryPolicy(maximum_attempts=input.max_attempts),
+                summary=f"detached · {work.hook} · {work.effect_id}",
+            )
+        except ActivityError as err:
+            effect.status = EffectStatus.FAILED
+            effect.error = getattr(err.cause, "message", None) or str(err.cause or err)
+            effect.summary = "detached work failed"
+        else:
+            effect.status = EffectStatus.SUCCEEDED
+            if result.data is not None:
+                effect.data = result.data
+            effect.summary = result.summary or "detached work completed"
+        if effect.started_at is not None:
+            effect.duration_ms = max(0.0, (workflow.now() - effect.started_at).total_seconds() * 1000.0)
+
+        parent = workflow.get_external_workflow_handle(input.parent_workflow_id, run_id=input.parent_run_id)
+        try:
+            await parent.signal(EFFECT_UPDATE_SIGNAL, effect)
+        except FailureError:
+            pass  # the request has finished; the store below is where its record lives now
+        await workflow.execute_activity(
+            "merge_effect_update",
+            EffectUpdateInput(workflow_id=input.parent_workflow_id, run_id=input.parent_run_id, effect=effect),
+            result_type=PersistRecordOutput,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=10),
+            summary=f"merge effect · {work.effect_id}",
+        )
+        return effect

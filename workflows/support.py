@@ -1,0 +1,113 @@
+"""Deterministic helpers of ``RequestLifecycle``: hook-failure classification, idempotency keys,
+metadata promotion, approval reasons. Pure functions over the shared models, importable anywhere."""
+
+from __future__ import annotations
+
+import hashlib
+
+from pydantic import BaseModel, JsonValue
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
+
+from . import decisions
+from .models import (
+    ENRICHMENT_CONVERSATION_HISTORY,
+    ENRICHMENT_RAG_CONTEXT,
+    METADATA_CONVERSATION_TURNS,
+    ApprovalReason,
+    HookEntry,
+    PipelineHookEffect,
+    Plan,
+    ToolSpec,
+)
+
+MAX_CONVERSATION_TURNS = 20
+# Hook failures that retrying cannot change.
+NON_RETRYABLE_HOOK_FAILURES = [
+    decisions.HOOK_CONTRACT_ERROR,
+    decisions.INVALID_HOOK_RESULT,
+    decisions.INVALID_PLAN,
+]
+# A step's metadata key by which an after_planning hook asks for a reviewer: True or the reason text.
+APPROVAL_METADATA_KEY = "approval_required"
+
+
+class HookFailure(BaseModel):
+    """Why a hook invocation did not produce an outcome, and the effects it had announced."""
+
+    category: str
+    message: str
+    exception_type: str | None = None
+    effects: list[PipelineHookEffect] = []
+
+    @classmethod
+    def from_error(cls, err: FailureError, hook: HookEntry) -> HookFailure:
+        # A regular activity's failure arrives wrapped in ActivityError; a local activity's arrives bare.
+        cause = err.cause if isinstance(err, ActivityError) else err
+        if isinstance(cause, TimeoutError):
+            return cls(
+                category=decisions.HOOK_TIMEOUT,
+                message=f"hook did not finish within {hook.timeout_seconds:g}s ({cause.type.name.lower()})",
+            )
+        if isinstance(cause, ApplicationError):
+            details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+            known = {decisions.HOOK_ERROR, *NON_RETRYABLE_HOOK_FAILURES}
+            return cls(
+                category=cause.type if cause.type in known else decisions.HOOK_ERROR,
+                message=cause.message,
+                exception_type=details.get("exception_type"),
+                effects=[PipelineHookEffect.model_validate(e) for e in details.get("effects") or []],
+            )
+        return cls(category=decisions.HOOK_ERROR, message=str(cause or err))
+
+
+def stage_failure(error_type: str, message: str, err: ActivityError) -> ApplicationError:
+    """The request-ending error for a failed framework activity (planning, synthesis, ...)."""
+    cause = err.cause
+    cause_message = getattr(cause, "message", None) or str(cause or err)
+    return ApplicationError(
+        f"{message}: {cause_message}",
+        {"cause": cause_message, "cause_type": getattr(cause, "type", None) or type(cause).__name__},
+        type=error_type,
+        non_retryable=True,
+    )
+
+
+def idempotency_key(workflow_id: str, step_id: str) -> str:
+    """The key a tool receives for a step: stable across activity retries and worker restarts."""
+    digest = hashlib.sha256(f"{workflow_id}\x00{step_id}".encode()).hexdigest()[:32]
+    return f"{step_id}-{digest}"
+
+
+def promote_metadata(metadata: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    """Seed 000 §5.4: lift ``rag_context`` and conversation history out of request metadata."""
+    promoted: dict[str, JsonValue] = {}
+    rag = metadata.get(ENRICHMENT_RAG_CONTEXT)
+    if isinstance(rag, str) and rag.strip():
+        promoted[ENRICHMENT_RAG_CONTEXT] = rag
+    history = metadata.get(ENRICHMENT_CONVERSATION_HISTORY)
+    turns = metadata.get(METADATA_CONVERSATION_TURNS)
+    if isinstance(history, str) and history.strip():
+        promoted[ENRICHMENT_CONVERSATION_HISTORY] = history
+    elif isinstance(turns, list) and turns:
+        lines = []
+        for turn in turns[-MAX_CONVERSATION_TURNS:]:
+            if isinstance(turn, dict) and isinstance(turn.get("content"), str):
+                lines.append(f"{turn.get('role', 'user')}: {turn['content']}")
+        if lines:
+            promoted[ENRICHMENT_CONVERSATION_HISTORY] = "\n".join(lines)
+    return promoted
+
+
+def approval_reasons(plan: Plan, tools: list[ToolSpec]) -> list[ApprovalReason]:
+    """Why each step of ``plan`` needs a reviewer: its tool is approval-required, or a hook marked it."""
+    catalog = {tool.key: tool for tool in tools}
+    reasons = []
+    for step in plan.steps:
+        tool = catalog.get(step.tool_key)
+        if tool is not None and tool.approval_required:
+            reasons.append(ApprovalReason(step_id=step.step_id, tool=step.tool, reason="tool requires approval"))
+        marked = step.metadata.get(APPROVAL_METADATA_KEY)
+        if marked:
+            reason = marked if isinstance(marked, str) else "marked for approval by an after_planning hook"
+            reasons.append(ApprovalReason(step_id=step.step_id, tool=step.tool, reason=reason))
+    return reasons
