@@ -23,10 +23,10 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities import LifecycleActivities
-from client import Settings, connect
+from client import Settings, connect, exit_process
 from client.devserver import start_dev_server
 from client.search import ensure_search_attributes
-from client.telemetry import configure_telemetry
+from client.telemetry import configure_telemetry, shutdown_telemetry
 from hooks import InvalidPipelineConfigError
 from workflows import WORKFLOWS
 
@@ -106,8 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    finally:
+        shutdown_telemetry()
     return 0
 
 
+def entry() -> None:
+    """Console-script entry."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

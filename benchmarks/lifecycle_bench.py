@@ -10,10 +10,10 @@ the same number of empty activities in the same shape, registered on the same wo
 - ``added_latency_per_hook_invocation``: (T with 20 hooks − T with 0 hooks) / 20 on a request that plans
   no steps; the 20 trivial hooks are split 5/5/5/5 over the four stages. Floor: (T(base + 20 empty
   activities) − T(base)) / 20, where base is the 4 activities a 0-hook request runs (resolve, plan,
-  synthesize, persist). Reported for hooks run as activities and as local activities.
+  synthesize, 2 persists). Reported for hooks run as activities and as local activities.
 - ``standard_request_latency_ms``: p50/p95 of sequential requests that run 6 trivial hook invocations,
-  a plan of 3 independent ``stock_quote`` steps (run in parallel) and synthesis: 13 activities. Floor:
-  13 empty activities in the same order, the 3 tool slots in parallel.
+  a plan of 3 independent ``stock_quote`` steps (run in parallel) and synthesis: 14 activities. Floor:
+  14 empty activities in the same order, the 3 tool slots in parallel.
 - ``throughput``: requests/s with 100 standard requests started at once (25 with ``--quick``), and the
   floor's at the same concurrency.
 - ``history_events_per_request``: events in one standard request's history, and the floor's.
@@ -54,18 +54,19 @@ from client.devserver import temporal_cli_path
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry, PipelineHook, RunMode
-from workflows import WORKFLOW_TYPE, RequestLifecycleWorkflow, data_converter
+from workflows import WORKFLOW_TYPE, WORKFLOWS, data_converter
 from workflows.models import ExecutionResult, Plan, RequestInput, RequestResult, Stage
 
 HOOKS_PER_STAGE_20 = 5  # 20 hooks = 5 per stage
 NO_STEP_REQUEST = "Hello, how are you today?"  # the rule planner plans no steps for this
 STANDARD_REQUEST = "What is the price of AAA BBB CCC?"  # three independent stock_quote steps
 
-# Activities of a 0-hook request that plans no steps: resolve_pipeline, plan, synthesize, persist.
-BASE_SHAPE = [FloorBatch()] * 4
-# The standard request: resolve, 2 before_planning, plan, 1 after_planning, 3 tools in parallel,
-# 1 after_execution, synthesize, 2 after_synthesis, persist = 13 activities.
-STANDARD_SHAPE = [FloorBatch()] * 5 + [FloorBatch(count=3)] + [FloorBatch()] * 5
+# Activities of a 0-hook request that plans no steps: resolve_pipeline, plan, persist (accepted plan),
+# synthesize, persist (terminal).
+BASE_SHAPE = [FloorBatch()] * 5
+# The standard request: resolve, 2 before_planning, plan, 1 after_planning, persist, 3 tools in
+# parallel, 1 after_execution, synthesize, 2 after_synthesis, persist = 14 activities.
+STANDARD_SHAPE = [FloorBatch()] * 6 + [FloorBatch(count=3)] + [FloorBatch()] * 5
 
 
 def log(message: str) -> None:
@@ -235,10 +236,10 @@ async def check_shapes(bench: Bench) -> dict[str, Any]:
     """Run one request of each kind, check it did what the benchmark assumes, and count its history."""
     counts: dict[str, Any] = {}
     for pipeline, request, expected in (
-        ("hooks0", NO_STEP_REQUEST, 4),
-        ("hooks20", NO_STEP_REQUEST, 24),
-        ("hooks20_local", NO_STEP_REQUEST, 24),
-        ("standard", STANDARD_REQUEST, 13),
+        ("hooks0", NO_STEP_REQUEST, 5),
+        ("hooks20", NO_STEP_REQUEST, 25),
+        ("hooks20_local", NO_STEP_REQUEST, 25),
+        ("standard", STANDARD_REQUEST, 14),
     ):
         _, workflow_id = await bench.lifecycle(pipeline, request)
         events = await bench.history_events(workflow_id)
@@ -299,9 +300,9 @@ async def hook_latency(bench: Bench, rounds: int) -> dict[str, Any]:
 
     return {
         "method": "(median T with 20 hooks - median T with 0 hooks) / 20; sequential requests that plan no "
-        "steps; 20 trivial async hooks, 5 per stage; floor: (T(4+20 empty activities) - T(4)) / 20",
+        "steps; 20 trivial async hooks, 5 per stage; floor: (T(5+20 empty activities) - T(5)) / 20",
         "samples_each": rounds,
-        # What a 0-hook request costs beyond 4 empty activities (resolve, plan, synthesize, persist).
+        # What a 0-hook request costs beyond 5 empty activities (resolve, plan, persist, synthesize, persist).
         "fixed_overhead_per_request_ms": round(med["lifecycle_0"] - med["floor_0"], 2),
         "activity": figure("lifecycle_20", "floor_20"),
         "local_activity": figure("lifecycle_20_local", "floor_20_local"),
@@ -325,7 +326,7 @@ async def standard_latency(bench: Bench, requests: int) -> tuple[dict[str, Any],
     return {
         "method": "sequential requests, lifecycle and floor alternating; 6 trivial hook invocations "
         "(2 before_planning, 1 after_planning, 1 after_execution, 2 after_synthesis), plan, 3 parallel "
-        "stock_quote steps, synthesize, persist = 13 activities; floor: 13 empty activities, same shape",
+        "stock_quote steps, synthesize, 2 persists = 14 activities; floor: 14 empty activities, same shape",
         "lifecycle": life,
         "floor": floor,
         "ratio_p50": ratio(life["p50"], floor["p50"]),
@@ -393,7 +394,7 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[RequestLifecycleWorkflow, FloorWorkflow],
+        workflows=[*WORKFLOWS, FloorWorkflow],
         activities=[*activities.activities(), floor_noop],
     )
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import NoReturn
+
 from temporalio.client import Client
 from temporalio.contrib.opentelemetry import TracingInterceptor
 
@@ -9,7 +13,15 @@ from workflows.converter import data_converter
 
 from .settings import Settings
 
-__all__ = ["Settings", "connect"]
+__all__ = ["Settings", "connect", "exit_process"]
+
+
+def exit_process(code: int) -> NoReturn:
+    """Flush and exit without interpreter finalization, during which the SDK's native threads can abort
+    a process that used a client (temporalio/sdk-python#300) and turn a success into exit code -6."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 async def connect(settings: Settings, *, tracing: bool = True) -> Client:

@@ -33,7 +33,7 @@ from workflows import WORKFLOW_TYPE
 from workflows import search_attributes
 from workflows.models import Checkpoint, ExecutionRecord, RequestInput, RequestResult, ReviewAck, ReviewRequest
 
-from . import Settings, connect
+from . import Settings, connect, exit_process
 
 
 def workflow_id_for(request_id: str) -> str:
@@ -251,5 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def entry() -> None:
+    """Console-script entry."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -48,3 +48,11 @@ def configure_telemetry(service_name: str) -> None:
     metric_exporter = _metric_exporter(os.environ.get("OTEL_METRICS_EXPORTER", "none"))
     readers = [PeriodicExportingMetricReader(metric_exporter)] if metric_exporter is not None else []
     metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+
+
+def shutdown_telemetry() -> None:
+    """Flush and stop the providers (call before exiting: exit_process skips atexit handlers)."""
+    for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
+        shutdown = getattr(provider, "shutdown", None)
+        if callable(shutdown):
+            shutdown()

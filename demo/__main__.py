@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -25,7 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.client import WorkflowFailureError
 
-from client import Settings, connect
+from client import Settings, connect, exit_process
 from client.cli import describe_failure, format_checkpoint, format_record, pending_checkpoint, review, start_request
 from client.devserver import start_dev_server
 from workflows.models import ExecutionRecord
@@ -154,6 +153,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hold", action="store_true", help="keep the server, UI and worker running afterwards")
     try:
-        sys.exit(asyncio.run(main(parser.parse_args().hold)))
+        exit_process(asyncio.run(main(parser.parse_args().hold)))
     except KeyboardInterrupt:
-        sys.exit(130)
+        exit_process(130)

@@ -12,6 +12,7 @@ invocation to the next unless the hook keeps it in a store of its own: the worke
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -30,7 +31,10 @@ from workflows.models import (
     Plan,
     RunMode,
     Stage,
+    bounded_value,
 )
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AfterExecutionHook",
@@ -160,21 +164,36 @@ class PipelineContext:
     ) -> PipelineHookEffect:
         """Record work this invocation attempted and what it observed (seed 000 §7.5).
 
-        Reporting the same ``effect_id`` again replaces the earlier report: one effect, one card.
+        Reporting the same ``effect_id`` again replaces the earlier report: one effect, one card. Data
+        over 32 KiB of JSON is kept by reference (digest, size, preview). A report that cannot be kept
+        (non-JSON data, say) is recorded as a failed effect; it never raises into the hook.
         """
-        effect = PipelineHookEffect(
-            effect_id=effect_id,
-            schema_version=schema_version,
-            name=name,
-            status=EffectStatus(status),
-            data=data,
-            started_at=started_at,
-            duration_ms=duration_ms,
-            summary=summary,
-            error=error,
-            hook=self.hook_name,
-            stage=self.stage,
-        )
+        fields = {
+            "effect_id": effect_id,
+            "schema_version": schema_version,
+            "name": name,
+            "status": status,
+            "started_at": started_at,
+            "duration_ms": duration_ms,
+            "summary": summary,
+            "error": error,
+            "hook": self.hook_name,
+            "stage": self.stage,
+        }
+        try:
+            effect = PipelineHookEffect(**fields, data=bounded_value(data))
+        except (TypeError, ValueError) as err:
+            # Reporting is diagnostic: a report that cannot be kept never changes the hook's outcome.
+            logger.warning("hook %s: effect %r could not be recorded: %s", self.hook_name, effect_id, err)
+            effect = PipelineHookEffect(
+                effect_id=str(effect_id),
+                name=str(name),
+                status=EffectStatus.FAILED,
+                summary="effect report rejected",
+                error=f"invalid effect report: {err}"[:2000],
+                hook=self.hook_name,
+                stage=self.stage,
+            )
         self._effects[effect_id] = effect
         return effect
 

@@ -17,26 +17,35 @@ from temporalio.testing import WorkflowEnvironment
 from client.devserver import temporal_cli_path
 from client.settings import Settings
 from demo.pipeline import demo_hooks
-from workflows import data_converter
+from workflows import data_converter, search_attributes
 
 from .harness import Harness, history_json
 
 HISTORIES = Path(__file__).with_name("histories")
+# name: (request, metadata, reviewer who approves checkpoints or None)
 SCENARIOS = {
-    "quote_answered": ("What is the price of ACME?", {"cache": "bypass"}),
-    "trade_refused_by_required_hook": ("Buy 10 ACME", {}),
-    "quote_served_from_cache": ("What is the price of ACME?", {}),
-    "quote_and_notify_with_dependency": ("Send a message to alice with the price of GBX", {"cache": "bypass"}),
+    "quote_answered": ("What is the price of ACME?", {"cache": "bypass"}, None),
+    "trade_refused_by_required_hook": ("Buy 10 ACME", {}, None),
+    "quote_served_from_cache": ("What is the price of ACME?", {}, None),
+    "two_phase_message_approved_at_checkpoint": (
+        "Send a message to alice with the price of GBX",
+        {"cache": "bypass"},
+        "history-reviewer",
+    ),
 }
 
 
 async def main() -> None:
-    env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli_path(), data_converter=data_converter)
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli_path(),
+        data_converter=data_converter,
+        search_attributes=search_attributes.ALL,
+    )
     try:
         with tempfile.TemporaryDirectory() as state:
             async with Harness(env.client, Path(state), hooks=demo_hooks(Settings(state_dir=Path(state)))) as h:
-                for name, (text, metadata) in SCENARIOS.items():
-                    out = await h.run(text, metadata, workflow_id=f"history-{name}")
+                for name, (text, metadata, reviewer) in SCENARIOS.items():
+                    out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
                     (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
                     print(f"wrote {name}.json ({len(out.history.events)} events)")
     finally:

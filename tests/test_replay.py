@@ -9,7 +9,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from workflows import RequestLifecycleWorkflow, data_converter
+from workflows import WORKFLOWS, data_converter
 
 HISTORIES = sorted(Path(__file__).with_name("histories").glob("*.json"))
 
@@ -20,7 +20,8 @@ def test_histories_are_committed():
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_committed_history_replays(path: Path):
-    history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[RequestLifecycleWorkflow], data_converter=data_converter)
+    # The workflow id matters on replay (child workflow ids derive from it): record_histories uses this one.
+    history = WorkflowHistory.from_json(f"history-{path.stem}", path.read_text())
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter)
     result = await replayer.replay_workflow(history)
     assert result.replay_failure is None

@@ -12,11 +12,11 @@ from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError, TimeoutError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import BaseModel, JsonValue
+    from pydantic import BaseModel, JsonValue, ValidationError
 
     from . import decisions
     from . import search_attributes as sa
@@ -107,6 +107,7 @@ _HOOK_ACTIVITIES = {
 }
 
 OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
+SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal)
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
@@ -147,14 +148,28 @@ class RequestLifecycleWorkflow:
         return next((c for c in self._record.checkpoints if c.status is CheckpointStatus.PENDING), None)
 
     @workflow.signal(name="approve")
-    def approve(self, signal: ApproveSignal) -> None:
+    def approve(self, payload: JsonValue) -> None:
         """Approve the open checkpoint: ``{"checkpoint_id", "reviewer", "comment"}``."""
-        self._decide("approve", "approve", signal.checkpoint_id, signal.reviewer, signal.comment)
+        signal = self._review_signal("approve", ApproveSignal, payload)
+        if signal is not None:
+            self._decide("approve", "approve", signal.checkpoint_id, signal.reviewer, signal.comment)
 
     @workflow.signal(name="reject")
-    def reject(self, signal: RejectSignal) -> None:
+    def reject(self, payload: JsonValue) -> None:
         """Reject the open checkpoint: ``{"checkpoint_id", "reviewer", "reason"}``."""
-        self._decide("reject", "reject", signal.checkpoint_id, signal.reviewer, signal.reason)
+        signal = self._review_signal("reject", RejectSignal, payload)
+        if signal is not None:
+            self._decide("reject", "reject", signal.checkpoint_id, signal.reviewer, signal.reason)
+
+    def _review_signal(self, via: Literal["approve", "reject"], model: type[SignalT], payload: JsonValue) -> SignalT | None:
+        """The signal's fields, or None after recording a malformed one as ignored (never dropped silently)."""
+        try:
+            return model.model_validate(payload)
+        except ValidationError as err:
+            fields = payload if isinstance(payload, dict) else {}
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in err.errors(include_url=False)[:3])
+            self._ignore(via, str(fields.get("checkpoint_id", "")), str(fields.get("reviewer", "")), f"malformed {via} signal: {problems}")
+            return None
 
     @workflow.update(name="review")
     def review(self, request: ReviewRequest) -> ReviewAck:
@@ -202,6 +217,13 @@ class RequestLifecycleWorkflow:
             return f"checkpoint {checkpoint_id!r} has expired"
         return None
 
+    def _ignore(self, via: Literal["approve", "reject", "review"], checkpoint_id: str, reviewer: str, reason: str) -> None:
+        """A review that changes nothing is kept (bounded) so an operator can see what was tried."""
+        if len(self._record.ignored_reviews) < MAX_IGNORED_REVIEWS:
+            self._record.ignored_reviews.append(
+                IgnoredReview(received_at=workflow.now(), via=via, checkpoint_id=checkpoint_id, reviewer=reviewer, reason=reason)
+            )
+
     def _decide(
         self,
         via: Literal["approve", "reject", "review"],
@@ -212,13 +234,7 @@ class RequestLifecycleWorkflow:
     ) -> None:
         problem = self._review_problem(checkpoint_id, reviewer)
         if problem:
-            # Changes nothing; kept (bounded) so an operator can see what was tried.
-            if len(self._record.ignored_reviews) < MAX_IGNORED_REVIEWS:
-                self._record.ignored_reviews.append(
-                    IgnoredReview(
-                        received_at=workflow.now(), via=via, checkpoint_id=checkpoint_id, reviewer=reviewer, reason=problem
-                    )
-                )
+            self._ignore(via, checkpoint_id, reviewer, problem)
             return
         checkpoint = next(c for c in self._record.checkpoints if c.checkpoint_id == checkpoint_id)
         checkpoint.status = CheckpointStatus.APPROVED if decision == "approve" else CheckpointStatus.REJECTED
@@ -287,6 +303,7 @@ class RequestLifecycleWorkflow:
                 summary="resolve_pipeline",
             )
         except ActivityError as err:
+            _raise_if_cancelled(err)
             raise stage_failure(decisions.PIPELINE_UNAVAILABLE, "could not resolve the hook pipeline", err)
         self._record.pipeline = self._manifest.pipeline
         self._gate = decisions.gate_for_request(
@@ -367,6 +384,7 @@ class RequestLifecycleWorkflow:
                 summary=f"plan · phase {phase}",
             )
         except ActivityError as err:
+            _raise_if_cancelled(err)
             raise stage_failure(decisions.PLANNING_FAILED, "planning failed", err)
         self._record.planning_prompt = output.prompt[:MAX_RECORDED_PROMPT_CHARS]
         self._record.planner = output.planner
@@ -515,6 +533,7 @@ class RequestLifecycleWorkflow:
                 summary=f"execute · {step.tool} ({step.step_id})",
             )
         except ActivityError as err:
+            _raise_if_cancelled(err)
             cause = err.cause
             return StepResult(
                 **base,
@@ -550,6 +569,7 @@ class RequestLifecycleWorkflow:
                 summary="synthesize",
             )
         except ActivityError as err:
+            _raise_if_cancelled(err)
             raise stage_failure(decisions.SYNTHESIS_FAILED, "synthesis failed", err)
         self._record.model_response = output.response
         return output
@@ -607,6 +627,7 @@ class RequestLifecycleWorkflow:
             else:
                 outcome = await workflow.execute_activity(activity, call, **options)
         except (ActivityError, ApplicationError, TimeoutError) as err:
+            _raise_if_cancelled(err)
             failure = HookFailure.from_error(err, hook)
             invocation.duration_ms = _elapsed_ms(started)
             invocation.outcome = (
@@ -749,6 +770,13 @@ class RequestLifecycleWorkflow:
             )
         except ActivityError as err:
             workflow.logger.warning("execution record revision %s was not persisted: %s", self._record.record_revision, err.cause)
+
+
+def _raise_if_cancelled(err: BaseException) -> None:
+    """An activity cancelled because the request was cancelled ends the request as cancelled, not as a
+    hook error or a failed stage."""
+    if isinstance(err, CancelledError) or isinstance(getattr(err, "cause", None), CancelledError):
+        raise asyncio.CancelledError() from err
 
 
 def _elapsed_ms(started: datetime) -> float:

@@ -561,7 +561,8 @@ class Checkpoint(BaseModel):
 
 
 class ApproveSignal(BaseModel):
-    """Signal ``approve``. Lenient on purpose: a malformed review is recorded as ignored, not dropped."""
+    """Signal ``approve``. The workflow validates it itself, so a malformed review is recorded as ignored,
+    not dropped."""
 
     model_config = ConfigDict(extra="ignore")
     checkpoint_id: str = ""
