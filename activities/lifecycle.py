@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,13 +37,24 @@ from workflows import decisions
 from workflows.models import (
     MAX_ENRICHMENT_BYTES,
     MAX_TOOL_OUTPUT_BYTES,
+    AfterAnswerCall,
+    AfterAnswerOutcome,
     AfterExecutionCall,
     AfterPlanningCall,
     AfterPlanningOutcome,
     AfterSynthesisCall,
     AfterSynthesisOutcome,
+    AfterToolCall,
+    AfterToolOutcome,
     BeforePlanningCall,
     BeforePlanningOutcome,
+    BeforeRememberCall,
+    BeforeRememberOutcome,
+    BeforeRunCall,
+    BeforeRunOutcome,
+    BeforeToolCall,
+    BeforeToolOutcome,
+    DecisionAction,
     DetachedEffectInput,
     DetachedWorkResult,
     EffectStatus,
@@ -52,20 +64,33 @@ from workflows.models import (
     HookDecision,
     HookEntry,
     HookRequestView,
+    MemoryCandidate,
+    MemoryOutcome,
     ObserveOutcome,
+    OnErrorCall,
+    OnFinishCall,
     PersistRecordInput,
     PersistRecordOutput,
     PipelineManifest,
     Plan,
     PlanInput,
     PlanOutput,
+    PlanStep,
+    RememberInput,
     ResolvePipelineInput,
     ReviewSettings,
     ShortCircuitProposal,
+    SkipMemory,
     Stage,
     StageSettings,
+    Stop,
     SynthesizeInput,
     SynthesizeOutput,
+    RunPatch,
+    ToolDecision,
+    ToolErrorCall,
+    ToolErrorOutcome,
+    ToolErrorResolution,
     ToolStepInput,
     ToolStepOutput,
     json_size,
@@ -74,12 +99,14 @@ from workflows.plan_validation import plan_problems
 
 from . import telemetry
 from .planning import Planner, PlanningRequest, PromptBuilder, PromptInput, Synthesizer, build_planning_prompt
+from .memory import ConversationMemory
 from .store import ExecutionStore
 from .tools import ToolContext, ToolRegistry
 
 logger = logging.getLogger(__name__)
 
 INVALID_ARGUMENTS = "InvalidArguments"
+MAX_PRIVATE_STATE_BYTES = 64 * 1024
 
 
 class _HookFailed(Exception):
@@ -130,6 +157,22 @@ def enrichment_changes(before: Mapping[str, JsonValue], after: Mapping[str, Any]
     return changes
 
 
+def _checked_state(entry: HookEntry, state: Any) -> dict[str, JsonValue]:
+    """A hook's private state after an invocation: a JSON object within the size limit."""
+    if not isinstance(state, dict):
+        raise _HookFailed(decisions.INVALID_HOOK_RESULT, f"ctx.state must stay a dict, got {type(state).__name__}")
+    try:
+        json.dumps(state, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise _HookFailed(decisions.INVALID_HOOK_RESULT, f"private state of {entry.name!r} is not JSON: {err}") from None
+    size = json_size(state)
+    if size > MAX_PRIVATE_STATE_BYTES:
+        raise _HookFailed(
+            decisions.INVALID_HOOK_RESULT, f"private state of {entry.name!r} is {size} bytes; the limit is {MAX_PRIVATE_STATE_BYTES}"
+        )
+    return state
+
+
 def _failed_effects(ctx: PipelineContext, error: str) -> list[dict]:
     """Effects a failed invocation announced, as the record keeps them: a pending one can no longer
     complete (its detached work is never started), so it is failed with the invocation's error."""
@@ -157,6 +200,7 @@ class LifecycleActivities:
         review: Who may decide checkpoints and how long they wait.
         search_attributes: Whether the lifecycle search attributes exist on the namespace (the worker
             checks and sets this; without them the workflow does not upsert them).
+        memory: Conversation memory: completed runs are remembered (after before_remember hooks).
     """
 
     def __init__(
@@ -173,6 +217,7 @@ class LifecycleActivities:
         prompt_builder: PromptBuilder = build_planning_prompt,
         review: ReviewSettings | None = None,
         search_attributes: bool = False,
+        memory: ConversationMemory | None = None,
     ) -> None:
         self.registry = registry
         self.tools = tools
@@ -181,6 +226,7 @@ class LifecycleActivities:
         self.store = store
         self.settings = settings or StageSettings()
         self.prompt_builder = prompt_builder
+        self.memory = memory
         self.manifest = PipelineManifest(
             pipeline=registry.pipeline,
             hooks=registry.entries,
@@ -190,6 +236,7 @@ class LifecycleActivities:
             settings=self.settings,
             review=review or ReviewSettings(),
             search_attributes=search_attributes,
+            memory=memory is not None,
         )
 
     def _builtin_variation(self) -> dict[str, str]:
@@ -219,6 +266,15 @@ class LifecycleActivities:
             self.persist_execution_record,
             self.run_detached_work,
             self.merge_effect_update,
+            self.before_tool_hook,
+            self.on_tool_error_hook,
+            self.after_tool_hook,
+            self.before_run_hook,
+            self.after_answer_hook,
+            self.before_remember_hook,
+            self.on_error_hook,
+            self.on_finish_hook,
+            self.remember,
         ]
 
     # ------------------------------------------------------------------------------------------------
@@ -247,6 +303,9 @@ class LifecycleActivities:
             gate=view.gate,
             plan_phase=view.plan_phase,
             hook=self.registry.hook(entry.name),
+            instructions=view.instructions,
+            facts=view.facts,
+            state=view.state,
         )
 
     async def _invoke(
@@ -275,7 +334,9 @@ class LifecycleActivities:
             set_status_on_exception=False,
         ) as span:
             try:
-                return await run(hook, ctx, span)
+                outcome = await run(hook, ctx, span)
+                outcome.state = _checked_state(entry, ctx.state)
+                return outcome
             except _HookFailed as err:
                 self._mark_failed(span, entry, stage, err.category, str(err), final=True)
                 raise ApplicationError(
@@ -461,6 +522,205 @@ class LifecycleActivities:
         return await self._invoke(entry, Stage.AFTER_SYNTHESIS, call.view, run)
 
     # ------------------------------------------------------------------------------------------------
+    # Tool-call stages (seeds 001, 003)
+    # ------------------------------------------------------------------------------------------------
+
+    @activity.defn(name="before_tool_hook")
+    async def before_tool_hook(self, call: BeforeToolCall) -> BeforeToolOutcome:
+        """Invoke one before_tool hook; a modify is validated against the tool's parameters here, so
+        invalid rewritten arguments never reach execution."""
+        entry = call.hook
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> BeforeToolOutcome:
+            returned = await _call(hook.before_tool, ctx, call.call.model_copy(deep=True))
+            verdict = ToolDecision() if returned is None else returned
+            if not isinstance(verdict, ToolDecision):
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT, f"before_tool must return ToolDecision or None, got {type(returned).__name__}"
+                )
+            if verdict.action == "modify":
+                if verdict.arguments is None:
+                    raise _HookFailed(decisions.INVALID_HOOK_RESULT, "a modify decision needs arguments")
+                step = PlanStep(
+                    step_id=call.call.step_id,
+                    namespace=call.call.namespace,
+                    agent=call.call.agent,
+                    capability=call.call.capability,
+                    arguments=verdict.arguments,
+                )
+                problems = self.tools.argument_problems(step, resolved=True)
+                if problems:
+                    raise _HookFailed(decisions.INVALID_HOOK_RESULT, "rewritten arguments are invalid: " + "; ".join(problems))
+            action, reason = {
+                "allow": (DecisionAction.CONTINUE, decisions.REASON_ALLOWED),
+                "modify": (DecisionAction.CONTINUE, decisions.REASON_MODIFIED),
+                "deny": (DecisionAction.DENY, decisions.REASON_DENIED),
+                "stop": (DecisionAction.STOP, decisions.REASON_STOPPED),
+            }[verdict.action]
+            decision = decisions.success_decision(entry, Stage.BEFORE_TOOL, reason, action)
+            self._mark_succeeded(span, decision)
+            return BeforeToolOutcome(verdict=verdict, decision=decision, effects=ctx.effects, detached=ctx.detached)
+
+        return await self._invoke(entry, Stage.BEFORE_TOOL, call.view, run)
+
+    @activity.defn(name="on_tool_error_hook")
+    async def on_tool_error_hook(self, call: ToolErrorCall) -> ToolErrorOutcome:
+        """Invoke one on_tool_error hook: it may substitute a result and suppress the error."""
+        entry = call.hook
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> ToolErrorOutcome:
+            returned = await _call(hook.on_tool_error, ctx, call.call.model_copy(deep=True), call.outcome.model_copy())
+            resolution = ToolErrorResolution() if returned is None else returned
+            if not isinstance(resolution, ToolErrorResolution):
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT,
+                    f"on_tool_error must return ToolErrorResolution or None, got {type(returned).__name__}",
+                )
+            reason = decisions.REASON_HANDLED if resolution.handled else decisions.REASON_ACCEPTED
+            decision = decisions.success_decision(entry, Stage.ON_TOOL_ERROR, reason)
+            self._mark_succeeded(span, decision)
+            return ToolErrorOutcome(resolution=resolution, decision=decision, effects=ctx.effects, detached=ctx.detached)
+
+        return await self._invoke(entry, Stage.ON_TOOL_ERROR, call.view, run)
+
+    @activity.defn(name="after_tool_hook")
+    async def after_tool_hook(self, call: AfterToolCall) -> AfterToolOutcome:
+        """Invoke one after_tool hook: it may rewrite the result text, never the status."""
+        entry = call.hook
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> AfterToolOutcome:
+            returned = await _call(hook.after_tool, ctx, call.call.model_copy(deep=True), call.outcome.model_copy(deep=True))
+            if returned is not None and not isinstance(returned, str):
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT, f"after_tool must return str or None, got {type(returned).__name__}"
+                )
+            result = call.outcome.result if returned is None else returned
+            reason = decisions.REASON_ACCEPTED if result == call.outcome.result else decisions.REASON_REWRITTEN
+            decision = decisions.success_decision(entry, Stage.AFTER_TOOL, reason)
+            self._mark_succeeded(span, decision)
+            return AfterToolOutcome(result=result, decision=decision, effects=ctx.effects, detached=ctx.detached)
+
+        return await self._invoke(entry, Stage.AFTER_TOOL, call.view, run)
+
+    # ------------------------------------------------------------------------------------------------
+    # Run-level extension stages (seed 003)
+    # ------------------------------------------------------------------------------------------------
+
+    @activity.defn(name="before_run_hook")
+    async def before_run_hook(self, call: BeforeRunCall) -> BeforeRunOutcome:
+        """Invoke one before_run hook: rewrite the ask, instructions or facts, or stop the run."""
+        entry = call.hook
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> BeforeRunOutcome:
+            returned = await _call(hook.before_run, ctx, call.run.model_copy(deep=True))
+            patch = stop = None
+            if isinstance(returned, Stop):
+                stop = returned
+            elif isinstance(returned, RunPatch):
+                patch = returned
+                if patch.ask is not None and not patch.ask.strip():
+                    raise _HookFailed(decisions.INVALID_HOOK_RESULT, "before_run rewrote the ask to empty text")
+            elif returned is not None:
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT, f"before_run must return RunPatch, Stop or None, got {type(returned).__name__}"
+                )
+            decision = (
+                decisions.success_decision(entry, Stage.BEFORE_RUN, decisions.REASON_STOPPED, DecisionAction.STOP)
+                if stop
+                else decisions.success_decision(entry, Stage.BEFORE_RUN, decisions.REASON_MODIFIED if patch else None)
+            )
+            self._mark_succeeded(span, decision)
+            return BeforeRunOutcome(patch=patch, stop=stop, decision=decision, effects=ctx.effects, detached=ctx.detached)
+
+        return await self._invoke(entry, Stage.BEFORE_RUN, call.view, run)
+
+    @activity.defn(name="after_answer_hook")
+    async def after_answer_hook(self, call: AfterAnswerCall) -> AfterAnswerOutcome:
+        """Invoke one after_answer hook: rewrite the final text or stop; an empty answer is an error."""
+        entry = call.hook
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> AfterAnswerOutcome:
+            returned = await _call(hook.after_answer, ctx, call.answer.model_copy(deep=True))
+            stop = returned if isinstance(returned, Stop) else None
+            if returned is None:
+                text = call.answer.text
+            elif isinstance(returned, str):
+                text = returned
+            elif stop is not None:
+                text = stop.text
+            else:
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT, f"after_answer must return str, Stop or None, got {type(returned).__name__}"
+                )
+            if not text.strip():
+                raise _HookFailed(decisions.INVALID_HOOK_RESULT, "after_answer produced an empty answer")
+            if stop:
+                decision = decisions.success_decision(entry, Stage.AFTER_ANSWER, decisions.REASON_STOPPED, DecisionAction.STOP)
+            else:
+                reason = decisions.REASON_ACCEPTED if text == call.answer.text else decisions.REASON_REWRITTEN
+                decision = decisions.success_decision(entry, Stage.AFTER_ANSWER, reason)
+            self._mark_succeeded(span, decision)
+            return AfterAnswerOutcome(text=text, stop=stop, decision=decision, effects=ctx.effects, detached=ctx.detached)
+
+        return await self._invoke(entry, Stage.AFTER_ANSWER, call.view, run)
+
+    @activity.defn(name="before_remember_hook")
+    async def before_remember_hook(self, call: BeforeRememberCall) -> BeforeRememberOutcome:
+        """Invoke one before_remember hook: replace the memory candidate or skip saving it."""
+        entry = call.hook
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> BeforeRememberOutcome:
+            returned = await _call(hook.before_remember, ctx, call.candidate.model_copy(deep=True))
+            candidate, skip, reason, action = call.candidate, None, decisions.REASON_ACCEPTED, DecisionAction.CONTINUE
+            if isinstance(returned, SkipMemory):
+                skip, reason, action = returned, decisions.REASON_MEMORY_SKIPPED, DecisionAction.SKIP
+            elif isinstance(returned, MemoryCandidate):
+                candidate, reason = returned, decisions.REASON_MEMORY_REPLACED
+            elif returned is not None:
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT,
+                    f"before_remember must return MemoryCandidate, SkipMemory or None, got {type(returned).__name__}",
+                )
+            decision = decisions.success_decision(entry, Stage.BEFORE_REMEMBER, reason, action)
+            self._mark_succeeded(span, decision)
+            return BeforeRememberOutcome(
+                candidate=candidate, skip=skip, decision=decision, effects=ctx.effects, detached=ctx.detached
+            )
+
+        return await self._invoke(entry, Stage.BEFORE_REMEMBER, call.view, run)
+
+    @activity.defn(name="on_error_hook")
+    async def on_error_hook(self, call: OnErrorCall) -> ObserveOutcome:
+        """Invoke one on_error observer."""
+        return await self._observe(call.hook, Stage.ON_ERROR, call.view, "on_error", call.error)
+
+    @activity.defn(name="on_finish_hook")
+    async def on_finish_hook(self, call: OnFinishCall) -> ObserveOutcome:
+        """Invoke one on_finish observer."""
+        return await self._observe(call.hook, Stage.ON_FINISH, call.view, "on_finish", call.outcome)
+
+    async def _observe(self, entry: HookEntry, stage: Stage, view: HookRequestView, method: str, subject: Any) -> ObserveOutcome:
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> ObserveOutcome:
+            returned = await _call(getattr(hook, method), ctx, subject.model_copy(deep=True))
+            if returned is not None:
+                raise _HookFailed(
+                    decisions.INVALID_HOOK_RESULT, f"{method} observes only and must return None, got {type(returned).__name__}"
+                )
+            decision = decisions.success_decision(entry, stage)
+            self._mark_succeeded(span, decision)
+            return ObserveOutcome(decision=decision, effects=ctx.effects, detached=ctx.detached)
+
+        return await self._invoke(entry, stage, view, run)
+
+    @activity.defn(name="remember")
+    async def remember(self, input: RememberInput) -> MemoryOutcome:
+        """Save a completed run's memory candidate to the conversation memory."""
+        if self.memory is None:
+            raise ApplicationError("no conversation memory is configured", type="MemoryUnavailable", non_retryable=True)
+        await self.memory.save(input.candidate, request_id=input.request_id)
+        return MemoryOutcome(action="saved", conversation_id=input.candidate.conversation_id)
+
+    # ------------------------------------------------------------------------------------------------
     # Plan, execute, synthesize, persist
     # ------------------------------------------------------------------------------------------------
 
@@ -477,7 +737,14 @@ class LifecycleActivities:
         """Build the planning prompt from the enrichments and ask the planner for a valid plan."""
         tools = self.manifest.tools
         prompt = self.prompt_builder(
-            PromptInput(request=input.request, enrichments=copy.deepcopy(input.enrichments), tools=tools, phase=input.phase)
+            PromptInput(
+                request=input.request,
+                enrichments=copy.deepcopy(input.enrichments),
+                tools=tools,
+                phase=input.phase,
+                instructions=input.instructions,
+                facts=copy.deepcopy(input.facts),
+            )
         )
         plan = await self.planner.plan(
             PlanningRequest(
@@ -487,7 +754,9 @@ class LifecycleActivities:
                 enrichments=copy.deepcopy(input.enrichments),
                 tools=tools,
                 phase=input.phase,
-                prior_results=[r.model_copy(deep=True) for r in input.prior_results],
+                prior_results=[r.model_view() for r in input.prior_results],
+                instructions=input.instructions,
+                facts=copy.deepcopy(input.facts),
             )
         )
         if not isinstance(plan, Plan):
@@ -523,7 +792,13 @@ class LifecycleActivities:
             idempotency_key=input.idempotency_key,
             attempt=activity.info().attempt,
         )
-        output = await tool.run(arguments, ctx)
+        started = time.monotonic()
+        try:
+            output = await tool.run(arguments, ctx)
+        except BaseException as err:
+            telemetry.record_tool_call(step.tool, "failed" if isinstance(err, Exception) else "cancelled", started)
+            raise
+        telemetry.record_tool_call(step.tool, "succeeded", started)
         size = json_size(output)
         if size > MAX_TOOL_OUTPUT_BYTES:
             raise ApplicationError(

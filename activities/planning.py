@@ -39,6 +39,8 @@ class PromptInput:
     enrichments: Mapping[str, JsonValue]
     tools: list[ToolSpec]
     phase: int = 1
+    instructions: str = ""
+    facts: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,12 @@ class PlanningRequest:
     tools: list[ToolSpec]
     phase: int = 1
     metadata: Mapping[str, JsonValue] = field(default_factory=dict)
-    # Every step of the earlier phases, in order: what a later phase plans from. To use an output in an
-    # argument write {{steps.<step_id>.output.<field>}} and list the step id in implicit_deps.
+    # Every step of the earlier phases, in order, as a model reads them (result text, no raw output):
+    # what a later phase plans from. To pass an output to a tool, write {{steps.<step_id>.output.<field>}}
+    # in an argument and list the step id in implicit_deps; the workflow resolves it at execution.
     prior_results: list[StepResult] = field(default_factory=list)
+    instructions: str = ""  # from before_run hooks
+    facts: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 class Planner(Protocol):
@@ -89,6 +94,11 @@ def build_planning_prompt(input: PromptInput) -> str:
     sections = [
         "You are the planner of an agent. Choose the tool calls that answer the user's request, or none.",
     ]
+    if input.instructions:
+        sections.append(f"<instructions>\n{input.instructions}\n</instructions>")
+    if input.facts:
+        facts = "\n".join(f"{key}: {_as_text(value)}" for key, value in sorted(input.facts.items()))
+        sections.append(f"<facts>\n{facts}\n</facts>")
     for key, tag in RENDERED_ENRICHMENTS:
         value = input.enrichments.get(key)
         if value is None or value == "":

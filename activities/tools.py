@@ -68,14 +68,15 @@ class ToolRegistry:
     def specs(self) -> list[ToolSpec]:
         return [tool.spec() for tool in self._tools.values()]
 
-    def argument_problems(self, step: PlanStep) -> list[str]:
+    def argument_problems(self, step: PlanStep, *, resolved: bool = False) -> list[str]:
         """Why ``step.arguments`` do not fit its tool's parameters (empty when they do or the tool is
         unknown, which structural validation reports). An argument holding a step reference is checked
-        only for presence here; its value is validated when the step runs, once resolved."""
+        only for presence here; its value is validated when the step runs, once resolved (``resolved``
+        arguments are checked in full)."""
         tool = self._tools.get(step.tool_key)
         if tool is None:
             return []
-        deferred = referencing_fields(step)
+        deferred = set() if resolved else referencing_fields(step)
         try:
             tool.Arguments.model_validate(step.arguments)
         except pydantic.ValidationError as err:

@@ -8,6 +8,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+DEFAULT_TOOL_ALLOW_LIST = [
+    "stock-service/stock_quote",
+    "stock-service/execute_trade",
+    "notify-service/send_message",
+]
 DEFAULT_ALLOWED_OPERATIONS = [
     "demo-tools/stock-service/stock_quote",
     "demo-tools/notify-service/send_message",
@@ -21,7 +26,8 @@ class Settings(BaseModel):
     ``AGENT_STATE_DIR``, ``AGENT_EXECUTION_STORE``, ``AGENT_PIPELINE`` (``module:function``),
     ``AGENT_ALLOWED_OPERATIONS`` (comma-separated ``namespace/agent/capability``),
     ``AGENT_RECORD_RETENTION_DAYS``, ``AGENT_ERROR_RETENTION_DAYS``, ``AGENT_CACHE_TTL_SECONDS``,
-    ``AGENT_REVIEWERS`` (comma-separated; empty: any named reviewer), ``AGENT_CHECKPOINT_EXPIRY_SECONDS``.
+    ``AGENT_REVIEWERS`` (comma-separated; empty: any named reviewer), ``AGENT_CHECKPOINT_EXPIRY_SECONDS``,
+    ``AGENT_TOOL_ALLOW_LIST`` (comma-separated ``agent/capability``: the allow-list plugin).
     """
 
     temporal_address: str = "localhost:7233"
@@ -32,6 +38,7 @@ class Settings(BaseModel):
     execution_store: Path | None = None
     pipeline_factory: str = "demo.pipeline:build_activities"
     allowed_operations: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_OPERATIONS))
+    tool_allow_list: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOL_ALLOW_LIST))
     record_retention_days: float = Field(default=7.0, gt=0)
     error_retention_days: float = Field(default=30.0, gt=0)
     cache_ttl_seconds: float = Field(default=300.0, gt=0)
@@ -64,7 +71,11 @@ class Settings(BaseModel):
             "AGENT_CHECKPOINT_EXPIRY_SECONDS": "checkpoint_expiry_seconds",
         }
         values: dict = {field: env[name] for name, field in names.items() if env.get(name)}
-        for name, field in (("AGENT_ALLOWED_OPERATIONS", "allowed_operations"), ("AGENT_REVIEWERS", "reviewers")):
+        for name, field in (
+            ("AGENT_ALLOWED_OPERATIONS", "allowed_operations"),
+            ("AGENT_TOOL_ALLOW_LIST", "tool_allow_list"),
+            ("AGENT_REVIEWERS", "reviewers"),
+        ):
             if env.get(name) is not None:
                 values[field] = [item.strip() for item in env[name].split(",") if item.strip()]
         values.update(overrides)

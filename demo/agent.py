@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from activities.planning import PlanningRequest
@@ -72,14 +73,16 @@ class RulePlanner:
         return Plan(phase=request.phase, steps=steps, rationale=f"{len(steps)} step(s) from keyword rules")
 
     def _message_phase(self, request: PlanningRequest, text: str) -> Plan:
-        quotes = [r for r in request.prior_results if r.tool.endswith("stock_quote") and r.status is StepStatus.SUCCEEDED]
+        quotes = [
+            (r, fields)
+            for r in request.prior_results
+            if r.tool.endswith("stock_quote") and r.status is StepStatus.SUCCEEDED and (fields := _fields(r)).get("symbol")
+        ]
         if not quotes:
             return Plan(phase=request.phase, steps=[], rationale="nothing to report")
-        body = "; ".join(
-            f"{r.output['symbol']} {{{{steps.{r.step_id}.output.price}}}} USD" for r in quotes if isinstance(r.output, dict)
-        )
+        body = "; ".join(f"{fields['symbol']} {{{{steps.{r.step_id}.output.price}}}} USD" for r, fields in quotes)
         step = self._message(text, f"Prices: {body}")
-        step.implicit_deps = [r.step_id for r in quotes]
+        step.implicit_deps = [r.step_id for r, _ in quotes]
         return Plan(phase=request.phase, steps=[step], rationale="report the quoted prices")
 
     @staticmethod
@@ -94,8 +97,20 @@ class RulePlanner:
         )
 
 
+def _fields(step: StepResult) -> dict:
+    """The step's result as a model reads it: the JSON object a tool returned, unless a hook rewrote the
+    text into something else (then no fields)."""
+    try:
+        value = json.loads(step.result or "")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _describe(step: StepResult) -> str:
-    output = step.output if isinstance(step.output, dict) else {}
+    output = _fields(step)
+    if step.status is StepStatus.SUCCEEDED and not output:
+        return f"{step.tool} ({step.step_id}): {step.result}"
     if step.status is StepStatus.SUCCEEDED:
         if step.tool.endswith("stock_quote"):
             return f"{output.get('symbol')} is trading at {output.get('price')} {output.get('currency')}."
@@ -106,8 +121,10 @@ def _describe(step: StepResult) -> str:
             return f"Message sent to {output.get('to')}."
         return f"{step.tool} succeeded."
     if step.status is StepStatus.FAILED:
+        if step.error_handled_by:  # an on_tool_error hook gave the model a readable result instead
+            return f"{step.tool} ({step.step_id}) failed: {step.result}"
         return f"I could not complete {step.tool} ({step.step_id}): {step.error}"
-    return f"I skipped {step.tool} ({step.step_id}): {step.skip_reason}"
+    return f"I skipped {step.tool} ({step.step_id}): {step.result or step.skip_reason}"
 
 
 class TemplateSynthesizer:

@@ -10,8 +10,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from activities.memory import SQLiteConversationMemory
 from client.settings import Settings
-from hooks import HookRegistry
+from hooks import HookRegistry, allow_list, redact
 from hooks.builtin import (
     AllowedOperationsHook,
     AuditHook,
@@ -34,9 +35,13 @@ def demo_hooks(settings: Settings) -> list:
     ``secret-redaction`` comes before ``response-cache`` because both run at after_synthesis and the
     cache must store the redacted text (a cached answer skips after_synthesis when served).
     ``allowed-operations`` is the required hook and the only after_planning participant.
-    ``application-audit`` records every executed request with a detached write.
+    ``application-audit`` records every executed request with a detached write. The ``allow-list`` and
+    ``redact`` plugins guard every tool call: the first denies tools this deployment does not offer, the
+    second masks secrets in tool results before the planner or synthesizer reads them.
     """
     return [
+        allow_list(settings.tool_allow_list),
+        redact(),
         SecretRedactionHook(),
         ResponseCacheHook(settings.state_dir / "response-cache.sqlite3", ttl_seconds=settings.cache_ttl_seconds),
         KnowledgeContextHook(KNOWLEDGE_FILE),
@@ -57,4 +62,5 @@ def build_activities(settings: Settings) -> LifecycleActivities:
             error_retention=timedelta(days=settings.error_retention_days),
         ),
         review=ReviewSettings(reviewers=settings.reviewers, checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds),
+        memory=SQLiteConversationMemory(settings.state_dir / "memory.sqlite3"),
     )

@@ -22,10 +22,22 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel, Field, JsonValue
 
 from workflows.models import (
+    AnswerView,
     DetachedWork,
     DetachedWorkResult,
     EffectStatus,
     ExecutionResult,
+    MemoryCandidate,
+    RunErrorView,
+    RunOutcomeView,
+    RunPatch,
+    RunView,
+    SkipMemory,
+    Stop,
+    ToolCall,
+    ToolDecision,
+    ToolErrorResolution,
+    ToolOutcomeView,
     GateState,
     PipelineHookEffect,
     Plan,
@@ -37,6 +49,14 @@ from workflows.models import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "AfterAnswerHook",
+    "AfterToolHook",
+    "BeforeRememberHook",
+    "BeforeRunHook",
+    "BeforeToolHook",
+    "OnErrorHook",
+    "OnFinishHook",
+    "OnToolErrorHook",
     "AfterExecutionHook",
     "AfterPlanningHook",
     "AfterSynthesisHook",
@@ -104,8 +124,11 @@ class PipelineGate:
 class PipelineContext:
     """What every stage method receives (seed 000 §5.1).
 
-    ``enrichments`` is the only field a hook writes, and only before_planning changes to it reach the
-    planner. ``metadata`` is a read-only view of what the caller attached to the request.
+    ``enrichments`` is written by before_planning hooks, and only their changes reach the planner.
+    ``metadata`` is a read-only view of what the caller attached to the request; ``request`` is the ask
+    being served (after any before_run rewrite), with its ``instructions`` and ``facts``. ``state`` is
+    this hook's private state for this run (seed 003): a JSON map only this hook sees, carried by the
+    workflow from one of its invocations to the next, never shown to other hooks or to prompts.
     """
 
     request: str
@@ -117,6 +140,9 @@ class PipelineContext:
     hook_name: str
     gate: PipelineGate
     plan_phase: int | None = None
+    instructions: str = ""
+    facts: Mapping[str, JsonValue] = field(default_factory=dict)
+    state: dict[str, JsonValue] = field(default_factory=dict)
     _hook: Any = field(default=None, repr=False)
     _effects: dict[str, PipelineHookEffect] = field(default_factory=dict, repr=False)
     _detached: dict[str, DetachedWork] = field(default_factory=dict, repr=False)
@@ -135,6 +161,9 @@ class PipelineContext:
         gate: GateState,
         plan_phase: int | None = None,
         hook: Any = None,
+        instructions: str = "",
+        facts: Mapping[str, JsonValue] | None = None,
+        state: Mapping[str, JsonValue] | None = None,
     ) -> PipelineContext:
         return cls(
             request=request,
@@ -146,6 +175,9 @@ class PipelineContext:
             hook_name=hook_name,
             gate=PipelineGate(gate),
             plan_phase=plan_phase,
+            instructions=instructions,
+            facts=MappingProxyType(copy.deepcopy(dict(facts or {}))),
+            state=copy.deepcopy(dict(state or {})),
             _hook=hook,
         )
 
@@ -345,20 +377,124 @@ class AfterSynthesisHook(Protocol):
     def after_synthesis(self, ctx: PipelineContext, response: str) -> str: ...
 
 
+@runtime_checkable
+class BeforeToolHook(Protocol):
+    """before_tool: once a step's arguments are known, before its tool runs. Return ``None`` or a
+    :class:`ToolDecision`: allow (the zero value), modify (new arguments, validated again against the
+    tool's parameters), deny (the step is skipped with reason ``policy``; ``message`` is what the model
+    reads) or stop (the run ends with ``message`` as its answer). The first deny or stop ends the chain;
+    modifications chain in order. A failure ends the run with ``ExtensionError``."""
+
+    name: str
+
+    def before_tool(self, ctx: PipelineContext, call: ToolCall) -> ToolDecision | None: ...
+
+
+@runtime_checkable
+class AfterToolHook(Protocol):
+    """after_tool: every step's outcome — ``executed`` (raw output), ``skipped`` (policy/missing) or
+    ``failed``. Return new result text or ``None``; the execution status never changes. Chained in order;
+    the text is capped after the last hook. A failure ends the run with ``ExtensionError``."""
+
+    name: str
+
+    def after_tool(self, ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> str | None: ...
+
+
+@runtime_checkable
+class OnToolErrorHook(Protocol):
+    """on_tool_error: a tool failed after its retries (``outcome.status == "failed"``, ``outcome.error``). Return ``ToolErrorResolution(handled=True,
+    result=...)`` to substitute a readable result and suppress the error, or ``None``. The first handled
+    resolution wins. A failure ends the run with ``ExtensionError``."""
+
+    name: str
+
+    def on_tool_error(self, ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> ToolErrorResolution | None: ...
+
+
+@runtime_checkable
+class BeforeRunHook(Protocol):
+    """before_run: first, before anything else. Return ``RunPatch`` to rewrite the ask, the instructions
+    or the facts (facts merge), ``Stop`` to end the run with your text, or ``None``. A failure ends the
+    run with ``ExtensionError``."""
+
+    name: str
+
+    def before_run(self, ctx: PipelineContext, run: RunView) -> RunPatch | Stop | None: ...
+
+
+@runtime_checkable
+class AfterAnswerHook(Protocol):
+    """after_answer: once the final answer exists (synthesized or short-circuited). Return new text,
+    ``Stop``, or ``None``. An empty answer is an extension error, not a request to retry."""
+
+    name: str
+
+    def after_answer(self, ctx: PipelineContext, answer: AnswerView) -> str | Stop | None: ...
+
+
+@runtime_checkable
+class BeforeRememberHook(Protocol):
+    """before_remember: a completed run is about to be remembered. Return a replacement
+    ``MemoryCandidate``, ``SkipMemory`` (final: later hooks cannot undo it), or ``None``."""
+
+    name: str
+
+    def before_remember(self, ctx: PipelineContext, candidate: MemoryCandidate) -> MemoryCandidate | SkipMemory | None: ...
+
+
+@runtime_checkable
+class OnErrorHook(Protocol):
+    """on_error: observe a run's error and its origin (extension, planner, synthesizer, hook,
+    confirmation, cancelled, ...). Runs before on_finish. A failure is a diagnostic; it never replaces
+    the original error and never stops later observers."""
+
+    name: str
+
+    def on_error(self, ctx: PipelineContext, error: RunErrorView) -> None: ...
+
+
+@runtime_checkable
+class OnFinishHook(Protocol):
+    """on_finish: exactly once per hook per run, for completed, stopped, error and cancelled outcomes —
+    also when this hook's other stages were never reached. Observe and clean up; failures are
+    diagnostics (``outcome.diagnostics`` shows earlier ones)."""
+
+    name: str
+
+    def on_finish(self, ctx: PipelineContext, outcome: RunOutcomeView) -> None: ...
+
+
 STAGE_METHODS: dict[str, Stage] = {
+    "before_run": Stage.BEFORE_RUN,
     "before_planning": Stage.BEFORE_PLANNING,
     "before_planning_decision": Stage.BEFORE_PLANNING,
     "after_planning": Stage.AFTER_PLANNING,
+    "before_tool": Stage.BEFORE_TOOL,
+    "on_tool_error": Stage.ON_TOOL_ERROR,
+    "after_tool": Stage.AFTER_TOOL,
     "after_execution": Stage.AFTER_EXECUTION,
     "after_synthesis": Stage.AFTER_SYNTHESIS,
+    "after_answer": Stage.AFTER_ANSWER,
+    "before_remember": Stage.BEFORE_REMEMBER,
+    "on_error": Stage.ON_ERROR,
+    "on_finish": Stage.ON_FINISH,
 }
 # Positional parameters each stage method takes besides ``self``.
 STAGE_METHOD_ARITY: dict[str, int] = {
+    "before_run": 2,
     "before_planning": 1,
     "before_planning_decision": 2,
     "after_planning": 2,
+    "before_tool": 2,
+    "on_tool_error": 3,
+    "after_tool": 3,
     "after_execution": 2,
     "after_synthesis": 2,
+    "after_answer": 2,
+    "before_remember": 2,
+    "on_error": 2,
+    "on_finish": 2,
 }
 
 

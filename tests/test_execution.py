@@ -367,9 +367,10 @@ async def test_a_failing_tool_fails_its_step_skips_dependents_and_the_request_st
     assert steps["order"].error == "broker offline (attempt 2)"
     assert steps["order"].error_type == "RuntimeError"
     assert steps["confirm"].status.value == "skipped"
-    assert steps["confirm"].skip_reason == "dependency_not_succeeded: order"
+    assert steps["confirm"].skip_reason == "missing"
+    assert steps["confirm"].skip_detail == "dependency_not_succeeded: order"
     assert steps["after-confirm"].status.value == "skipped"
-    assert steps["after-confirm"].skip_reason == "dependency_not_succeeded: confirm"
+    assert steps["after-confirm"].skip_detail == "dependency_not_succeeded: confirm"
     assert steps["quote-acme"].status.value == steps["also-acme"].status.value == "succeeded"
     assert not (tmp_path / "outbox.jsonl").exists()
 

@@ -23,7 +23,9 @@ async def test_quote_request_runs_every_stage_as_labelled_activities(client, tmp
         "plan",
         "after_planning_hook",
         "persist_execution_record",
+        "before_tool_hook",  # the allow-list plugin, a local activity
         "execute_tool_step",
+        "after_tool_hook",  # the redact plugin, a local activity
         "after_execution_hook",
         "synthesize",
         "after_synthesis_hook",

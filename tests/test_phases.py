@@ -190,9 +190,10 @@ async def test_a_two_phase_request_uses_a_phase_one_output_in_phase_two(client, 
     assert [r.phase for r in planner.requests] == [1, 2]
     assert planner.requests[0].prior_results == []
     prior = planner.requests[1].prior_results
-    assert [(r.step_id, r.status, r.output) for r in prior] == [
-        ("a", StepStatus.SUCCEEDED, ACME),
-        ("a2", StepStatus.SUCCEEDED, {**ACME, "symbol": "MSFT"}),
+    # A planner reads results as a model does: the result text, not the raw output.
+    assert [(r.step_id, r.status, r.output, json.loads(r.result)) for r in prior] == [
+        ("a", StepStatus.SUCCEEDED, None, ACME),
+        ("a2", StepStatus.SUCCEEDED, None, {**ACME, "symbol": "MSFT"}),
     ]
     assert plan_summaries(out) == ["plan · phase 1", "plan · phase 2"]
 
@@ -488,7 +489,8 @@ async def test_a_phase_two_step_whose_implicit_dependency_failed_is_skipped(clie
     assert prior["a"].status is StepStatus.FAILED and prior["a"].error == "lookup backend refused FAIL"
     steps = {s.step_id: s for s in out.record.steps}
     assert steps["b"].status is StepStatus.SKIPPED
-    assert steps["b"].skip_reason == "dependency_not_succeeded: a"
+    assert steps["b"].skip_reason == "missing"
+    assert steps["b"].skip_detail == "dependency_not_succeeded: a"
     assert steps["b"].output is None and steps["b"].error is None
     assert steps["c"].status is StepStatus.SUCCEEDED
     assert echoes.received == {"c": {"value": 12.5, "text": "", "items": []}}

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from pydantic import JsonValue
 
 from .models import (
+    DECISION_STAGES,
     METADATA_CACHE,
+    OBSERVER_STAGES,
     DecisionAction,
     FailurePolicy,
     GateState,
@@ -28,6 +30,7 @@ HOOK_CONTRACT_ERROR = "HookContractError"
 PLANNING_FAILED = "PlanningFailed"
 SYNTHESIS_FAILED = "SynthesisFailed"
 PIPELINE_UNAVAILABLE = "PipelineUnavailable"
+EXTENSION_ERROR = "ExtensionError"
 
 # Failure categories a hook activity reports (ApplicationError.type of the activity failure).
 HOOK_ERROR = "HookError"  # the hook raised
@@ -46,6 +49,15 @@ REASON_AUTHORITATIVE = "authoritative"
 REASON_CACHE_MATCH = "cache_match"
 REASON_CACHE_MISMATCH = "cache_dimension_mismatch"
 REASON_CACHE_READ_DISABLED = "cache_read_disabled"
+REASON_ALLOWED = "allowed"
+REASON_MODIFIED = "modified"
+REASON_DENIED = "policy"
+REASON_STOPPED = "stopped"
+REASON_REWRITTEN = "rewritten"
+REASON_HANDLED = "handled"
+REASON_MEMORY_SKIPPED = "memory_skipped"
+REASON_MEMORY_REPLACED = "memory_replaced"
+REASON_OBSERVED = "observed"
 
 _FAILURE_REASONS = {
     HOOK_ERROR: REASON_HOOK_ERROR,
@@ -57,16 +69,19 @@ _FAILURE_REASONS = {
 
 
 def failure_policy(hook: HookEntry, stage: Stage) -> FailurePolicy:
-    """Ordinary hooks fail open; the required after-planning hook fails closed."""
-    if hook.required and stage is Stage.AFTER_PLANNING:
+    """Pipeline hooks and observers fail open; the required after-planning hook and every decision or
+    transformation stage (before_run, before_tool, after_tool, on_tool_error, after_answer,
+    before_remember) fail closed."""
+    if stage in DECISION_STAGES or (hook.required and stage is Stage.AFTER_PLANNING):
         return FailurePolicy.FAIL_CLOSED
     return FailurePolicy.FAIL_OPEN
 
 
-def success_decision(hook: HookEntry, stage: Stage) -> HookDecision:
-    return HookDecision(
-        failure_policy=failure_policy(hook, stage), action=DecisionAction.CONTINUE, reason=REASON_ACCEPTED
-    )
+def success_decision(hook: HookEntry, stage: Stage, reason: str | None = None, action: DecisionAction = DecisionAction.CONTINUE) -> HookDecision:
+    """The decision for an invocation that returned a valid result. ``reason`` defaults to ``accepted``
+    (``observed`` for observers); deciding stages pass what they decided."""
+    default = REASON_OBSERVED if stage in OBSERVER_STAGES else REASON_ACCEPTED
+    return HookDecision(failure_policy=failure_policy(hook, stage), action=action, reason=reason or default)
 
 
 def failure_decision(hook: HookEntry, stage: Stage, category: str) -> HookDecision:

@@ -7,6 +7,8 @@ run in activities that this module names by string; it imports only the shared m
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -25,19 +27,31 @@ with workflow.unsafe.imports_passed_through():
         MAX_RECORDED_PROMPT_CHARS,
         AcceptedPlan,
         AfterExecutionCall,
+        AfterAnswerCall,
+        AfterAnswerOutcome,
         AfterPlanningCall,
         AfterPlanningOutcome,
         AfterSynthesisCall,
         AfterSynthesisOutcome,
+        AfterToolCall,
+        AfterToolOutcome,
+        AnswerView,
         ApprovalReason,
         ApproveSignal,
         BeforePlanningCall,
         BeforePlanningOutcome,
+        BeforeRememberCall,
+        BeforeRememberOutcome,
+        BeforeRunCall,
+        BeforeRunOutcome,
+        BeforeToolCall,
+        BeforeToolOutcome,
         Checkpoint,
         CheckpointStatus,
         DecisionAction,
         DetachedEffectInput,
         DetachedWork,
+        Diagnostic,
         EffectStatus,
         EnrichmentChange,
         EnrichmentOperation,
@@ -52,7 +66,11 @@ with workflow.unsafe.imports_passed_through():
         IgnoredReview,
         InvocationOutcome,
         LifecycleBoundary,
+        MemoryCandidate,
+        MemoryOutcome,
         ObserveOutcome,
+        OnErrorCall,
+        OnFinishCall,
         PersistRecordInput,
         PersistRecordOutput,
         PipelineHookEffect,
@@ -63,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         PlanStep,
         RecordLifecycle,
         RejectSignal,
+        RememberInput,
         RequestError,
         RequestInput,
         RequestResult,
@@ -70,15 +89,24 @@ with workflow.unsafe.imports_passed_through():
         ResolvePipelineInput,
         ReviewAck,
         ReviewRequest,
+        RunErrorView,
         RunMode,
+        RunOutcomeView,
+        RunView,
         ShortCircuitInfo,
         ShortCircuitProposal,
         Stage,
         StepResult,
         StepStatus,
         StepSummary,
+        StopInfo,
         SynthesizeInput,
         SynthesizeOutput,
+        ToolCall,
+        ToolErrorCall,
+        ToolErrorOutcome,
+        ToolMetrics,
+        ToolOutcomeView,
         ToolStepInput,
         ToolStepOutput,
         bounded_value,
@@ -99,12 +127,7 @@ CHECKPOINT_EXPIRED = "CheckpointExpired"
 INVALID_REVIEW = "InvalidReview"
 MAX_IGNORED_REVIEWS = 50
 HOOK_RETRY_INITIAL_INTERVAL = timedelta(milliseconds=200)
-_HOOK_ACTIVITIES = {
-    Stage.BEFORE_PLANNING: "before_planning_hook",
-    Stage.AFTER_PLANNING: "after_planning_hook",
-    Stage.AFTER_EXECUTION: "after_execution_hook",
-    Stage.AFTER_SYNTHESIS: "after_synthesis_hook",
-}
+_HOOK_ACTIVITIES = {stage: f"{stage.value}_hook" for stage in Stage}
 
 OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
 SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal)
@@ -124,6 +147,11 @@ class RequestLifecycleWorkflow:
         self._enrichments: dict[str, JsonValue] = {}
         self._gate = GateState()
         self._results: dict[str, StepResult] = {}
+        self._phase = 1
+        self._ask = input.request
+        self._instructions = ""
+        self._facts: dict[str, JsonValue] = {}
+        self._hook_state: dict[str, dict[str, JsonValue]] = {}
         self._record = ExecutionRecord(
             request_id=self._request_id,
             workflow_id=info.workflow_id,
@@ -250,45 +278,192 @@ class RequestLifecycleWorkflow:
     async def run(self, input: RequestInput) -> RequestResult:
         try:
             result = await self._lifecycle()
+        except _RunStopped as stop:
+            result = self._stopped_result(stop)
+            await self._finalize("stopped", response=stop.text)
+            result.diagnostics = list(self._record.diagnostics)
+            await self._finish(RequestStatus.STOPPED)
+            return result
         except ApplicationError as err:
             details = err.details[0] if err.details and isinstance(err.details[0], dict) else {}
-            await self._finish(
-                RequestStatus.FAILED, RequestError(type=err.type or "ApplicationError", message=err.message, details=details)
-            )
+            error = RequestError(type=err.type or "ApplicationError", message=err.message, details=details)
+            await self._finalize("error", error=self._error_view(error))
+            await self._finish(RequestStatus.FAILED, error)
             raise
         except asyncio.CancelledError:
-            await self._finish(
-                RequestStatus.CANCELLED, RequestError(type="Cancelled", message="the request was cancelled")
-            )
+            error = RequestError(type="Cancelled", message="the request was cancelled")
+            await self._finalize("cancelled", error=self._error_view(error))
+            await self._finish(RequestStatus.CANCELLED, error)
             raise
+        await self._finalize("completed", response=result.response)
+        result.diagnostics = list(self._record.diagnostics)
         await self._finish(RequestStatus.SUCCEEDED)
         return result
 
     async def _lifecycle(self) -> RequestResult:
         await self._resolve_pipeline()
+        await self._before_run()
         self._enrichments = promote_metadata(self._input.metadata)
         self._record.promoted_enrichments = sorted(self._enrichments)
         self._record.enrichments = dict(self._enrichments)
 
-        short_circuit = await self._before_planning()
-        if short_circuit is not None:
-            return short_circuit
+        result = await self._before_planning()
+        if result is None:
+            plan = await self._run_phases()
+            execution = ExecutionResult(steps=list(self._record.steps))
+            await self._after_execution(execution)
+            synthesis = await self._synthesize(plan, execution)
+            response = await self._after_synthesis(synthesis.response)
+            self._record.confidence = synthesis.confidence
+            result = RequestResult(
+                request_id=self._request_id,
+                workflow_id=self._record.workflow_id,
+                response=response,
+                confidence=synthesis.confidence,
+                metadata={"pipeline": self._manifest.pipeline, "planner": self._record.planner},
+                steps=[StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in execution.steps],
+            )
+        handled_by = "short_circuit" if result.short_circuit else "pipeline"
+        result.response = await self._after_answer(result.response, handled_by, result.steps)
+        self._record.final_response = result.response
+        await self._remember(result.response)
+        return result
 
-        plan = await self._run_phases()
-        execution = ExecutionResult(steps=list(self._record.steps))
-        await self._after_execution(execution)
-        synthesis = await self._synthesize(plan, execution)
-        response = await self._after_synthesis(synthesis.response)
+    async def _before_run(self) -> None:
+        """Rewrite the ask, instructions or facts, or stop the run (seed 003 ``beforeRun``)."""
+        stage = Stage.BEFORE_RUN
+        self._set_stage(stage)
+        for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
+            run = RunView(ask=self._ask, instructions=self._instructions, facts=self._facts)
+            outcome, failure = await self._invoke(hook, stage, sequence, BeforeRunCall(hook=hook, view=self._view(hook), run=run), BeforeRunOutcome)
+            if outcome is None:
+                raise _extension_error(hook, stage, failure)
+            if outcome.stop is not None:
+                raise _RunStopped(hook.name, stage.value, outcome.stop.reason, outcome.stop.text)
+            if outcome.patch is not None:
+                self._ask = outcome.patch.ask if outcome.patch.ask is not None else self._ask
+                if outcome.patch.instructions is not None:
+                    self._instructions = outcome.patch.instructions
+                self._facts = {**self._facts, **(outcome.patch.facts or {})}
+        self._record.ask = self._ask if self._ask != self._input.request else None
+        self._record.instructions = self._instructions
+        self._record.facts = dict(self._facts)
 
-        self._record.final_response = response
-        self._record.confidence = synthesis.confidence
+    async def _after_answer(self, text: str, handled_by: Literal["pipeline", "short_circuit"], steps: list[StepSummary]) -> str:
+        """Rewrite the final answer or stop; chained in order (seed 003 ``afterAnswer``)."""
+        stage = Stage.AFTER_ANSWER
+        self._set_stage(stage)
+        for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
+            answer = AnswerView(text=text, handled_by=handled_by, steps=steps)
+            outcome, failure = await self._invoke(hook, stage, sequence, AfterAnswerCall(hook=hook, view=self._view(hook), answer=answer), AfterAnswerOutcome)
+            if outcome is None:
+                raise _extension_error(hook, stage, failure)
+            if outcome.stop is not None:
+                raise _RunStopped(hook.name, stage.value, outcome.stop.reason, outcome.stop.text)
+            text = outcome.text
+        return text
+
+    async def _remember(self, answer: str) -> None:
+        """Offer the exchange to before_remember hooks, then save it to conversation memory. A failed
+        save keeps the completed answer and is recorded as a diagnostic (seed 003)."""
+        if not self._manifest.memory:
+            return
+        stage = Stage.BEFORE_REMEMBER
+        self._set_stage("remembering")
+        conversation = self._input.metadata.get("conversation_id")
+        candidate = MemoryCandidate(
+            conversation_id=conversation if isinstance(conversation, str) and conversation else self._request_id,
+            request=self._ask,
+            answer=answer,
+            facts=self._facts,
+        )
+        replaced_by = None
+        for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
+            call = BeforeRememberCall(hook=hook, view=self._view(hook), candidate=candidate)
+            outcome, failure = await self._invoke(hook, stage, sequence, call, BeforeRememberOutcome)
+            if outcome is None:
+                raise _extension_error(hook, stage, failure)
+            if outcome.skip is not None:
+                self._record.memory = MemoryOutcome(
+                    action="skipped", conversation_id=candidate.conversation_id, by=hook.name, reason=outcome.skip.reason
+                )
+                return
+            if outcome.candidate != candidate:
+                candidate, replaced_by = outcome.candidate, hook.name
+        try:
+            saved = await workflow.execute_activity(
+                "remember",
+                RememberInput(request_id=self._request_id, workflow_id=self._record.workflow_id, candidate=candidate),
+                result_type=MemoryOutcome,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"remember · {candidate.conversation_id}",
+            )
+        except ActivityError as err:
+            _raise_if_cancelled(err)
+            self._record.diagnostics.append(
+                Diagnostic(extension="(memory)", phase="remember", error=str(getattr(err.cause, "message", err.cause)), error_type="MemoryError")
+            )
+            return
+        saved.by = replaced_by
+        self._record.memory = saved
+
+    async def _finalize(
+        self,
+        status: Literal["completed", "stopped", "error", "cancelled"],
+        *,
+        response: str | None = None,
+        error: RunErrorView | None = None,
+    ) -> None:
+        """on_error (for errors and cancellation), then on_finish: once per hook, whatever happened, also
+        for hooks whose other stages were never reached. Observer failures are diagnostics only."""
+        if error is not None:
+            await self._observe(Stage.ON_ERROR, lambda hook: OnErrorCall(hook=hook, view=self._view(hook), error=error))
+        await self._observe(
+            Stage.ON_FINISH,
+            lambda hook: OnFinishCall(
+                hook=hook,
+                view=self._view(hook),
+                outcome=RunOutcomeView(
+                    status=status,
+                    response=response,
+                    stopped=self._record.stopped,
+                    error=error,
+                    diagnostics=list(self._record.diagnostics),
+                ),
+            ),
+        )
+
+    async def _observe(self, stage: Stage, make_call: Callable[[HookEntry], BaseModel]) -> None:
+        self._set_stage(stage)
+        for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
+            _, failure = await self._invoke(hook, stage, sequence, make_call(hook), ObserveOutcome)
+            if failure is not None:
+                self._record.diagnostics.append(
+                    Diagnostic(extension=hook.name, phase=stage.value, error=failure.message, error_type=failure.category)
+                )
+
+    def _error_view(self, error: RequestError) -> RunErrorView:
+        return RunErrorView(
+            origin=_ERROR_ORIGINS.get(error.type, "harness"),
+            type=error.type,
+            message=error.message,
+            details=error.details,
+            steps=[StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in self._record.steps],
+        )
+
+    def _stopped_result(self, stop: _RunStopped) -> RequestResult:
+        info = StopInfo(extension=stop.extension, phase=stop.phase, reason=stop.reason)
+        self._record.stopped = info
+        self._record.final_response = stop.text
         return RequestResult(
             request_id=self._request_id,
             workflow_id=self._record.workflow_id,
-            response=response,
-            confidence=synthesis.confidence,
-            metadata={"pipeline": self._manifest.pipeline, "planner": self._record.planner},
-            steps=[StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in execution.steps],
+            response=stop.text,
+            confidence=1.0,
+            stopped=info,
+            metadata={"pipeline": self._manifest.pipeline},
+            steps=[StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in self._record.steps],
         )
 
     async def _resolve_pipeline(self) -> None:
@@ -315,7 +490,7 @@ class RequestLifecycleWorkflow:
         stage = Stage.BEFORE_PLANNING
         self._set_stage(stage)
         for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
-            call = BeforePlanningCall(hook=hook, view=self._view())
+            call = BeforePlanningCall(hook=hook, view=self._view(hook))
             outcome, failure = await self._invoke(hook, stage, sequence, call, BeforePlanningOutcome)
             if outcome is None:
                 if failure.category == decisions.HOOK_CONTRACT_ERROR:
@@ -350,6 +525,7 @@ class RequestLifecycleWorkflow:
         """Plan, govern, (review,) execute — once per phase until the planner stops or the cap is hit."""
         phase = 1
         while True:
+            self._phase = phase
             plan = await self._plan(phase)
             plan = await self._after_planning(plan)
             await self._persist(LifecycleBoundary.ACCEPTED_PLAN)
@@ -371,12 +547,14 @@ class RequestLifecycleWorkflow:
             output = await workflow.execute_activity(
                 "plan",
                 PlanInput(
-                    request=self._input.request,
+                    request=self._ask,
                     request_id=self._request_id,
                     workflow_id=self._record.workflow_id,
                     enrichments=self._enrichments,
                     phase=phase,
                     prior_results=self._record.steps,
+                    instructions=self._instructions,
+                    facts=self._facts,
                 ),
                 result_type=PlanOutput,
                 start_to_close_timeout=timedelta(seconds=settings.plan_timeout_seconds),
@@ -398,7 +576,7 @@ class RequestLifecycleWorkflow:
         current = plan
         for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
             call = AfterPlanningCall(
-                hook=hook, view=self._view(plan_phase=plan.phase), plan=current, prior_step_ids=prior_step_ids
+                hook=hook, view=self._view(hook, plan_phase=plan.phase), plan=current, prior_step_ids=prior_step_ids
             )
             outcome, failure = await self._invoke(hook, stage, sequence, call, AfterPlanningOutcome, plan.phase)
             if outcome is not None:
@@ -472,58 +650,108 @@ class RequestLifecycleWorkflow:
 
     async def _execute(self, plan: Plan) -> ExecutionResult:
         """One activity per step; a step starts when everything it depends on (``depends_on`` in this
-        phase, ``implicit_deps`` in earlier ones) has succeeded."""
+        phase, ``implicit_deps`` in earlier ones) has succeeded. If a step ends the run (a stop, an
+        extension error, cancellation) the steps still running are cancelled, and every step that
+        finished is kept in the record."""
         self._set_stage("executing")
         results = self._results
         waiting = list(plan.steps)
         running: dict[asyncio.Task[StepResult], str] = {}
-        while waiting or running:
-            for step in list(waiting):
-                deps = [results.get(d) for d in [*step.depends_on, *step.implicit_deps]]
-                if any(d is None for d in deps):
-                    continue
-                waiting.remove(step)
-                blocked = [d.step_id for d in deps if d.status is not StepStatus.SUCCEEDED]
-                if blocked:
-                    results[step.step_id] = StepResult(
-                        step_id=step.step_id,
-                        tool=step.tool,
-                        status=StepStatus.SKIPPED,
-                        skip_reason=f"dependency_not_succeeded: {', '.join(blocked)}",
-                    )
-                    continue
-                running[asyncio.ensure_future(self._run_step(step))] = step.step_id
-            if not running:
-                # Only reachable with a plan that bypassed validation: never wait on what cannot finish.
-                for step in waiting:
-                    results[step.step_id] = StepResult(
-                        step_id=step.step_id, tool=step.tool, status=StepStatus.SKIPPED, skip_reason="unresolvable_dependency"
-                    )
-                waiting.clear()
-                continue
-            done, _ = await workflow.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                running.pop(task)
-                result = task.result()
-                results[result.step_id] = result
+        try:
+            while waiting or running:
+                for step in list(waiting):
+                    deps = [results.get(d) for d in [*step.depends_on, *step.implicit_deps]]
+                    if any(d is None for d in deps):
+                        continue
+                    waiting.remove(step)
+                    blocked = [d.step_id for d in deps if d.status is not StepStatus.SUCCEEDED]
+                    missing = f"dependency_not_succeeded: {', '.join(blocked)}" if blocked else None
+                    running[asyncio.ensure_future(self._run_step(step, missing=missing))] = step.step_id
+                if not running:
+                    # Only reachable with a plan that bypassed validation: never wait on what cannot finish.
+                    for step in waiting:
+                        running[asyncio.ensure_future(self._run_step(step, missing="unresolvable_dependency"))] = step.step_id
+                    waiting.clear()
+                done, _ = await workflow.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    running.pop(task)
+                    result = task.result()
+                    results[result.step_id] = result
+                    self._count_tool_metrics(result)
+        except BaseException:
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+            self._record.steps.extend(results[s.step_id] for s in plan.steps if s.step_id in results)
+            raise
         execution = ExecutionResult(steps=[results[s.step_id] for s in plan.steps])
         self._record.steps.extend(execution.steps)
         return execution
 
-    async def _run_step(self, step: PlanStep) -> StepResult:
-        settings = self._manifest.settings
+    async def _run_step(self, step: PlanStep, *, missing: str | None = None) -> StepResult:
+        """One step through its tool-call stages: before_tool (allow / modify / deny / stop), the tool,
+        on_tool_error when it failed, after_tool on every outcome, then the result cap."""
         key = idempotency_key(self._record.workflow_id, step.step_id)
         started = workflow.now()
-        base = {"step_id": step.step_id, "tool": step.tool, "idempotency_key": key, "started_at": started}
-        try:
-            arguments = resolve_references(step.arguments, self._results)
-        except UnresolvedReference as err:
-            return StepResult(**base, status=StepStatus.FAILED, error=str(err), error_type="UnresolvedReference", duration_ms=0.0)
+        result = StepResult(
+            step_id=step.step_id, tool=step.tool, status=StepStatus.SKIPPED, idempotency_key=key, started_at=started
+        )
+        call = ToolCall(
+            step_id=step.step_id, namespace=step.namespace, agent=step.agent, capability=step.capability, plan_phase=self._phase
+        )
+        if missing is None:
+            try:
+                call.arguments = resolve_references(step.arguments, self._results)
+            except UnresolvedReference as err:
+                missing = str(err)
+        if missing is not None:
+            result.skip_reason, result.skip_detail, result.result = "missing", missing, missing
+        else:
+            result.arguments = call.arguments
+            denied = await self._before_tool(step, call, result)
+            if not denied:
+                await self._call_tool(step, call, result)
+        await self._after_tool(step, call, result)
+        limit = self._manifest.settings.max_tool_result_chars
+        if result.result is not None and len(result.result) > limit:
+            result.result = result.result[: max(0, limit - 1)] + "…"
+        return result
+
+    async def _before_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> bool:
+        """Run the before_tool chain; returns whether the call was denied. A stop ends the run."""
+        stage = Stage.BEFORE_TOOL
+        for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
+            outcome, failure = await self._invoke(
+                hook, stage, sequence, BeforeToolCall(hook=hook, view=self._view(hook), call=call), BeforeToolOutcome, step=step
+            )
+            if outcome is None:
+                raise _extension_error(hook, stage, failure)
+            verdict = outcome.verdict
+            if verdict.action == "modify":
+                call.arguments = dict(verdict.arguments or {})
+                result.arguments = call.arguments
+                result.modified_by.append(hook.name)
+            elif verdict.action == "deny":
+                result.skip_reason, result.skipped_by = "policy", hook.name
+                result.skip_detail = verdict.reason or None
+                result.result = verdict.message or f"{step.tool} was not run: denied by {hook.name}"
+                return True
+            elif verdict.action == "stop":
+                raise _RunStopped(hook.name, stage.value, verdict.reason, verdict.message)
+        return False
+
+    async def _call_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
+        """Execute the tool; if it fails after its retries, offer the error to on_tool_error hooks."""
+        settings = self._manifest.settings
+        started = workflow.now()
         try:
             output = await workflow.execute_activity(
                 "execute_tool_step",
                 ToolStepInput(
-                    step=step.model_copy(update={"arguments": arguments}), request_id=self._request_id, idempotency_key=key
+                    step=step.model_copy(update={"arguments": call.arguments}),
+                    request_id=self._request_id,
+                    idempotency_key=result.idempotency_key,
                 ),
                 result_type=ToolStepOutput,
                 start_to_close_timeout=timedelta(seconds=settings.tool_timeout_seconds),
@@ -535,20 +763,68 @@ class RequestLifecycleWorkflow:
         except ActivityError as err:
             _raise_if_cancelled(err)
             cause = err.cause
-            return StepResult(
-                **base,
-                status=StepStatus.FAILED,
-                error=getattr(cause, "message", None) or str(cause or err),
-                error_type=getattr(cause, "type", None) or type(cause).__name__,
-                duration_ms=_elapsed_ms(started),
+            result.duration_ms = _elapsed_ms(started)
+            result.status = StepStatus.FAILED
+            result.error = getattr(cause, "message", None) or str(cause or err)
+            result.error_type = getattr(cause, "type", None) or type(cause).__name__
+            result.result = f"error: {result.error}"
+            await self._on_tool_error(step, call, result)
+            return
+        result.duration_ms = _elapsed_ms(started)
+        result.status = StepStatus.SUCCEEDED
+        result.output = output.output
+        result.result = output.output if isinstance(output.output, str) else json.dumps(output.output, ensure_ascii=False, sort_keys=True)
+
+    async def _on_tool_error(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
+        stage = Stage.ON_TOOL_ERROR
+        failed = ToolOutcomeView(status="failed", error=result.error, result=result.result or "")
+        for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
+            outcome, failure = await self._invoke(
+                hook, stage, sequence, ToolErrorCall(hook=hook, view=self._view(hook), call=call, outcome=failed), ToolErrorOutcome, step=step
             )
-        return StepResult(**base, status=StepStatus.SUCCEEDED, output=output.output, duration_ms=_elapsed_ms(started))
+            if outcome is None:
+                raise _extension_error(hook, stage, failure)
+            if outcome.resolution.handled:
+                result.error_handled_by = hook.name
+                result.result = outcome.resolution.result
+                return
+
+    async def _after_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
+        """Chain result rewrites over every outcome; the execution status never changes here."""
+        stage = Stage.AFTER_TOOL
+        status = {StepStatus.SUCCEEDED: "executed", StepStatus.FAILED: "failed", StepStatus.SKIPPED: "skipped"}[result.status]
+        for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
+            view = ToolOutcomeView(
+                status=status,
+                output=result.output if result.status is StepStatus.SUCCEEDED else None,
+                reason=result.skip_reason,
+                extension=result.skipped_by,
+                error=result.error,
+                result=result.result or "",
+            )
+            outcome, failure = await self._invoke(
+                hook, stage, sequence, AfterToolCall(hook=hook, view=self._view(hook), call=call, outcome=view), AfterToolOutcome, step=step
+            )
+            if outcome is None:
+                raise _extension_error(hook, stage, failure)
+            result.result = outcome.result
+
+    def _count_tool_metrics(self, result: StepResult) -> None:
+        metrics = self._record.tool_metrics.setdefault(result.tool, ToolMetrics())
+        if result.status is StepStatus.SKIPPED:
+            metrics.skipped += 1
+            return
+        metrics.calls += 1
+        metrics.failures += result.status is StepStatus.FAILED
+        duration = result.duration_ms or 0.0
+        metrics.total_duration_ms += duration
+        metrics.max_duration_ms = max(metrics.max_duration_ms, duration)
 
     async def _after_execution(self, execution: ExecutionResult) -> None:
         stage = Stage.AFTER_EXECUTION
         self._set_stage(stage)
         for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
-            call = AfterExecutionCall(hook=hook, view=self._view(), execution=execution)
+            call = AfterExecutionCall(hook=hook, view=self._view(hook), execution=execution)
             await self._invoke(hook, stage, sequence, call, ObserveOutcome)
 
     async def _synthesize(self, plan: Plan, execution: ExecutionResult) -> SynthesizeOutput:
@@ -557,11 +833,13 @@ class RequestLifecycleWorkflow:
             output = await workflow.execute_activity(
                 "synthesize",
                 SynthesizeInput(
-                    request=self._input.request,
+                    request=self._ask,
                     request_id=self._request_id,
                     plan=plan,
-                    execution=execution,
+                    execution=ExecutionResult(steps=[s.model_view() for s in execution.steps]),
                     enrichments=self._enrichments,
+                    instructions=self._instructions,
+                    facts=self._facts,
                 ),
                 result_type=SynthesizeOutput,
                 start_to_close_timeout=timedelta(seconds=self._manifest.settings.synthesize_timeout_seconds),
@@ -579,7 +857,7 @@ class RequestLifecycleWorkflow:
         self._set_stage(stage)
         current = response
         for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
-            call = AfterSynthesisCall(hook=hook, view=self._view(), response=current)
+            call = AfterSynthesisCall(hook=hook, view=self._view(hook), response=current)
             outcome, _ = await self._invoke(hook, stage, sequence, call, AfterSynthesisOutcome)
             if outcome is not None:
                 current = outcome.response
@@ -597,6 +875,8 @@ class RequestLifecycleWorkflow:
         call: BaseModel,
         result_type: type[OutcomeT],
         plan_phase: int | None = None,
+        *,
+        step: PlanStep | None = None,
     ) -> tuple[OutcomeT, None] | tuple[None, HookFailure]:
         """Run one hook invocation as an activity and record it, its decision and its effects, whatever
         its outcome; start the work it detached once it has succeeded."""
@@ -609,14 +889,17 @@ class RequestLifecycleWorkflow:
                 maximum_attempts=hook.max_attempts,
                 non_retryable_error_types=NON_RETRYABLE_HOOK_FAILURES,
             ),
-            "summary": f"{stage.value} · {hook.name}",
+            "summary": f"{stage.value} · {hook.name}" + (f" · {step.step_id}" if step else ""),
         }
         activity = _HOOK_ACTIVITIES[stage]
+        if step is not None:
+            plan_phase = self._phase
         invocation = HookInvocation(
             hook=hook.name,
             stage=stage,
             sequence=sequence,
             plan_phase=plan_phase,
+            step_id=step.step_id if step else None,
             started_at=started,
             duration_ms=0.0,
             outcome=InvocationOutcome.SUCCEEDED,
@@ -643,6 +926,8 @@ class RequestLifecycleWorkflow:
         invocation.duration_ms = _elapsed_ms(started)
         invocation.decision = outcome.decision
         self._record.pipeline_hooks.append(invocation)
+        if outcome.state is not None:
+            self._hook_state[hook.name] = outcome.state
         self._record_effects(outcome.effects)
         for work in outcome.detached:
             await self._start_detached(work)
@@ -719,15 +1004,18 @@ class RequestLifecycleWorkflow:
             )
         self._record.enrichments = dict(self._enrichments)
 
-    def _view(self, plan_phase: int | None = None) -> HookRequestView:
+    def _view(self, hook: HookEntry, plan_phase: int | None = None) -> HookRequestView:
         return HookRequestView(
-            request=self._input.request,
+            request=self._ask,
             metadata=self._input.metadata,
             request_id=self._request_id,
             workflow_id=self._record.workflow_id,
             enrichments=self._enrichments,
             gate=self._gate,
             plan_phase=plan_phase,
+            instructions=self._instructions,
+            facts=self._facts,
+            state=self._hook_state.get(hook.name, {}),
         )
 
     def _set_stage(self, stage: str, detail: str = "") -> None:
@@ -753,6 +1041,7 @@ class RequestLifecycleWorkflow:
         self._record.record_revision += 1
         completion = {
             RequestStatus.SUCCEEDED: "completed",
+            RequestStatus.STOPPED: "stopped",
             RequestStatus.FAILED: "failed",
             RequestStatus.CANCELLED: "cancelled",
         }.get(self._record.status, "pending")
@@ -770,6 +1059,43 @@ class RequestLifecycleWorkflow:
             )
         except ActivityError as err:
             workflow.logger.warning("execution record revision %s was not persisted: %s", self._record.record_revision, err.cause)
+
+
+class _RunStopped(Exception):
+    """An extension stopped the run with its own answer (internal: caught by ``run``)."""
+
+    def __init__(self, extension: str, phase: str, reason: str, text: str) -> None:
+        super().__init__(f"{extension} stopped the run at {phase}: {reason}")
+        self.extension, self.phase, self.reason, self.text = extension, phase, reason, text
+
+
+_ERROR_ORIGINS = {
+    decisions.EXTENSION_ERROR: "extension",
+    decisions.PLANNING_FAILED: "planner",
+    decisions.SYNTHESIS_FAILED: "synthesizer",
+    decisions.REQUIRED_AFTER_PLANNING_ERROR: "hook",
+    decisions.HOOK_CONTRACT_ERROR: "hook",
+    decisions.PIPELINE_UNAVAILABLE: "config",
+    CHECKPOINT_REJECTED: "confirmation",
+    CHECKPOINT_EXPIRED: "confirmation",
+    "Cancelled": "cancelled",
+}
+
+
+def _extension_error(hook: HookEntry, stage: Stage, failure: HookFailure) -> ApplicationError:
+    """A deciding or transforming hook failed: the run ends (seed 003 ``GoliathExtensionError``)."""
+    return ApplicationError(
+        f"extension {hook.name!r} failed at {stage.value}: {failure.message}",
+        {
+            "extension": hook.name,
+            "phase": stage.value,
+            "cause": failure.message,
+            "cause_type": failure.category,
+            "exception_type": failure.exception_type,
+        },
+        type=decisions.EXTENSION_ERROR,
+        non_retryable=True,
+    )
 
 
 def _raise_if_cancelled(err: BaseException) -> None:

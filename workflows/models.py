@@ -56,12 +56,29 @@ def bounded_value(value: Any) -> Any:
 
 
 class Stage(StrEnum):
-    """The lifecycle stages a hook can implement (seed 000 §4)."""
+    """The stages a hook can implement: the four pipeline stages (seed 000 §4), the tool-call stages
+    (seeds 001, 003) and the run-level extension stages (seed 003), in one registry."""
 
+    BEFORE_RUN = "before_run"
     BEFORE_PLANNING = "before_planning"
     AFTER_PLANNING = "after_planning"
+    BEFORE_TOOL = "before_tool"
+    ON_TOOL_ERROR = "on_tool_error"
+    AFTER_TOOL = "after_tool"
     AFTER_EXECUTION = "after_execution"
     AFTER_SYNTHESIS = "after_synthesis"
+    AFTER_ANSWER = "after_answer"
+    BEFORE_REMEMBER = "before_remember"
+    ON_ERROR = "on_error"
+    ON_FINISH = "on_finish"
+
+
+# Stages whose hook decides or transforms: a failure ends the run with ExtensionError (seed 003).
+DECISION_STAGES = frozenset(
+    {Stage.BEFORE_RUN, Stage.BEFORE_TOOL, Stage.AFTER_TOOL, Stage.ON_TOOL_ERROR, Stage.AFTER_ANSWER, Stage.BEFORE_REMEMBER}
+)
+# Stages whose hooks only observe; a failure is a diagnostic and never replaces the outcome.
+OBSERVER_STAGES = frozenset({Stage.ON_ERROR, Stage.ON_FINISH})
 
 
 class RunMode(StrEnum):
@@ -115,16 +132,35 @@ class ShortCircuitInfo(BaseModel):
     reason: str
 
 
+class StopInfo(BaseModel):
+    """Why a run was stopped by an extension: which one, at which stage, and its reason."""
+
+    extension: str
+    phase: str
+    reason: str
+
+
+class Diagnostic(BaseModel):
+    """A secondary failure that did not change the outcome (an observer hook failing)."""
+
+    extension: str
+    phase: str
+    error: str
+    error_type: str
+
+
 class RequestResult(BaseModel):
-    """The result of a completed ``RequestLifecycle`` execution."""
+    """The result of a completed (or stopped) ``RequestLifecycle`` execution."""
 
     request_id: str
     workflow_id: str
     response: str
     confidence: float
     short_circuit: ShortCircuitInfo | None = None
+    stopped: StopInfo | None = None
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     steps: list[StepSummary] = Field(default_factory=list)
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
 
 
 class StepSummary(BaseModel):
@@ -196,18 +232,32 @@ class StepStatus(StrEnum):
 
 
 class StepResult(BaseModel):
-    """The outcome of one executed (or skipped) plan step."""
+    """The outcome of one executed (or skipped) plan step.
+
+    ``output`` is the tool's raw output (kept for references and the record); ``result`` is the text a
+    planner or synthesizer reads: the output rendered, rewritten by after_tool hooks, capped.
+    """
 
     step_id: str
     tool: str
     status: StepStatus
     output: JsonValue = None
+    result: str | None = None
+    arguments: dict[str, JsonValue] | None = None  # as executed, after references and before_tool rewrites
     error: str | None = None
     error_type: str | None = None
-    skip_reason: str | None = None
+    error_handled_by: str | None = None  # the on_tool_error hook that substituted the result
+    skip_reason: str | None = None  # policy | missing
+    skip_detail: str | None = None
+    skipped_by: str | None = None  # the extension that denied the call
+    modified_by: list[str] = Field(default_factory=list)
     idempotency_key: str | None = None
     started_at: datetime | None = None
     duration_ms: float | None = None
+
+    def model_view(self) -> StepResult:
+        """What a planner or synthesizer sees: the result text, not the raw output."""
+        return self.model_copy(update={"output": None})
 
 
 class ExecutionResult(BaseModel):
@@ -250,6 +300,7 @@ class StageSettings(BaseModel):
     synthesize_timeout_seconds: float = 60.0
     max_plan_steps: int = 32
     max_planning_phases: int = 3
+    max_tool_result_chars: int = 600  # the result text a model reads, after after_tool hooks (seed 003)
 
 
 class ReviewSettings(BaseModel):
@@ -269,6 +320,7 @@ class PipelineManifest(BaseModel):
     reserved_metadata_dimensions: list[str] = Field(default_factory=list)
     settings: StageSettings = Field(default_factory=StageSettings)
     review: ReviewSettings = Field(default_factory=ReviewSettings)
+    memory: bool = False  # a conversation memory store is configured: completed runs are remembered
     # Whether the lifecycle search attributes are registered on the namespace (checked by the worker).
     search_attributes: bool = False
 
@@ -295,6 +347,9 @@ class DecisionAction(StrEnum):
     CONTINUE = "continue"
     TERMINATE = "terminate"
     SHORT_CIRCUIT = "short_circuit"
+    DENY = "deny"
+    STOP = "stop"
+    SKIP = "skip"
 
 
 class HookDecision(BaseModel):
@@ -316,8 +371,9 @@ class HookInvocation(BaseModel):
 
     hook: str
     stage: Stage
-    sequence: int  # 1-based position among this stage's invocations (per plan phase)
+    sequence: int  # 1-based position among this stage's invocations (per plan phase, per step)
     plan_phase: int | None = None
+    step_id: str | None = None  # for the tool-call stages
     started_at: datetime
     duration_ms: float
     outcome: InvocationOutcome
@@ -403,7 +459,8 @@ class ShortCircuitProposal(BaseModel):
 
 
 class HookRequestView(BaseModel):
-    """The request as every hook invocation sees it."""
+    """The request as every hook invocation sees it. ``request`` is the ask being served (after any
+    before_run rewrite); ``state`` is this hook's private state for this run, and no other hook's."""
 
     request: str
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
@@ -412,6 +469,9 @@ class HookRequestView(BaseModel):
     enrichments: dict[str, JsonValue] = Field(default_factory=dict)
     gate: GateState = Field(default_factory=GateState)
     plan_phase: int | None = None
+    instructions: str = ""
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
+    state: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 class HookOutcome(BaseModel):
@@ -420,6 +480,7 @@ class HookOutcome(BaseModel):
     decision: HookDecision
     effects: list[PipelineHookEffect] = Field(default_factory=list)
     detached: list[DetachedWork] = Field(default_factory=list)
+    state: dict[str, JsonValue] | None = None  # the hook's private state after the invocation
 
 
 class BeforePlanningCall(BaseModel):
@@ -464,6 +525,247 @@ class ObserveOutcome(HookOutcome):
     """The outcome of an observe-only (after_execution) invocation."""
 
 
+# --------------------------------------------------------------------------------------------------
+# Tool-call stages (seeds 001, 003)
+# --------------------------------------------------------------------------------------------------
+
+
+class ToolCall(BaseModel):
+    """A tool call a hook may inspect or alter: the step, its tool, its (resolved) arguments."""
+
+    step_id: str
+    namespace: str
+    agent: str
+    capability: str
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    plan_phase: int = 1
+
+    @property
+    def tool(self) -> str:
+        return f"{self.agent}/{self.capability}"
+
+    @property
+    def tool_key(self) -> str:
+        return f"{self.namespace}/{self.agent}/{self.capability}"
+
+
+class ToolDecision(BaseModel):
+    """A before_tool verdict. The zero value allows: a hook that returns nothing, or one written before
+    a field existed, must never block every tool by accident."""
+
+    action: Literal["allow", "modify", "deny", "stop"] = "allow"
+    arguments: dict[str, JsonValue] | None = None  # the new arguments, for modify
+    message: str = ""  # for deny: what the model reads instead of a result; for stop: the run's answer
+    reason: str = ""
+
+    @classmethod
+    def allow(cls) -> ToolDecision:
+        return cls()
+
+    @classmethod
+    def modify(cls, arguments: dict[str, JsonValue], reason: str = "") -> ToolDecision:
+        return cls(action="modify", arguments=arguments, reason=reason)
+
+    @classmethod
+    def deny(cls, message: str, reason: str = "") -> ToolDecision:
+        return cls(action="deny", message=message, reason=reason)
+
+    @classmethod
+    def stop(cls, text: str, reason: str = "") -> ToolDecision:
+        return cls(action="stop", message=text, reason=reason)
+
+
+class ToolOutcomeView(BaseModel):
+    """What an after_tool hook sees: ``executed`` (with the raw output), ``skipped`` (reason policy or
+    missing, and the extension that denied) or ``failed`` (the error); ``result`` is the current text."""
+
+    status: Literal["executed", "skipped", "failed"]
+    output: JsonValue = None
+    reason: str | None = None
+    extension: str | None = None
+    error: str | None = None
+    result: str = ""
+
+
+class ToolErrorResolution(BaseModel):
+    """An on_tool_error answer: ``handled`` substitutes ``result`` for the error."""
+
+    handled: bool = False
+    result: str = ""
+
+
+class BeforeToolCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    call: ToolCall
+
+
+class BeforeToolOutcome(HookOutcome):
+    verdict: ToolDecision
+
+
+class AfterToolCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    call: ToolCall
+    outcome: ToolOutcomeView
+
+
+class AfterToolOutcome(HookOutcome):
+    result: str
+
+
+class ToolErrorCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    call: ToolCall
+    outcome: ToolOutcomeView
+
+
+class ToolErrorOutcome(HookOutcome):
+    resolution: ToolErrorResolution
+
+
+class ToolMetrics(BaseModel):
+    """Per-tool counts and durations of one request (calls are executions, not skipped steps)."""
+
+    calls: int = 0
+    failures: int = 0
+    skipped: int = 0
+    total_duration_ms: float = 0.0
+    max_duration_ms: float = 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Run-level extension stages (seed 003)
+# --------------------------------------------------------------------------------------------------
+
+
+class RunView(BaseModel):
+    """What before_run sees and may rewrite: the ask, extra instructions, facts."""
+
+    ask: str
+    instructions: str = ""
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class RunPatch(BaseModel):
+    """A before_run rewrite: fields left ``None`` are kept; ``facts`` merge, later values winning."""
+
+    ask: str | None = None
+    instructions: str | None = None
+    facts: dict[str, JsonValue] | None = None
+
+
+class Stop(BaseModel):
+    """End the run now with ``text`` as its answer (before_run, before_tool via ToolDecision, after_answer).
+    Answer transforms and memory are bypassed; only finalizers run."""
+
+    text: str
+    reason: str = ""
+
+
+class AnswerView(BaseModel):
+    text: str
+    handled_by: Literal["pipeline", "short_circuit"]
+    steps: list[StepSummary] = Field(default_factory=list)
+
+
+class MemoryCandidate(BaseModel):
+    """What a completed run would remember for its conversation."""
+
+    conversation_id: str
+    request: str
+    answer: str
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class SkipMemory(BaseModel):
+    """before_remember: do not save; later hooks cannot reverse it."""
+
+    reason: str = ""
+
+
+class RunErrorView(BaseModel):
+    """What on_error sees: the original error and where it came from."""
+
+    origin: str  # extension, planner, synthesizer, hook, confirmation, config, cancelled, harness
+    type: str
+    message: str
+    details: dict[str, JsonValue] = Field(default_factory=dict)
+    steps: list[StepSummary] = Field(default_factory=list)
+
+
+class RunOutcomeView(BaseModel):
+    """What on_finish sees, once per extension, for every outcome."""
+
+    status: Literal["completed", "stopped", "error", "cancelled"]
+    response: str | None = None
+    stopped: StopInfo | None = None
+    error: RunErrorView | None = None
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+
+
+class BeforeRunCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    run: RunView
+
+
+class BeforeRunOutcome(HookOutcome):
+    patch: RunPatch | None = None
+    stop: Stop | None = None
+
+
+class AfterAnswerCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    answer: AnswerView
+
+
+class AfterAnswerOutcome(HookOutcome):
+    text: str
+    stop: Stop | None = None
+
+
+class BeforeRememberCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    candidate: MemoryCandidate
+
+
+class BeforeRememberOutcome(HookOutcome):
+    candidate: MemoryCandidate
+    skip: SkipMemory | None = None
+
+
+class OnErrorCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    error: RunErrorView
+
+
+class OnFinishCall(BaseModel):
+    hook: HookEntry
+    view: HookRequestView
+    outcome: RunOutcomeView
+
+
+class RememberInput(BaseModel):
+    request_id: str
+    workflow_id: str
+    candidate: MemoryCandidate
+
+
+class MemoryOutcome(BaseModel):
+    """What happened to the run's memory candidate."""
+
+    action: Literal["saved", "skipped"]
+    conversation_id: str
+    by: str | None = None  # the before_remember hook that skipped or replaced it
+    reason: str = ""
+
+
 class PlanInput(BaseModel):
     request: str
     request_id: str
@@ -471,6 +773,8 @@ class PlanInput(BaseModel):
     enrichments: dict[str, JsonValue] = Field(default_factory=dict)
     phase: int = 1
     prior_results: list[StepResult] = Field(default_factory=list)  # every step of earlier phases
+    instructions: str = ""
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 class PlanOutput(BaseModel):
@@ -493,8 +797,10 @@ class SynthesizeInput(BaseModel):
     request: str
     request_id: str
     plan: Plan
-    execution: ExecutionResult
+    execution: ExecutionResult  # step results as a model reads them: result text, no raw output
     enrichments: dict[str, JsonValue] = Field(default_factory=dict)
+    instructions: str = ""
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 class SynthesizeOutput(BaseModel):
@@ -614,6 +920,7 @@ class RequestStatus(StrEnum):
     RUNNING = "running"
     SUSPENDED = "suspended"  # waiting at a checkpoint
     SUCCEEDED = "succeeded"
+    STOPPED = "stopped"  # an extension ended the run with its own answer
     FAILED = "failed"
     CANCELLED = "cancelled"
 
@@ -635,7 +942,7 @@ class RecordLifecycle(BaseModel):
     Records written without it (older writers) read as completion ``unknown``."""
 
     boundary: LifecycleBoundary
-    completion: Literal["pending", "completed", "failed", "cancelled"]
+    completion: Literal["pending", "completed", "stopped", "failed", "cancelled"]
     snapshot_revision: int
 
 
@@ -674,6 +981,13 @@ class ExecutionRecord(BaseModel):
     checkpoints: list[Checkpoint] = Field(default_factory=list)
     ignored_reviews: list[IgnoredReview] = Field(default_factory=list)
     phase_cap_reached: bool = False
+    ask: str | None = None  # the ask served, when a before_run hook rewrote the request
+    instructions: str = ""
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
+    stopped: StopInfo | None = None
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+    tool_metrics: dict[str, ToolMetrics] = Field(default_factory=dict)
+    memory: MemoryOutcome | None = None
     error: RequestError | None = None
     lifecycle: RecordLifecycle | None = None
 
