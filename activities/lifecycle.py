@@ -275,6 +275,7 @@ class LifecycleActivities:
             self.on_error_hook,
             self.on_finish_hook,
             self.remember,
+            self.validate_tool_arguments,
         ]
 
     # ------------------------------------------------------------------------------------------------
@@ -538,6 +539,8 @@ class LifecycleActivities:
                 raise _HookFailed(
                     decisions.INVALID_HOOK_RESULT, f"before_tool must return ToolDecision or None, got {type(returned).__name__}"
                 )
+            if verdict.action == "stop" and not verdict.message.strip():
+                raise _HookFailed(decisions.INVALID_HOOK_RESULT, "a stop decision needs the run's answer as its message")
             if verdict.action == "modify":
                 if verdict.arguments is None:
                     raise _HookFailed(decisions.INVALID_HOOK_RESULT, "a modify decision needs arguments")
@@ -616,6 +619,8 @@ class LifecycleActivities:
             patch = stop = None
             if isinstance(returned, Stop):
                 stop = returned
+                if not stop.text.strip():
+                    raise _HookFailed(decisions.INVALID_HOOK_RESULT, "before_run stopped the run with an empty answer")
             elif isinstance(returned, RunPatch):
                 patch = returned
                 if patch.ask is not None and not patch.ask.strip():
@@ -772,6 +777,11 @@ class LifecycleActivities:
                 non_retryable=True,
             )
         return PlanOutput(plan=plan, prompt=prompt, planner=getattr(self.planner, "name", type(self.planner).__name__))
+
+    @activity.defn(name="validate_tool_arguments")
+    async def validate_tool_arguments(self, step: PlanStep) -> list[str]:
+        """Why a step's resolved arguments do not fit its tool (empty when they do)."""
+        return self.tools.argument_problems(step, resolved=True)
 
     @activity.defn(name="execute_tool_step")
     async def execute_tool_step(self, input: ToolStepInput) -> ToolStepOutput:

@@ -79,6 +79,10 @@ def format_record(record: ExecutionRecord) -> str:
     if record.short_circuit:
         sc = record.short_circuit
         lines.append(f"short-circuit {sc.kind} from {sc.source} ({sc.reason})")
+    if record.stopped:
+        lines.append(f"stopped by {record.stopped.extension} at {record.stopped.phase}: {record.stopped.reason}")
+    if record.ask:
+        lines.append(f"ask (rewritten by before_run): {record.ask!r}")
     lines.append("hook invocations:")
     for inv in record.pipeline_hooks:
         decision = (
@@ -88,6 +92,7 @@ def format_record(record: ExecutionRecord) -> str:
         )
         error = f"  error={inv.error_type}: {inv.error}" if inv.error else ""
         phase = f" (phase {inv.plan_phase})" if inv.plan_phase else ""
+        phase += f" [{inv.step_id}]" if inv.step_id else ""
         lines.append(
             f"  {inv.stage.value:<16} #{inv.sequence} {inv.hook + phase:<30} {inv.outcome.value:<9} {decision}"
             f"  {inv.duration_ms:.0f} ms{error}"
@@ -111,8 +116,20 @@ def format_record(record: ExecutionRecord) -> str:
     if record.steps:
         lines.append("steps:")
         for step in record.steps:
-            detail = step.error or step.skip_reason or json.dumps(step.output)[:100]
-            lines.append(f"  {step.step_id:<14} {step.tool:<28} {step.status.value:<9} {detail}")
+            detail = step.result if step.result is not None else step.error or step.skip_reason or ""
+            by = f" (denied by {step.skipped_by})" if step.skipped_by else f" (handled by {step.error_handled_by})" if step.error_handled_by else ""
+            lines.append(f"  {step.step_id:<14} {step.tool:<28} {step.status.value:<9} {detail[:100]}{by}")
+    if record.tool_metrics:
+        lines.append("tool metrics:")
+        for tool, m in sorted(record.tool_metrics.items()):
+            lines.append(
+                f"  {tool:<28} calls {m.calls}  failures {m.failures}  skipped {m.skipped}  "
+                f"total {m.total_duration_ms:.0f} ms  max {m.max_duration_ms:.0f} ms"
+            )
+    if record.memory:
+        lines.append(f"memory: {record.memory.action} for {record.memory.conversation_id}" + (f" by {record.memory.by}" if record.memory.by else ""))
+    for diagnostic in record.diagnostics:
+        lines.append(f"diagnostic: {diagnostic.extension} at {diagnostic.phase}: {diagnostic.error_type}: {diagnostic.error}")
     if record.model_response is not None and record.model_response != record.final_response:
         lines.append(f"model response (before after_synthesis): {record.model_response!r}")
     if record.final_response is not None:

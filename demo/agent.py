@@ -123,7 +123,7 @@ def _describe(step: StepResult) -> str:
     if step.status is StepStatus.FAILED:
         if step.error_handled_by:  # an on_tool_error hook gave the model a readable result instead
             return f"{step.tool} ({step.step_id}) failed: {step.result}"
-        return f"I could not complete {step.tool} ({step.step_id}): {step.error}"
+        return f"I could not complete {step.tool} ({step.step_id}): {step.result}"
     return f"I skipped {step.tool} ({step.step_id}): {step.result or step.skip_reason}"
 
 

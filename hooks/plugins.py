@@ -124,6 +124,8 @@ def truncate_results(max_chars: int, *, name: str = "truncate-results") -> Plugi
     def after_tool(ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> str | None:
         if len(outcome.result) <= max_chars:
             return None
-        return outcome.result[: max(0, max_chars - len(marker))] + marker
+        if max_chars < len(marker):
+            return outcome.result[:max_chars]
+        return outcome.result[: max_chars - len(marker)] + marker
 
     return Plugin(name, after_tool=after_tool)

@@ -120,6 +120,7 @@ class Harness:
     review: ReviewSettings | None = None
     # The dev server fixture registers the lifecycle search attributes; the time-skipping server does not.
     search_attributes: bool = True
+    memory: Any = None  # a ConversationMemory: completed runs are remembered
     pipeline: str = "test"
     task_queue: str = field(default_factory=lambda: f"tq-{uuid.uuid4()}")
     worker_options: dict[str, Any] = field(default_factory=dict)
@@ -138,6 +139,7 @@ class Harness:
             reserved_metadata_dimensions=self.reserved_metadata_dimensions,
             review=self.review,
             search_attributes=self.search_attributes,
+            memory=self.memory,
         )
         self.histories: list[WorkflowHistory] = []
 

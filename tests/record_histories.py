@@ -1,6 +1,7 @@
 """Regenerate the committed histories replayed by tests/test_replay.py.
 
-    .venv/bin/python -m tests.record_histories
+    .venv/bin/python -m tests.record_histories          # only scenarios without a history yet
+    .venv/bin/python -m tests.record_histories --all    # every scenario
 
 Only regenerate when a workflow change is meant to be incompatible with running executions; otherwise
 guard the change with ``workflow.patched`` and keep the old histories, which is what they are for.
@@ -9,11 +10,13 @@ guard the change with ``workflow.patched`` and keep the old histories, which is 
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
+from activities.memory import SQLiteConversationMemory
 from client.devserver import temporal_cli_path
 from client.settings import Settings
 from demo.pipeline import demo_hooks
@@ -32,10 +35,13 @@ SCENARIOS = {
         {"cache": "bypass"},
         "history-reviewer",
     ),
+    # Added with the tool-call stages, plugins and memory (issue 4); the ones above predate them and
+    # must keep replaying.
+    "quote_with_plugins_and_memory": ("What is the price of MSFT?", {"cache": "bypass", "conversation_id": "c1"}, None),
 }
 
 
-async def main() -> None:
+async def main(rewrite_all: bool) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli_path(),
         data_converter=data_converter,
@@ -43,8 +49,12 @@ async def main() -> None:
     )
     try:
         with tempfile.TemporaryDirectory() as state:
-            async with Harness(env.client, Path(state), hooks=demo_hooks(Settings(state_dir=Path(state)))) as h:
+            settings = Settings(state_dir=Path(state))
+            memory = SQLiteConversationMemory(Path(state) / "memory.sqlite3")
+            async with Harness(env.client, Path(state), hooks=demo_hooks(settings), memory=memory) as h:
                 for name, (text, metadata, reviewer) in SCENARIOS.items():
+                    if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
+                        continue
                     out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
                     (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
                     print(f"wrote {name}.json ({len(out.history.events)} events)")
@@ -53,4 +63,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    # Writes only the scenarios that have no history yet; --all rewrites every one.
+    asyncio.run(main(rewrite_all="--all" in sys.argv))

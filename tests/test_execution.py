@@ -376,7 +376,7 @@ async def test_a_failing_tool_fails_its_step_skips_dependents_and_the_request_st
 
     assert "synthesize" in out.activity_types()
     response = out.result.response
-    assert "I could not complete broker/place_order (order): broker offline (attempt 2)" in response
+    assert "I could not complete broker/place_order (order): error: broker offline (attempt 2)" in response
     assert "I skipped notify-service/send_message (confirm): dependency_not_succeeded: order" in response
     assert "ACME is trading at" in response
     assert out.result.confidence == pytest.approx(2 / 5)

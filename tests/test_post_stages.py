@@ -86,7 +86,7 @@ async def test_after_execution_observes_every_step_and_cannot_change_results(cli
     assert seen.steps[1].error == "broker offline" and seen.steps[1].output is None
 
     # The in-place changes reached neither synthesis nor the record.
-    assert out.result.response == f"{ACME}\nI could not complete broker/place_order (order): broker offline"
+    assert out.result.response == f"{ACME}\nI could not complete broker/place_order (order): error: broker offline"
     assert [s.status.value for s in out.record.steps] == ["succeeded", "failed"]
     assert out.record.steps[0].output["price"] == quote_price("ACME")
     inv = out.record.invocations(Stage.AFTER_EXECUTION, "tamper")[0]

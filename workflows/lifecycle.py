@@ -280,25 +280,35 @@ class RequestLifecycleWorkflow:
             result = await self._lifecycle()
         except _RunStopped as stop:
             result = self._stopped_result(stop)
-            await self._finalize("stopped", response=stop.text)
+            await self._finalize_and_finish(RequestStatus.STOPPED, "stopped", response=stop.text)
             result.diagnostics = list(self._record.diagnostics)
-            await self._finish(RequestStatus.STOPPED)
             return result
         except ApplicationError as err:
             details = err.details[0] if err.details and isinstance(err.details[0], dict) else {}
             error = RequestError(type=err.type or "ApplicationError", message=err.message, details=details)
-            await self._finalize("error", error=self._error_view(error))
-            await self._finish(RequestStatus.FAILED, error)
+            await self._finalize_and_finish(RequestStatus.FAILED, "error", error=error)
             raise
         except asyncio.CancelledError:
             error = RequestError(type="Cancelled", message="the request was cancelled")
-            await self._finalize("cancelled", error=self._error_view(error))
-            await self._finish(RequestStatus.CANCELLED, error)
+            await self._finalize_and_finish(RequestStatus.CANCELLED, "cancelled", error=error)
             raise
-        await self._finalize("completed", response=result.response)
+        await self._finalize_and_finish(RequestStatus.SUCCEEDED, "completed", response=result.response)
         result.diagnostics = list(self._record.diagnostics)
-        await self._finish(RequestStatus.SUCCEEDED)
         return result
+
+    async def _finalize_and_finish(
+        self,
+        status: RequestStatus,
+        outcome: Literal["completed", "stopped", "error", "cancelled"],
+        *,
+        response: str | None = None,
+        error: RequestError | None = None,
+    ) -> None:
+        """Finalizers, then the terminal record — which is written whatever happens to the finalizers."""
+        try:
+            await self._finalize(outcome, response=response, error=self._error_view(error) if error else None)
+        finally:
+            await self._finish(status, error)
 
     async def _lifecycle(self) -> RequestResult:
         await self._resolve_pipeline()
@@ -345,9 +355,9 @@ class RequestLifecycleWorkflow:
                 if outcome.patch.instructions is not None:
                     self._instructions = outcome.patch.instructions
                 self._facts = {**self._facts, **(outcome.patch.facts or {})}
-        self._record.ask = self._ask if self._ask != self._input.request else None
-        self._record.instructions = self._instructions
-        self._record.facts = dict(self._facts)
+                self._record.ask = self._ask if self._ask != self._input.request else None
+                self._record.instructions = self._instructions
+                self._record.facts = dict(self._facts)
 
     async def _after_answer(self, text: str, handled_by: Literal["pipeline", "short_circuit"], steps: list[StepSummary]) -> str:
         """Rewrite the final answer or stop; chained in order (seed 003 ``afterAnswer``)."""
@@ -435,9 +445,13 @@ class RequestLifecycleWorkflow:
         )
 
     async def _observe(self, stage: Stage, make_call: Callable[[HookEntry], BaseModel]) -> None:
+        """Run observers; one failing — or cancelled with the request — never stops the next."""
         self._set_stage(stage)
         for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
-            _, failure = await self._invoke(hook, stage, sequence, make_call(hook), ObserveOutcome)
+            try:
+                _, failure = await self._invoke(hook, stage, sequence, make_call(hook), ObserveOutcome)
+            except asyncio.CancelledError:
+                failure = HookFailure(category="Cancelled", message="cancelled with the request")
             if failure is not None:
                 self._record.diagnostics.append(
                     Diagnostic(extension=hook.name, phase=stage.value, error=failure.message, error_type=failure.category)
@@ -709,14 +723,32 @@ class RequestLifecycleWorkflow:
             result.skip_reason, result.skip_detail, result.result = "missing", missing, missing
         else:
             result.arguments = call.arguments
-            denied = await self._before_tool(step, call, result)
-            if not denied:
+            problems = await self._resolved_argument_problems(step, call)
+            if problems:
+                # before_tool sees only validated arguments; these fail like a call the tool refused.
+                result.status, result.error_type = StepStatus.FAILED, "InvalidArguments"
+                result.error = result.result = "invalid arguments: " + "; ".join(problems)
+                await self._on_tool_error(step, call, result)
+            elif not await self._before_tool(step, call, result):
                 await self._call_tool(step, call, result)
         await self._after_tool(step, call, result)
         limit = self._manifest.settings.max_tool_result_chars
         if result.result is not None and len(result.result) > limit:
             result.result = result.result[: max(0, limit - 1)] + "…"
         return result
+
+    async def _resolved_argument_problems(self, step: PlanStep, call: ToolCall) -> list[str]:
+        """Arguments with references were validated at planning only for presence; check their resolved
+        values before any before_tool hook sees them (a local activity, where the tools live)."""
+        if call.arguments == step.arguments or not self._manifest.participants(Stage.BEFORE_TOOL):
+            return []
+        return await workflow.execute_local_activity(
+            "validate_tool_arguments",
+            step.model_copy(update={"arguments": call.arguments}),
+            result_type=list[str],
+            start_to_close_timeout=timedelta(seconds=10),
+            summary=f"validate arguments · {step.step_id}",
+        )
 
     async def _before_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> bool:
         """Run the before_tool chain; returns whether the call was denied. A stop ends the run."""
@@ -1037,7 +1069,9 @@ class RequestLifecycleWorkflow:
         await self._persist(LifecycleBoundary.TERMINAL)
 
     async def _persist(self, boundary: LifecycleBoundary) -> None:
-        """Persist the full snapshot with a higher revision; never masks the request outcome."""
+        """Persist the full snapshot with a higher revision; never masks the request outcome. A cancel
+        arriving meanwhile cancels the request, except at the terminal boundary, where the snapshot is
+        written again so the record still says how the request ended."""
         self._record.record_revision += 1
         completion = {
             RequestStatus.SUCCEEDED: "completed",
@@ -1048,17 +1082,26 @@ class RequestLifecycleWorkflow:
         self._record.lifecycle = RecordLifecycle(
             boundary=boundary, completion=completion, snapshot_revision=self._record.record_revision
         )
-        try:
-            await workflow.execute_activity(
-                "persist_execution_record",
-                PersistRecordInput(record=self._record),
-                result_type=PersistRecordOutput,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=5),
-                summary=f"persist record · {boundary.value} · revision {self._record.record_revision}",
-            )
-        except ActivityError as err:
-            workflow.logger.warning("execution record revision %s was not persisted: %s", self._record.record_revision, err.cause)
+        for attempt in (1, 2):
+            try:
+                await workflow.execute_activity(
+                    "persist_execution_record",
+                    PersistRecordInput(record=self._record),
+                    result_type=PersistRecordOutput,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(maximum_attempts=5),
+                    summary=f"persist record · {boundary.value} · revision {self._record.record_revision}",
+                )
+                return
+            except ActivityError as err:
+                if boundary is not LifecycleBoundary.TERMINAL:
+                    _raise_if_cancelled(err)
+                elif attempt == 1 and isinstance(err.cause, CancelledError):
+                    continue
+                workflow.logger.warning(
+                    "execution record revision %s was not persisted: %s", self._record.record_revision, err.cause
+                )
+                return
 
 
 class _RunStopped(Exception):

@@ -256,8 +256,9 @@ class StepResult(BaseModel):
     duration_ms: float | None = None
 
     def model_view(self) -> StepResult:
-        """What a planner or synthesizer sees: the result text, not the raw output."""
-        return self.model_copy(update={"output": None})
+        """What a planner or synthesizer sees: the result text (which after_tool hooks such as ``redact``
+        have processed), not the raw output or the raw error."""
+        return self.model_copy(update={"output": None, "error": None})
 
 
 class ExecutionResult(BaseModel):
