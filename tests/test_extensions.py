@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -190,7 +189,6 @@ class RequiredGate(RequiredAfterPlanningHook):
         raise HookRejection("plan refused by policy")
 
 
-@dataclass
 @pytest.fixture
 async def leftovers():
     """Requests a test started; any still running when the test ends (a failed test) is terminated, so no
