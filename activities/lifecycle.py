@@ -26,6 +26,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from hooks.contracts import (
     DetachedContext,
+    LeaseContext,
     PipelineContext,
     PipelineShortCircuit,
     PipelineShortCircuitDecision,
@@ -64,6 +65,8 @@ from workflows.models import (
     HookDecision,
     HookEntry,
     HookRequestView,
+    LeaseCall,
+    LeaseObservation,
     MemoryCandidate,
     MemoryOutcome,
     ObserveOutcome,
@@ -266,6 +269,8 @@ class LifecycleActivities:
             self.persist_execution_record,
             self.run_detached_work,
             self.merge_effect_update,
+            self.renew_lease,
+            self.release_lease,
             self.before_tool_hook,
             self.on_tool_error_hook,
             self.after_tool_hook,
@@ -285,8 +290,16 @@ class LifecycleActivities:
     @activity.defn(name="resolve_pipeline")
     async def resolve_pipeline(self, input: ResolvePipelineInput) -> PipelineManifest:
         """The hooks (order, stages, required flag, run options), tools and cache dimensions of this
-        worker, recorded in history so replay never depends on the worker's current configuration."""
-        return self.manifest
+        worker, recorded in history so replay never depends on the worker's current configuration.
+        Scoped hooks are filtered here: the request's tenant (metadata ``tenant_id``) and agent
+        (``agent_id``) see only global hooks, their tenant's and their agent's (seed 004)."""
+        tenant, agent = input.metadata.get("tenant_id"), input.metadata.get("agent_id")
+        visible = self.registry.visible_entries(
+            tenant if isinstance(tenant, str) else None, agent if isinstance(agent, str) else None
+        )
+        if len(visible) == len(self.manifest.hooks):
+            return self.manifest
+        return self.manifest.model_copy(update={"hooks": visible})
 
     # ------------------------------------------------------------------------------------------------
     # Hook invocation, one activity per stage
@@ -307,6 +320,7 @@ class LifecycleActivities:
             instructions=view.instructions,
             facts=view.facts,
             state=view.state,
+            managed_leases=view.leases,
         )
 
     async def _invoke(
@@ -337,6 +351,7 @@ class LifecycleActivities:
             try:
                 outcome = await run(hook, ctx, span)
                 outcome.state = _checked_state(entry, ctx.state)
+                outcome.leases = ctx.leases
                 return outcome
             except _HookFailed as err:
                 self._mark_failed(span, entry, stage, err.category, str(err), final=True)
@@ -876,3 +891,53 @@ class LifecycleActivities:
         """Merge a terminal effect into the stored record of its request (accepted once per effect)."""
         revision, written = await self.store.update_effect(input.workflow_id, input.run_id, input.effect)
         return PersistRecordOutput(stored_revision=revision, written=written)
+
+    # ------------------------------------------------------------------------------------------------
+    # Managed leases: renewed and released by the request owner (the workflow)
+    # ------------------------------------------------------------------------------------------------
+
+    async def _lease_call(self, call: LeaseCall, method: str) -> LeaseObservation:
+        lease = call.lease
+        try:
+            hook = self.registry.hook(lease.hook)
+        except LookupError as err:
+            raise ApplicationError(str(err), type="HookNotRegistered", non_retryable=True) from None
+        ctx = LeaseContext(
+            lease_id=lease.lease_id,
+            payload=copy.deepcopy(lease.payload),
+            ttl_seconds=lease.ttl_seconds,
+            request_id=call.request_id,
+            workflow_id=call.workflow_id,
+            ordinal=call.ordinal,
+            attempt=activity.info().attempt,
+            exit=call.exit,
+        )
+        with telemetry.tracer().start_as_current_span(
+            f"pipeline.hook.lease.{method}.{lease.hook}",
+            attributes={"pipeline.hook.name": lease.hook, "pipeline.lease_id": lease.lease_id, "pipeline.request_id": call.request_id},
+        ):
+            try:
+                returned = await _call(getattr(hook, method), ctx)
+            except Exception as err:  # noqa: BLE001 - a provider error the owner counts (after retries)
+                raise ApplicationError(
+                    f"{method} of {lease.hook!r}: {err}", {"exception_type": type(err).__name__}, type="LeaseProviderError"
+                ) from None
+        if returned is None:
+            return LeaseObservation()
+        if isinstance(returned, LeaseObservation):
+            return returned
+        raise ApplicationError(
+            f"{method} must return LeaseObservation or None, got {type(returned).__name__}",
+            type=decisions.INVALID_HOOK_RESULT,
+            non_retryable=True,
+        )
+
+    @activity.defn(name="renew_lease")
+    async def renew_lease(self, call: LeaseCall) -> LeaseObservation:
+        """Renew a managed lease through its hook's ``renew_lease`` (scheduled by the renewal loop)."""
+        return await self._lease_call(call, "renew_lease")
+
+    @activity.defn(name="release_lease")
+    async def release_lease(self, call: LeaseCall) -> LeaseObservation:
+        """Release a managed lease through its hook's ``release_lease`` (after the renewal loop is joined)."""
+        return await self._lease_call(call, "release_lease")

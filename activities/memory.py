@@ -1,19 +1,38 @@
-"""Conversation memory: what completed runs remember, per conversation (after before_remember hooks).
+"""Memory stores: conversation memory (the ``remember`` stage) and the shared memory the built-in memory
+and coordination hooks use — episodic events, per-user facts, knowledge fragments and the activity
+coordinator's signal registry (seed 000 §8.2, §10).
 
-The default is one SQLite file, safe for several worker processes. Saving is idempotent per request, so
-a retried ``remember`` activity never stores an exchange twice.
+The default is one SQLite file that needs no server and is safe for several worker processes at once:
+WAL journal, a busy timeout, one short transaction per call. Writes are idempotent by id, so a retried
+activity never stores a thing twice. The shared-memory facets **fail open** (seed 000 §9): a SQLite error
+is logged and returned as ``read_failed`` / ``provider_call_status="error"``, never raised into a request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+from hooks.memory import (
+    ActivitySignal,
+    EpisodicEvent,
+    KnowledgeFragment,
+    ReadResult,
+    UserFact,
+    WriteResult,
+)
 from workflows.models import MemoryCandidate
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversation_memory (
@@ -27,6 +46,61 @@ CREATE TABLE IF NOT EXISTS conversation_memory (
 )
 """
 
+_SHARED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodic_events (
+    event_id     TEXT PRIMARY KEY,
+    agent_domain TEXT NOT NULL,
+    request_id   TEXT NOT NULL,
+    step_id      TEXT,
+    tool         TEXT,
+    entities     TEXT NOT NULL,
+    outcome      TEXT NOT NULL,
+    importance   REAL NOT NULL,
+    summary      TEXT NOT NULL,
+    occurred_at  REAL NOT NULL,
+    recorded_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS episodic_domain_time ON episodic_events (agent_domain, occurred_at);
+CREATE TABLE IF NOT EXISTS episodic_entities (
+    entity   TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    PRIMARY KEY (entity, event_id)
+);
+CREATE TABLE IF NOT EXISTS user_facts (
+    user_id           TEXT NOT NULL,
+    key               TEXT NOT NULL,
+    value             TEXT NOT NULL,
+    source_request_id TEXT,
+    recorded_at       REAL NOT NULL,
+    PRIMARY KEY (user_id, key)
+);
+CREATE TABLE IF NOT EXISTS knowledge_fragments (
+    fragment_id       TEXT PRIMARY KEY,
+    agent_domain      TEXT NOT NULL,
+    title             TEXT NOT NULL,
+    text              TEXT NOT NULL,
+    entities          TEXT NOT NULL,
+    source_request_id TEXT,
+    recorded_at       REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS knowledge_entities (
+    entity      TEXT NOT NULL,
+    fragment_id TEXT NOT NULL,
+    PRIMARY KEY (entity, fragment_id)
+);
+CREATE TABLE IF NOT EXISTS activity_signals (
+    signal_id    TEXT PRIMARY KEY,
+    agent        TEXT NOT NULL,
+    activity     TEXT NOT NULL,
+    entities     TEXT NOT NULL,
+    request_id   TEXT NOT NULL,
+    announced_at REAL NOT NULL,
+    expires_at   REAL NOT NULL,
+    renewals     INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS activity_signals_expiry ON activity_signals (expires_at);
+"""
+
 
 class ConversationMemory(Protocol):
     async def save(self, candidate: MemoryCandidate, *, request_id: str) -> None: ...
@@ -36,20 +110,44 @@ class ConversationMemory(Protocol):
         ...
 
 
+def _ts(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
+def _entity_keys(entities: Sequence[str]) -> list[str]:
+    return sorted({e.strip().lower() for e in entities if e and e.strip()})
+
+
 class SQLiteConversationMemory:
-    def __init__(self, path: str | Path) -> None:
+    """Conversation memory in one SQLite file (what ``remember`` saves, what conversation history reads)."""
+
+    def __init__(self, path: str | Path, *, busy_timeout_seconds: float = 5.0) -> None:
         self.path = Path(path)
+        self.busy_timeout_seconds = busy_timeout_seconds
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.execute(_SCHEMA)
+        with self._transaction() as db:
+            db.executescript(self._schema())
+
+    def _schema(self) -> str:
+        return _SCHEMA
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30)
+        db = sqlite3.connect(self.path, timeout=self.busy_timeout_seconds)
         db.execute("PRAGMA journal_mode=WAL")
         return db
 
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One short transaction on a fresh connection, closed afterwards (several processes share the file)."""
+        db = self._connect()
+        try:
+            with db:
+                yield db
+        finally:
+            db.close()
+
     def _save(self, candidate: MemoryCandidate, request_id: str) -> None:
-        with self._connect() as db:
+        with self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO conversation_memory VALUES (?, ?, ?, ?, ?, ?)",
                 (
@@ -63,7 +161,7 @@ class SQLiteConversationMemory:
             )
 
     def _recent(self, conversation_id: str, limit: int) -> list[MemoryCandidate]:
-        with self._connect() as db:
+        with self._transaction() as db:
             rows = db.execute(
                 "SELECT request, answer, facts FROM conversation_memory WHERE conversation_id = ? "
                 "ORDER BY saved_at DESC LIMIT ?",
@@ -79,3 +177,269 @@ class SQLiteConversationMemory:
 
     async def recent(self, conversation_id: str, limit: int = 10) -> list[MemoryCandidate]:
         return await asyncio.to_thread(self._recent, conversation_id, limit)
+
+
+class SQLiteMemory(SQLiteConversationMemory):
+    """The embedded memory backend: conversation memory plus every shared-memory facet of
+    :mod:`hooks.memory` (episodic events, user facts, knowledge fragments, activity signals), in one file.
+
+    Args:
+        path: The SQLite file (created with its directory).
+        busy_timeout_seconds: How long a call waits for another process's write lock before it fails
+            (open: the hook reports the error and the request continues).
+        clock: Wall-clock seconds, for recording times and signal expiry (injectable for tests).
+    """
+
+    def __init__(
+        self, path: str | Path, *, busy_timeout_seconds: float = 5.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.clock = clock
+        super().__init__(path, busy_timeout_seconds=busy_timeout_seconds)
+
+    def _schema(self) -> str:
+        return _SCHEMA + ";\n" + _SHARED_SCHEMA
+
+    # -- fail-open plumbing ---------------------------------------------------------------------------
+
+    async def _read(self, what: str, fn: Callable[[], list[T]]) -> ReadResult[T]:
+        try:
+            return ReadResult("read_succeeded", await asyncio.to_thread(fn))
+        except (sqlite3.Error, ValueError) as err:
+            logger.warning("memory %s failed (continuing without it): %s", what, err)
+            return ReadResult("read_failed", error=f"{type(err).__name__}: {err}")
+
+    async def _write(self, what: str, fn: Callable[[], dict]) -> WriteResult:
+        try:
+            return WriteResult("returned", detail=await asyncio.to_thread(fn))
+        except (sqlite3.Error, ValueError) as err:
+            logger.warning("memory %s failed (continuing without it): %s", what, err)
+            return WriteResult("error", error=f"{type(err).__name__}: {err}")
+
+    # -- episodic events ------------------------------------------------------------------------------
+
+    async def record_events(self, events: Sequence[EpisodicEvent]) -> WriteResult:
+        def write() -> dict:
+            recorded_at = self.clock()
+            inserted = []
+            with self._transaction() as db:
+                for event in events:
+                    cursor = db.execute(
+                        "INSERT OR IGNORE INTO episodic_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            event.event_id,
+                            event.agent_domain,
+                            event.request_id,
+                            event.step_id,
+                            event.tool,
+                            json.dumps(event.entities),
+                            event.outcome,
+                            event.importance,
+                            event.summary,
+                            event.occurred_at.timestamp(),
+                            recorded_at,
+                        ),
+                    )
+                    if cursor.rowcount:
+                        inserted.append(event.event_id)
+                        db.executemany(
+                            "INSERT OR IGNORE INTO episodic_entities VALUES (?, ?)",
+                            [(entity, event.event_id) for entity in _entity_keys(event.entities)],
+                        )
+            return {"inserted": inserted, "already_stored": len(events) - len(inserted), "recorded_at": _ts(recorded_at).isoformat()}
+
+        return await self._write("record_events", write)
+
+    async def recent_events(
+        self, agent_domain: str, *, entities: Sequence[str], since: datetime, limit: int
+    ) -> ReadResult[EpisodicEvent]:
+        def read() -> list[EpisodicEvent]:
+            keys = _entity_keys(entities)
+            columns = "e.event_id, e.agent_domain, e.request_id, e.step_id, e.tool, e.entities, e.outcome, " \
+                      "e.importance, e.summary, e.occurred_at, e.recorded_at"
+            with self._transaction() as db:
+                related = []
+                if keys:
+                    marks = ",".join("?" * len(keys))
+                    related = db.execute(
+                        f"SELECT DISTINCT {columns} FROM episodic_events e JOIN episodic_entities x ON x.event_id = e.event_id "
+                        f"WHERE e.agent_domain = ? AND e.occurred_at >= ? AND x.entity IN ({marks}) "
+                        "ORDER BY e.occurred_at DESC LIMIT ?",
+                        (agent_domain, since.timestamp(), *keys, limit),
+                    ).fetchall()
+                recent = db.execute(
+                    f"SELECT {columns} FROM episodic_events e WHERE e.agent_domain = ? AND e.occurred_at >= ? "
+                    "ORDER BY e.occurred_at DESC LIMIT ?",
+                    (agent_domain, since.timestamp(), limit),
+                ).fetchall()
+            rows = list({row[0]: row for row in [*related, *recent]}.values())[:limit]
+            return [
+                EpisodicEvent(
+                    event_id=r[0], agent_domain=r[1], request_id=r[2], step_id=r[3], tool=r[4], entities=json.loads(r[5]),
+                    outcome=r[6], importance=r[7], summary=r[8], occurred_at=_ts(r[9]), recorded_at=_ts(r[10]),
+                )
+                for r in rows
+            ]
+
+        return await self._read("recent_events", read)
+
+    # -- user facts -----------------------------------------------------------------------------------
+
+    async def remember_facts(self, facts: Sequence[UserFact]) -> WriteResult:
+        def write() -> dict:
+            with self._transaction() as db:
+                db.executemany(
+                    "INSERT OR REPLACE INTO user_facts VALUES (?, ?, ?, ?, ?)",
+                    [(f.user_id, f.key, f.value, f.source_request_id, self.clock()) for f in facts],
+                )
+            return {"submitted": len(facts)}
+
+        return await self._write("remember_facts", write)
+
+    async def user_facts(self, user_id: str, *, limit: int) -> ReadResult[UserFact]:
+        def read() -> list[UserFact]:
+            with self._transaction() as db:
+                rows = db.execute(
+                    "SELECT key, value, source_request_id, recorded_at FROM user_facts WHERE user_id = ? "
+                    "ORDER BY recorded_at DESC LIMIT ?",
+                    (user_id, limit),
+                ).fetchall()
+            return [UserFact(user_id=user_id, key=k, value=v, source_request_id=s, recorded_at=_ts(t)) for k, v, s, t in rows]
+
+        return await self._read("user_facts", read)
+
+    # -- knowledge fragments --------------------------------------------------------------------------
+
+    async def store_fragment(self, fragment: KnowledgeFragment) -> WriteResult:
+        def write() -> dict:
+            with self._transaction() as db:
+                cursor = db.execute(
+                    "INSERT OR IGNORE INTO knowledge_fragments VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        fragment.fragment_id,
+                        fragment.agent_domain,
+                        fragment.title,
+                        fragment.text,
+                        json.dumps(fragment.entities),
+                        fragment.source_request_id,
+                        self.clock(),
+                    ),
+                )
+                db.executemany(
+                    "INSERT OR IGNORE INTO knowledge_entities VALUES (?, ?)",
+                    [(entity, fragment.fragment_id) for entity in _entity_keys(fragment.entities)],
+                )
+            return {"inserted": bool(cursor.rowcount)}
+
+        return await self._write("store_fragment", write)
+
+    async def related_fragments(
+        self, agent_domain: str, *, entities: Sequence[str], limit: int
+    ) -> ReadResult[KnowledgeFragment]:
+        def read() -> list[KnowledgeFragment]:
+            keys = _entity_keys(entities)
+            if not keys:
+                return []
+            marks = ",".join("?" * len(keys))
+            with self._transaction() as db:
+                rows = db.execute(
+                    "SELECT DISTINCT f.fragment_id, f.title, f.text, f.entities, f.source_request_id, f.recorded_at "
+                    "FROM knowledge_fragments f JOIN knowledge_entities x ON x.fragment_id = f.fragment_id "
+                    f"WHERE f.agent_domain = ? AND x.entity IN ({marks}) ORDER BY f.recorded_at DESC LIMIT ?",
+                    (agent_domain, *keys, limit),
+                ).fetchall()
+            return [
+                KnowledgeFragment(
+                    fragment_id=r[0], agent_domain=agent_domain, title=r[1], text=r[2], entities=json.loads(r[3]),
+                    source_request_id=r[4], recorded_at=_ts(r[5]),
+                )
+                for r in rows
+            ]
+
+        return await self._read("related_fragments", read)
+
+    async def fragments(self, agent_domain: str) -> list[KnowledgeFragment]:
+        """Every fragment of the domain, newest first (for inspection; not fail-open)."""
+
+        def read() -> list[KnowledgeFragment]:
+            with self._transaction() as db:
+                rows = db.execute(
+                    "SELECT fragment_id, title, text, entities, source_request_id, recorded_at FROM knowledge_fragments "
+                    "WHERE agent_domain = ? ORDER BY recorded_at DESC",
+                    (agent_domain,),
+                ).fetchall()
+            return [
+                KnowledgeFragment(fragment_id=r[0], agent_domain=agent_domain, title=r[1], text=r[2],
+                                  entities=json.loads(r[3]), source_request_id=r[4], recorded_at=_ts(r[5]))
+                for r in rows
+            ]
+
+        return await asyncio.to_thread(read)
+
+    # -- activity coordinator -------------------------------------------------------------------------
+
+    async def announce(self, signal: ActivitySignal, *, ttl_seconds: float) -> WriteResult:
+        def write() -> dict:
+            now = self.clock()
+            expires = now + ttl_seconds
+            with self._transaction() as db:
+                db.execute(
+                    "INSERT OR REPLACE INTO activity_signals VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
+                    (signal.signal_id, signal.agent, signal.activity, json.dumps(signal.entities), signal.request_id, now, expires),
+                )
+            return {"expires_at": _ts(expires).isoformat()}
+
+        return await self._write("announce", write)
+
+    async def renew(self, signal_id: str, *, ttl_seconds: float) -> WriteResult:
+        def write() -> dict:
+            expires = self.clock() + ttl_seconds
+            with self._transaction() as db:
+                cursor = db.execute(
+                    "UPDATE activity_signals SET expires_at = ?, renewals = renewals + 1 WHERE signal_id = ?",
+                    (expires, signal_id),
+                )
+            found = bool(cursor.rowcount)
+            return {"found": found, "expires_at": _ts(expires).isoformat() if found else None}
+
+        return await self._write("renew", write)
+
+    async def remove(self, signal_id: str) -> WriteResult:
+        def write() -> dict:
+            with self._transaction() as db:
+                cursor = db.execute("DELETE FROM activity_signals WHERE signal_id = ?", (signal_id,))
+            return {"removed": bool(cursor.rowcount)}
+
+        return await self._write("remove", write)
+
+    async def active(self) -> ReadResult[ActivitySignal]:
+        def read() -> list[ActivitySignal]:
+            with self._transaction() as db:
+                rows = db.execute(
+                    "SELECT signal_id, agent, activity, entities, request_id, announced_at, expires_at, renewals "
+                    "FROM activity_signals WHERE expires_at > ? ORDER BY announced_at",
+                    (self.clock(),),
+                ).fetchall()
+            return [_signal(r) for r in rows]
+
+        return await self._read("active signals", read)
+
+    async def signal(self, signal_id: str) -> ActivitySignal | None:
+        """One signal, expired or not (for inspection; not fail-open)."""
+
+        def read() -> ActivitySignal | None:
+            with self._transaction() as db:
+                row = db.execute(
+                    "SELECT signal_id, agent, activity, entities, request_id, announced_at, expires_at, renewals "
+                    "FROM activity_signals WHERE signal_id = ?",
+                    (signal_id,),
+                ).fetchone()
+            return _signal(row) if row else None
+
+        return await asyncio.to_thread(read)
+
+
+def _signal(r: tuple) -> ActivitySignal:
+    return ActivitySignal(
+        signal_id=r[0], agent=r[1], activity=r[2], entities=json.loads(r[3]), request_id=r[4],
+        announced_at=_ts(r[5]), expires_at=_ts(r[6]), renewals=r[7],
+    )

@@ -33,6 +33,7 @@ class Tool:
     description: ClassVar[str] = ""
     read_only: ClassVar[bool] = False
     approval_required: ClassVar[bool] = False
+    kind: ClassVar[str] = "tool"
     Arguments: ClassVar[type[BaseModel]]
 
     async def run(self, arguments: BaseModel, ctx: ToolContext) -> JsonValue:
@@ -48,7 +49,27 @@ class Tool:
             parameters=cls.Arguments.model_json_schema(),
             read_only=cls.read_only,
             approval_required=cls.approval_required,
+            kind=cls.kind,
         )
+
+
+class SubAgentArguments(BaseModel):
+    """What a sub-agent step passes to its child request: the task, as the child's ask."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    request: str = pydantic.Field(min_length=1, max_length=8_000)
+
+
+class SubAgentTool(Tool):
+    """A tool whose steps run a sub-agent: the workflow starts a child ``RequestLifecycle`` with
+    ``arguments.request`` as its ask, one level deeper (at most ``MAX_SUBAGENT_DEPTH``), and the child's
+    answer becomes the step's result. Subclasses set the identity; ``run`` is never called."""
+
+    kind: ClassVar[str] = "subagent"
+    Arguments: ClassVar[type[BaseModel]] = SubAgentArguments
+
+    async def run(self, arguments: BaseModel, ctx: ToolContext) -> JsonValue:
+        raise RuntimeError("a sub-agent step runs as a child workflow, not as a tool activity")
 
 
 class ToolRegistry:

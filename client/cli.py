@@ -13,6 +13,13 @@ A reviewer's inbox:
     agent-lifecycle show request-1a2b3c                       # the pending checkpoint: plan and reasons
     agent-lifecycle approve request-1a2b3c --reviewer alice --comment "ok"
     agent-lifecycle reject request-1a2b3c --reviewer alice --reason "wrong recipient"
+
+Declared hooks (AGENT_HOOKS_FILE):
+
+    agent-lifecycle hooks dry-run --hook block-rm --event-json '{"tool_name": "shell/exec", "tool_input": {"cmd": "rm -rf /"}}'
+    agent-lifecycle hooks enable block-rm                    # re-enable after the circuit breaker tripped
+    agent-lifecycle hooks encrypt 'Bearer s3cret'             # a header value for the file (AGENT_HOOK_SECRET_KEY)
+    agent-lifecycle hooks executions --hook block-rm          # the audit rows
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from workflows import search_attributes
 from workflows.models import Checkpoint, ExecutionRecord, RequestInput, RequestResult, ReviewAck, ReviewRequest
 
 from . import Settings, connect, exit_process
+from . import declared_hooks
 
 
 def workflow_id_for(request_id: str) -> str:
@@ -184,6 +192,8 @@ async def _inbox(client: Client) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.command == "hooks":
+        return await declared_hooks.run(args, settings)
     if args.command in ("record", "list") and not getattr(args, "live", False):
         store = SQLiteExecutionStore(settings.execution_store_path)
         records = [await store.get(args.key)] if args.command == "record" else await store.recent(args.limit)
@@ -257,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--reviewer", required=True)
         sub.add_argument(text_flag, default="")
         sub.add_argument("--checkpoint", help="checkpoint id (default: the pending one)")
+    declared_hooks.add_parser(commands)
     sub = commands.add_parser("list", help="recent stored execution records")
     sub.add_argument("--limit", type=int, default=10)
     sub.add_argument("--json", action="store_true")

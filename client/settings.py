@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 DEFAULT_TOOL_ALLOW_LIST = [
     "stock-service/stock_quote",
@@ -27,7 +27,9 @@ class Settings(BaseModel):
     ``AGENT_ALLOWED_OPERATIONS`` (comma-separated ``namespace/agent/capability``),
     ``AGENT_RECORD_RETENTION_DAYS``, ``AGENT_ERROR_RETENTION_DAYS``, ``AGENT_CACHE_TTL_SECONDS``,
     ``AGENT_REVIEWERS`` (comma-separated; empty: any named reviewer), ``AGENT_CHECKPOINT_EXPIRY_SECONDS``,
-    ``AGENT_TOOL_ALLOW_LIST`` (comma-separated ``agent/capability``: the allow-list plugin).
+    ``AGENT_TOOL_ALLOW_LIST`` (comma-separated ``agent/capability``: the allow-list plugin),
+    ``AGENT_HOOKS_FILE`` (declared hooks), ``AGENT_HOOK_STORE``, ``AGENT_HOOK_SECRET_KEY`` (base64, 32
+    bytes), ``AGENT_HOOK_ALLOW_LOOPBACK`` (tests only).
     """
 
     temporal_address: str = "localhost:7233"
@@ -44,6 +46,15 @@ class Settings(BaseModel):
     cache_ttl_seconds: float = Field(default=300.0, gt=0)
     reviewers: list[str] = Field(default_factory=list)
     checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0)
+    # Declared hooks (seed 004): the file, their store, the AES-256-GCM key, and the loopback switch.
+    hooks_file: Path | None = None
+    hook_store: Path | None = None
+    hook_secret_key: SecretStr | None = None
+    hook_allow_loopback: bool = False
+
+    @property
+    def hook_store_path(self) -> Path:
+        return self.hook_store or self.state_dir / "hooks.sqlite3"
 
     @property
     def execution_store_path(self) -> Path:
@@ -69,6 +80,10 @@ class Settings(BaseModel):
             "AGENT_ERROR_RETENTION_DAYS": "error_retention_days",
             "AGENT_CACHE_TTL_SECONDS": "cache_ttl_seconds",
             "AGENT_CHECKPOINT_EXPIRY_SECONDS": "checkpoint_expiry_seconds",
+            "AGENT_HOOKS_FILE": "hooks_file",
+            "AGENT_HOOK_STORE": "hook_store",
+            "AGENT_HOOK_SECRET_KEY": "hook_secret_key",
+            "AGENT_HOOK_ALLOW_LOOPBACK": "hook_allow_loopback",
         }
         values: dict = {field: env[name] for name, field in names.items() if env.get(name)}
         for name, field in (

@@ -10,7 +10,12 @@
    waits at a human-in-the-loop checkpoint because ``send_message`` needs approval, and is approved by the
    demo reviewer through the ``review`` update; its audit record is written by a detached child workflow.
 
-Exits non-zero if any of the three does not behave that way.
+The pipeline has shared memory (``build_memory_hooks``): request 1's quote is recorded as an episodic
+event, and request 2 — the second request about ACME — is planned with that outcome in its
+``<agent_memory>`` context. Every executed request announces its activity; the workflow owns the signal
+and removes it on every exit (request 2 fails, and its signal is still cleaned up).
+
+Exits non-zero if any of them does not behave that way.
 """
 
 from __future__ import annotations
@@ -25,10 +30,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.client import WorkflowFailureError
 
 from client import Settings, connect, exit_process
-from client.cli import describe_failure, format_checkpoint, format_record, pending_checkpoint, review, start_request
+from client.cli import (
+    describe_failure,
+    format_checkpoint,
+    format_record,
+    pending_checkpoint,
+    review,
+    start_request,
+)
 from client.devserver import start_dev_server
-from workflows.models import ExecutionRecord
 from worker import build_worker, load_activities
+from workflows.models import ExecutionRecord
 
 QUOTE = "What is the price of ACME?"
 TRADE = "Buy 10 ACME"
@@ -77,6 +89,16 @@ async def _settled_effect(store, workflow_id: str, effect_id: str) -> str | None
     return status
 
 
+def _memory_context(record: ExecutionRecord) -> str:
+    """The shared-memory part of the ``<agent_memory>`` section of the request's planning prompt."""
+    prompt = record.planning_prompt or ""
+    if "<agent_memory>" not in prompt:
+        return ""
+    section = prompt.split("<agent_memory>\n", 1)[1].split("\n</agent_memory>", 1)[0]
+    start = section.find("Shared memory of agent domain")
+    return section[start:] if start >= 0 else ""
+
+
 def _show(title: str, settings: Settings, workflow_id: str, result, failure, record, hook_spans) -> None:
     print(f"\n=== {title}")
     if failure:
@@ -113,6 +135,16 @@ async def main(hold: bool) -> int:
             audit = await _settled_effect(activities.store, message[0], "audit-write")
             print(f"audit-write effect in the store after the detached child finished: {audit}")
 
+            first_event = f"{quote[0]}:quote-acme"
+            remembered = _memory_context(trade[3])
+            read = trade[3].effect("memory_episodic_read")
+            print("\n=== memory: request 2 (the second request about ACME) was planned with this <agent_memory> context")
+            print(remembered or "(none)")
+            print(f"memory_episodic_read: {read.data if read else None}")
+            cleanups = {name: (r[3].effect("activity_signal_cleanup").status.value if r[3].effect("activity_signal_cleanup") else None)
+                        for name, r in (("1 (completed)", quote), ("2 (required rejection)", trade), ("4 (completed)", message))}
+            print(f"activity_signal_cleanup by request: {cleanups}")
+
             checks = {
                 "quote answered after planning and execution": quote[1] is not None
                 and quote[1].short_circuit is None
@@ -128,6 +160,12 @@ async def main(hold: bool) -> int:
                 and [c.status for c in message[3].checkpoints] == ["approved"]
                 and [p.phase for p in message[3].plans] == [1, 2],
                 "audit write detached and completed": audit == "succeeded",
+                "request 2 planned with request 1's outcome in <agent_memory>": read is not None
+                and first_event in read.data["event_ids"]
+                and "stock-service/stock_quote succeeded [ACME]" in remembered,
+                "activity signals cleaned up by the request owner on success and on rejection": all(
+                    status == "succeeded" for status in cleanups.values()
+                ),
             }
             print("\n=== summary")
             for name, ok in checks.items():

@@ -10,7 +10,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
-from activities.memory import SQLiteConversationMemory
+from activities.memory import SQLiteMemory
+from client.declared_hooks import settings_declared_hooks
 from client.settings import Settings
 from hooks import HookRegistry, allow_list, redact
 from hooks.builtin import (
@@ -18,18 +19,27 @@ from hooks.builtin import (
     AuditHook,
     JsonlAuditWriter,
     KnowledgeContextHook,
+    MemoryOptions,
     ResponseCacheHook,
     SecretRedactionHook,
+    build_memory_hooks,
 )
+from hooks.memory import MemoryBackends
 from workflows.models import ReviewSettings
 
 from .agent import RulePlanner, TemplateSynthesizer
 from .tools import demo_tools
 
 KNOWLEDGE_FILE = Path(__file__).with_name("knowledge.json")
+AGENT_DOMAIN = "demo-agent"
 
 
-def demo_hooks(settings: Settings) -> list:
+def demo_memory(settings: Settings) -> SQLiteMemory:
+    """The demo's one memory file: conversation memory (``remember``) and shared memory (the hooks)."""
+    return SQLiteMemory(settings.state_dir / "memory.sqlite3")
+
+
+def demo_hooks(settings: Settings, memory: SQLiteMemory | None = None) -> list:
     """The default pipeline.
 
     ``secret-redaction`` comes before ``response-cache`` because both run at after_synthesis and the
@@ -38,21 +48,34 @@ def demo_hooks(settings: Settings) -> list:
     ``application-audit`` records every executed request with a detached write. The ``allow-list`` and
     ``redact`` plugins guard every tool call: the first denies tools this deployment does not offer, the
     second masks secrets in tool results before the planner or synthesizer reads them.
+
+    With ``memory``, the shared-memory hooks of :func:`~hooks.builtin.build_memory_hooks` join after the
+    cache (a cached answer skips their work): activity announcement, memory enrichment, memory record,
+    knowledge extraction, activity cleanup.
     """
+    memory_hooks: list = []
+    if memory is not None:
+        memory_hooks, _ = build_memory_hooks(
+            MemoryBackends(episodic=memory, knowledge=memory, coordinator=memory),
+            options=MemoryOptions.from_env(agent_domain=AGENT_DOMAIN),
+        )
     return [
         allow_list(settings.tool_allow_list),
         redact(),
         SecretRedactionHook(),
         ResponseCacheHook(settings.state_dir / "response-cache.sqlite3", ttl_seconds=settings.cache_ttl_seconds),
         KnowledgeContextHook(KNOWLEDGE_FILE),
+        *memory_hooks,
         AllowedOperationsHook(settings.allowed_operations),
         AuditHook(JsonlAuditWriter(settings.state_dir / "audit.jsonl")),
+        *settings_declared_hooks(settings),  # AGENT_HOOKS_FILE: ordered with these by priority
     ]
 
 
 def build_activities(settings: Settings) -> LifecycleActivities:
+    memory = demo_memory(settings)
     return LifecycleActivities(
-        registry=HookRegistry(demo_hooks(settings), pipeline="demo"),
+        registry=HookRegistry(demo_hooks(settings, memory), pipeline="demo"),
         tools=ToolRegistry(demo_tools(settings.state_dir)),
         planner=RulePlanner(),
         synthesizer=TemplateSynthesizer(),
@@ -62,5 +85,5 @@ def build_activities(settings: Settings) -> LifecycleActivities:
             error_retention=timedelta(days=settings.error_retention_days),
         ),
         review=ReviewSettings(reviewers=settings.reviewers, checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds),
-        memory=SQLiteConversationMemory(settings.state_dir / "memory.sqlite3"),
+        memory=memory,
     )

@@ -39,6 +39,8 @@ from workflows.models import (
     ToolErrorResolution,
     ToolOutcomeView,
     GateState,
+    LeaseObservation,
+    ManagedLease,
     PipelineHookEffect,
     Plan,
     RunMode,
@@ -65,6 +67,8 @@ __all__ = [
     "DetachedContext",
     "DetachedWorkResult",
     "HookRejection",
+    "LeaseContext",
+    "LeaseObservation",
     "PipelineContext",
     "PipelineGate",
     "PipelineHook",
@@ -146,6 +150,9 @@ class PipelineContext:
     _hook: Any = field(default=None, repr=False)
     _effects: dict[str, PipelineHookEffect] = field(default_factory=dict, repr=False)
     _detached: dict[str, DetachedWork] = field(default_factory=dict, repr=False)
+    _leases: dict[str, ManagedLease] = field(default_factory=dict, repr=False)
+    # Ids of the leases the request owner (the workflow) already holds for this request.
+    managed_leases: tuple[str, ...] = ()
 
     @classmethod
     def create(
@@ -164,6 +171,7 @@ class PipelineContext:
         instructions: str = "",
         facts: Mapping[str, JsonValue] | None = None,
         state: Mapping[str, JsonValue] | None = None,
+        managed_leases: tuple[str, ...] | list[str] = (),
     ) -> PipelineContext:
         return cls(
             request=request,
@@ -179,6 +187,7 @@ class PipelineContext:
             facts=MappingProxyType(copy.deepcopy(dict(facts or {}))),
             state=copy.deepcopy(dict(state or {})),
             _hook=hook,
+            managed_leases=tuple(managed_leases),
         )
 
     def report_effect(
@@ -256,6 +265,75 @@ class PipelineContext:
         )
         return effect
 
+    def manage_lease(
+        self,
+        lease_id: str,
+        *,
+        ttl_seconds: float,
+        renew_interval_seconds: float | None = None,
+        payload: JsonValue = None,
+        renewal_effect_id: str,
+        renewal_name: str,
+        cleanup_effect_id: str,
+        cleanup_name: str,
+        data: JsonValue = None,
+    ) -> ManagedLease:
+        """Hand a lease (an announcement with a TTL, a claim) to the request owner (seed 000, opening
+        paragraph): the workflow keeps it alive and releases it, so cleanup never depends on the request
+        reaching a later stage.
+
+        Both effects are announced ``pending`` now, before the invocation returns. Once it has returned
+        successfully the workflow renews the lease every ``renew_interval_seconds`` (default: a third of
+        the TTL) through this hook's ``renew_lease(lease)``; on every exit — success, failure, rejection,
+        checkpoint rejection or expiry, cancellation, stop — it stops and joins that loop, then calls
+        ``release_lease(lease)``, and brings both effects to a terminal state with submission and error
+        counts. Declaring the same ``lease_id`` again (in a later invocation) renews the latest payload.
+        If this invocation fails instead, no owner takes the lease and both effects are recorded failed.
+        """
+        hook = self._hook
+        for method in ("renew_lease", "release_lease"):
+            if not callable(getattr(hook, method, None)):
+                raise TypeError(f"hook {self.hook_name!r} manages a lease but implements no {method}(lease)")
+        interval = renew_interval_seconds if renew_interval_seconds is not None else ttl_seconds / 3
+        if not 0 < interval < ttl_seconds:
+            raise ValueError(f"renew interval {interval:g} s must be positive and shorter than the TTL {ttl_seconds:g} s")
+        lease = ManagedLease(
+            lease_id=lease_id,
+            hook=self.hook_name,
+            stage=self.stage,
+            ttl_seconds=ttl_seconds,
+            renew_interval_seconds=interval,
+            renewal_effect_id=renewal_effect_id,
+            cleanup_effect_id=cleanup_effect_id,
+            payload=copy.deepcopy(payload),
+        )
+        started = _utcnow()
+        details = {"lease_id": lease_id, "ttl_seconds": ttl_seconds, "renew_interval_seconds": interval}
+        if data is not None:
+            details["declared"] = data
+        self.report_effect(
+            renewal_effect_id,
+            name=renewal_name,
+            status=EffectStatus.PENDING,
+            data={**details, "loop": "pending"},
+            summary="renewal loop handed to the request owner",
+            started_at=started,
+        )
+        self.report_effect(
+            cleanup_effect_id,
+            name=cleanup_name,
+            status=EffectStatus.PENDING,
+            data={**details, "cleanup": "pending"},
+            summary="cleanup owned by the request; runs on every exit",
+            started_at=started,
+        )
+        self._leases[lease_id] = lease
+        return lease
+
+    @property
+    def leases(self) -> list[ManagedLease]:
+        return list(self._leases.values())
+
     @property
     def effects(self) -> list[PipelineHookEffect]:
         return list(self._effects.values())
@@ -279,6 +357,23 @@ class DetachedContext:
     attempt: int
 
 
+@dataclass(frozen=True)
+class LeaseContext:
+    """What a hook's ``renew_lease`` / ``release_lease`` receives: the lease it declared with
+    ``ctx.manage_lease``, in a later activity scheduled by the request owner (possibly on another worker).
+    Return a :class:`LeaseObservation` (or ``None``); raise when the provider reports an error, so the
+    owner counts it. ``exit`` says how the request ended (for the release only)."""
+
+    lease_id: str
+    payload: JsonValue
+    ttl_seconds: float
+    request_id: str
+    workflow_id: str
+    ordinal: int
+    attempt: int
+    exit: str | None = None
+
+
 def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -292,12 +387,20 @@ class PipelineHook:
         timeout_seconds: Per-attempt limit; a hook that exceeds it is recorded as ``timed_out``.
         max_attempts: Attempts for a hook that raises an ordinary exception (``HookRejection`` and
             contract violations are never retried).
+        priority: Execution order across Python and declared hooks: highest first, then registration
+            order (seed 004).
+        scope: ``global`` (every request), ``tenant`` (requests whose metadata ``tenant_id`` is
+            ``tenant_id``) or ``agent`` (also ``agent_id``); filtered per request by ``resolve_pipeline``.
     """
 
     name: str = ""
     run_mode: RunMode = RunMode.ACTIVITY
     timeout_seconds: float = 10.0
     max_attempts: int = 3
+    priority: int = 0
+    scope: str = "global"
+    tenant_id: str | None = None
+    agent_id: str | None = None
 
 
 @runtime_checkable

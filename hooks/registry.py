@@ -68,6 +68,33 @@ def _stage_methods(hook: Any, index: int, name: str) -> list[str]:
     return methods
 
 
+SCOPES = ("global", "tenant", "agent")
+
+
+def _check_scope(hook: Any, index: int, name: str) -> None:
+    scope = hook_option(hook, "scope")
+    tenant, agent = hook_option(hook, "tenant_id"), hook_option(hook, "agent_id")
+    problem = None
+    if scope not in SCOPES:
+        problem = f"scope {scope!r} is not one of {list(SCOPES)}"
+    elif scope == "tenant" and not tenant:
+        problem = "a tenant-scoped hook needs tenant_id"
+    elif scope == "agent" and not (tenant and agent):
+        problem = "an agent-scoped hook needs tenant_id and agent_id"
+    if problem:
+        raise InvalidPipelineConfigError(f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name)
+
+
+def visible_to(hook: Any, tenant_id: str | None, agent_id: str | None) -> bool:
+    """Tenant isolation: a request sees global hooks, its own tenant's, and its own agent's."""
+    scope = hook_option(hook, "scope")
+    if scope == "global":
+        return True
+    if tenant_id is None or hook_option(hook, "tenant_id") != tenant_id:
+        return False
+    return scope == "tenant" or (agent_id is not None and hook_option(hook, "agent_id") == agent_id)
+
+
 class HookRegistry:
     """An ordered, validated list of hooks and the manifest entries the workflow runs from."""
 
@@ -124,17 +151,27 @@ class HookRegistry:
                     hook=name,
                 )
             entries.append(self._entry(hook, index, name, methods, required))
+            _check_scope(hook, index, name)
+        # One ordering rule for Python and declared hooks (seed 004): priority highest first, then
+        # registration order. Validation below runs on the order the hooks will execute in.
+        priorities = [hook_option(hook, "priority") for hook in hooks]
+        entries.sort(key=lambda e: (-priorities[e.index], e.index))
         self._validate_required(entries)
         self.pipeline = pipeline
         self.hooks = hooks
         self.entries = entries
-        self._by_name = {entry.name: hook for entry, hook in zip(entries, hooks, strict=True)}
+        self._by_name = {entry.name: hooks[entry.index] for entry in entries}
 
     @staticmethod
     def _entry(hook: Any, index: int, name: str, methods: list[str], required: bool) -> HookEntry:
         run_mode = hook_option(hook, "run_mode")
         timeout = hook_option(hook, "timeout_seconds")
         attempts = hook_option(hook, "max_attempts")
+        priority = hook_option(hook, "priority")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise InvalidPipelineConfigError(
+                f"hook {name!r} (index {index}): priority must be an integer", reason="invalid_option", index=index, hook=name
+            )
         try:
             run_mode = RunMode(run_mode)
         except ValueError:
@@ -197,6 +234,10 @@ class HookRegistry:
                     index=last.index,
                     hook=required[0].name,
                 )
+
+    def visible_entries(self, tenant_id: str | None, agent_id: str | None) -> list[HookEntry]:
+        """The entries a request of this tenant and agent runs: global hooks, its tenant's and its agent's."""
+        return [e for e in self.entries if visible_to(self._by_name[e.name], tenant_id, agent_id)]
 
     def hook(self, name: str) -> Any:
         """The hook object registered under ``name``."""

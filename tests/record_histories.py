@@ -16,7 +16,7 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.memory import SQLiteConversationMemory
+from activities.memory import SQLiteConversationMemory, SQLiteMemory
 from client.devserver import temporal_cli_path
 from client.settings import Settings
 from demo.pipeline import demo_hooks
@@ -39,6 +39,12 @@ SCENARIOS = {
     # must keep replaying.
     "quote_with_plugins_and_memory": ("What is the price of MSFT?", {"cache": "bypass", "conversation_id": "c1"}, None),
 }
+# Added with the shared-memory hooks (issue 6): the demo pipeline with build_memory_hooks — an announced
+# activity signal handed to the workflow as a managed lease (released after the request), episodic
+# memory and a detached knowledge extraction. Recorded with their own worker (the pipeline differs).
+MEMORY_SCENARIOS = {
+    "quote_with_shared_memory_and_managed_lease": ("What is the price of ACME?", {"cache": "bypass"}, None),
+}
 
 
 async def main(rewrite_all: bool) -> None:
@@ -56,6 +62,17 @@ async def main(rewrite_all: bool) -> None:
                     if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
                         continue
                     out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
+                    (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
+                    print(f"wrote {name}.json ({len(out.history.events)} events)")
+        with tempfile.TemporaryDirectory() as state:
+            settings = Settings(state_dir=Path(state))
+            memory = SQLiteMemory(Path(state) / "memory.sqlite3")
+            async with Harness(env.client, Path(state), hooks=demo_hooks(settings, memory), memory=memory, pipeline="demo") as h:
+                for name, (text, metadata, reviewer) in MEMORY_SCENARIOS.items():
+                    if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
+                        continue
+                    out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
+                    assert any(a.activity_type == "release_lease" for a in out.scheduled), "no managed lease was released"
                     (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
                     print(f"wrote {name}.json ({len(out.history.events)} events)")
     finally:

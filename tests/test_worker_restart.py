@@ -17,7 +17,7 @@ from temporalio.client import WorkflowExecutionStatus
 
 from activities import SQLiteExecutionStore
 from client.settings import Settings
-from demo.pipeline import demo_hooks
+from demo.pipeline import demo_hooks, demo_memory
 from workflows.models import Checkpoint, RequestInput, RequestResult
 
 from .harness import Harness
@@ -110,7 +110,7 @@ async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_
         assert not (state / "outbox.jsonl").exists()
 
         # A fresh worker (in-process, the demo pipeline on the same state) on the same task queue.
-        async with Harness(client, state, hooks=demo_hooks(Settings(state_dir=state)), pipeline="demo", task_queue=queue) as h:
+        async with Harness(client, state, hooks=demo_hooks(Settings(state_dir=state), demo_memory(Settings(state_dir=state))), pipeline="demo", task_queue=queue) as h:
             await handle.signal(
                 "approve", {"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "ops-lead", "comment": "go ahead"}
             )

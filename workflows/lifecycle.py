@@ -65,7 +65,10 @@ with workflow.unsafe.imports_passed_through():
         HookRequestView,
         IgnoredReview,
         InvocationOutcome,
+        LeaseCall,
+        LeaseObservation,
         LifecycleBoundary,
+        ManagedLease,
         MemoryCandidate,
         MemoryOutcome,
         ObserveOutcome,
@@ -83,6 +86,10 @@ with workflow.unsafe.imports_passed_through():
         RejectSignal,
         RememberInput,
         RequestError,
+        LOOP_DEPTH_EXCEEDED,
+        MAX_SUBAGENT_DEPTH,
+        METADATA_PARENT_WORKFLOW,
+        METADATA_SUBAGENT_DEPTH,
         RequestInput,
         RequestResult,
         RequestStatus,
@@ -110,6 +117,7 @@ with workflow.unsafe.imports_passed_through():
         ToolStepInput,
         ToolStepOutput,
         bounded_value,
+        subagent_depth,
     )
     from .plan_validation import UnresolvedReference, resolve_references
     from .support import (
@@ -152,6 +160,7 @@ class RequestLifecycleWorkflow:
         self._instructions = ""
         self._facts: dict[str, JsonValue] = {}
         self._hook_state: dict[str, dict[str, JsonValue]] = {}
+        self._leases: dict[str, _LeaseOwner] = {}  # managed leases this request owns, by lease id
         self._record = ExecutionRecord(
             request_id=self._request_id,
             workflow_id=info.workflow_id,
@@ -292,6 +301,14 @@ class RequestLifecycleWorkflow:
             error = RequestError(type="Cancelled", message="the request was cancelled")
             await self._finalize_and_finish(RequestStatus.CANCELLED, "cancelled", error=error)
             raise
+        except FailureError as err:  # any other Temporal failure still ends the request: clean up first
+            if isinstance(err, CancelledError):
+                error = RequestError(type="Cancelled", message="the request was cancelled")
+                await self._finalize_and_finish(RequestStatus.CANCELLED, "cancelled", error=error)
+            else:
+                error = RequestError(type=type(err).__name__, message=str(err))
+                await self._finalize_and_finish(RequestStatus.FAILED, "error", error=error)
+            raise
         await self._finalize_and_finish(RequestStatus.SUCCEEDED, "completed", response=result.response)
         result.diagnostics = list(self._record.diagnostics)
         return result
@@ -304,8 +321,10 @@ class RequestLifecycleWorkflow:
         response: str | None = None,
         error: RequestError | None = None,
     ) -> None:
-        """Finalizers, then the terminal record — which is written whatever happens to the finalizers."""
+        """Managed-lease cleanup (renewal joined first), finalizers, then the terminal record — which is
+        written whatever happens to the cleanup and the finalizers."""
         try:
+            await self._release_leases(outcome)
             await self._finalize(outcome, response=response, error=self._error_view(error) if error else None)
         finally:
             await self._finish(status, error)
@@ -712,7 +731,12 @@ class RequestLifecycleWorkflow:
             step_id=step.step_id, tool=step.tool, status=StepStatus.SKIPPED, idempotency_key=key, started_at=started
         )
         call = ToolCall(
-            step_id=step.step_id, namespace=step.namespace, agent=step.agent, capability=step.capability, plan_phase=self._phase
+            step_id=step.step_id,
+            namespace=step.namespace,
+            agent=step.agent,
+            capability=step.capability,
+            plan_phase=self._phase,
+            subagent=self._is_subagent(step),
         )
         if missing is None:
             try:
@@ -773,8 +797,57 @@ class RequestLifecycleWorkflow:
                 raise _RunStopped(hook.name, stage.value, verdict.reason, verdict.message)
         return False
 
+    def _is_subagent(self, step: PlanStep) -> bool:
+        return any(t.key == step.tool_key and t.kind == "subagent" for t in self._manifest.tools)
+
+    async def _call_subagent(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
+        """Run a sub-agent step as a child ``RequestLifecycle`` one level deeper (seed 004); beyond
+        ``MAX_SUBAGENT_DEPTH`` the step fails with ``LoopDepthExceeded`` and no child starts."""
+        info = workflow.info()
+        depth = subagent_depth(self._input.metadata) + 1
+        started = workflow.now()
+        result.status = StepStatus.FAILED
+        if depth > MAX_SUBAGENT_DEPTH:
+            workflow.logger.warning("security.hook.loop_depth_exceeded step=%s depth=%s", step.step_id, depth)
+            result.error_type = LOOP_DEPTH_EXCEEDED
+            result.error = f"sub-agent depth {depth} exceeds the limit of {MAX_SUBAGENT_DEPTH}"
+        else:
+            child = RequestInput(
+                request=str(call.arguments.get("request") or self._ask),
+                metadata={
+                    **self._input.metadata,
+                    METADATA_SUBAGENT_DEPTH: depth,
+                    METADATA_PARENT_WORKFLOW: info.workflow_id,
+                },
+            )
+            try:
+                answer = await workflow.execute_child_workflow(
+                    WORKFLOW_TYPE,
+                    child,
+                    id=f"{info.workflow_id}/subagent/{step.step_id}",
+                    task_queue=info.task_queue,
+                    result_type=RequestResult,
+                    static_summary=f"sub-agent · {step.tool} ({step.step_id}) · depth {depth}",
+                )
+            except FailureError as err:
+                _raise_if_cancelled(err)
+                cause = getattr(err, "cause", None) or err
+                result.error_type = getattr(cause, "type", None) or type(cause).__name__
+                result.error = getattr(cause, "message", None) or str(cause)
+            else:
+                result.status = StepStatus.SUCCEEDED
+                result.output = {"response": answer.response, "workflow_id": answer.workflow_id, "depth": depth}
+                result.result = answer.response
+        result.duration_ms = _elapsed_ms(started)
+        if result.status is StepStatus.FAILED:
+            result.result = f"error: {result.error}"
+            await self._on_tool_error(step, call, result)
+
     async def _call_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
         """Execute the tool; if it fails after its retries, offer the error to on_tool_error hooks."""
+        if call.subagent:
+            await self._call_subagent(step, call, result)
+            return
         settings = self._manifest.settings
         started = workflow.now()
         try:
@@ -961,6 +1034,8 @@ class RequestLifecycleWorkflow:
         if outcome.state is not None:
             self._hook_state[hook.name] = outcome.state
         self._record_effects(outcome.effects)
+        for lease in outcome.leases:
+            self._adopt_lease(lease)
         for work in outcome.detached:
             await self._start_detached(work)
         return outcome, None
@@ -1008,6 +1083,141 @@ class RequestLifecycleWorkflow:
                 ]
             )
 
+    # ------------------------------------------------------------------------------------------------
+    # Managed leases: the request owns them, renews them while it runs and releases them on every exit
+    # ------------------------------------------------------------------------------------------------
+
+    def _adopt_lease(self, lease: ManagedLease) -> None:
+        """Take ownership of a lease a hook declared; a later declaration of the same id replaces the
+        lease the loop renews (the latest signal), without a second loop."""
+        owner = self._leases.get(lease.lease_id)
+        if owner is not None:
+            owner.lease = lease
+            return
+        owner = _LeaseOwner(lease)
+        self._leases[lease.lease_id] = owner
+        owner.task = asyncio.create_task(self._renew_lease_loop(owner))
+
+    async def _renew_lease_loop(self, owner: _LeaseOwner) -> None:
+        """Renew before the TTL runs out, until told to stop. Provider errors are counted, never raised:
+        the loop keeps trying while the request runs."""
+        while True:
+            try:
+                await workflow.wait_condition(
+                    lambda: owner.stopping,
+                    timeout=timedelta(seconds=owner.lease.renew_interval_seconds),
+                    timeout_summary=f"renew lease · {owner.lease.lease_id}",
+                )
+            except asyncio.TimeoutError:  # noqa: UP041 - TimeoutError here is temporalio's
+                pass
+            if owner.stopping:
+                return
+            owner.submitted += 1
+            lease = owner.lease
+            try:
+                observed = await workflow.execute_activity(
+                    "renew_lease",
+                    LeaseCall(
+                        lease=lease, request_id=self._request_id, workflow_id=self._record.workflow_id, ordinal=owner.submitted
+                    ),
+                    result_type=LeaseObservation,
+                    start_to_close_timeout=timedelta(seconds=max(1.0, min(30.0, lease.renew_interval_seconds))),
+                    retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2),
+                    summary=f"renew lease · {lease.hook} · {lease.lease_id}",
+                )
+            except ActivityError as err:
+                owner.errors += 1
+                owner.last_error = str(getattr(err.cause, "message", None) or err.cause or err)
+                continue
+            owner.renewed += 1
+            if observed.expires_at is not None:
+                owner.expires_at = observed.expires_at
+
+    async def _release_leases(self, exit: str) -> None:
+        """Stop every renewal loop and join it, then release each lease: cleanup never races a renewal
+        and never depends on the request reaching synthesis. Both effects end terminal, with counts."""
+        if not self._leases:
+            return
+        self._set_stage("releasing_leases")
+        owners = list(self._leases.values())
+        for owner in owners:
+            owner.stopping = True
+        for owner in owners:
+            if owner.task is not None:
+                try:
+                    await owner.task
+                except asyncio.CancelledError:
+                    owner.last_error = owner.last_error or "renewal loop cancelled"
+        for owner in owners:
+            await self._release_lease(owner, exit)
+
+    async def _release_lease(self, owner: _LeaseOwner, exit: str) -> None:
+        lease = owner.lease
+        error = None
+        observed = LeaseObservation()
+        try:
+            observed = await workflow.execute_activity(
+                "release_lease",
+                LeaseCall(lease=lease, request_id=self._request_id, workflow_id=self._record.workflow_id, exit=exit),
+                result_type=LeaseObservation,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
+                summary=f"release lease · {lease.hook} · {lease.lease_id}",
+            )
+        except ActivityError as err:
+            error = str(getattr(err.cause, "message", None) or err.cause or err)
+        except asyncio.CancelledError:
+            error = "cancelled with the request"
+        common = {"lease_id": lease.lease_id, "ttl_seconds": lease.ttl_seconds, "exit": exit}
+        renewal = {
+            **common,
+            "renew_interval_seconds": lease.renew_interval_seconds,
+            "loop": "joined",
+            "submitted": owner.submitted,
+            "returned": owner.renewed,
+            "errors": owner.errors,
+            "last_error": owner.last_error,
+            "last_expires_at": owner.expires_at.isoformat() if owner.expires_at else None,
+        }
+        cleanup = {
+            **common,
+            "renewal_joined_first": True,
+            "submitted": 1,
+            "errors": int(error is not None),
+            "provider_call_status": "error" if error else "returned",
+            "observed": observed.data,
+        }
+        self._record_effects(
+            [
+                self._terminal_lease_effect(
+                    lease.renewal_effect_id, lease, renewal, owner.last_error if owner.errors else None,
+                    f"renewal loop joined: {owner.submitted} submitted, {owner.errors} error(s)",
+                ),
+                self._terminal_lease_effect(
+                    lease.cleanup_effect_id, lease, cleanup, error,
+                    f"release failed: {error}" if error else (observed.summary or "release call returned"),
+                ),
+            ]
+        )
+
+    def _terminal_lease_effect(
+        self, effect_id: str, lease: ManagedLease, data: dict[str, Any], error: str | None, summary: str
+    ) -> PipelineHookEffect:
+        announced = self._record.effect(effect_id)
+        started = announced.started_at if announced is not None else None
+        return PipelineHookEffect(
+            effect_id=effect_id,
+            name=announced.name if announced is not None else effect_id,
+            status=EffectStatus.FAILED if error else EffectStatus.SUCCEEDED,
+            data=bounded_value(data),
+            started_at=started,
+            duration_ms=max(0.0, _elapsed_ms(started)) if started is not None else None,
+            summary=summary,
+            error=error,
+            hook=lease.hook,
+            stage=lease.stage,
+        )
+
     def _apply_enrichment_changes(self, hook: HookEntry, changes: list[EnrichmentChange]) -> None:
         """Merge a hook's changes and record each as the effect ``planning_enrichment:<key>``."""
         now = workflow.now()
@@ -1048,6 +1258,7 @@ class RequestLifecycleWorkflow:
             instructions=self._instructions,
             facts=self._facts,
             state=self._hook_state.get(hook.name, {}),
+            leases=list(self._leases),
         )
 
     def _set_stage(self, stage: str, detail: str = "") -> None:
@@ -1102,6 +1313,20 @@ class RequestLifecycleWorkflow:
                     "execution record revision %s was not persisted: %s", self._record.record_revision, err.cause
                 )
                 return
+
+
+class _LeaseOwner:
+    """The request's ownership of one managed lease: the latest declaration, its renewal loop and counts."""
+
+    def __init__(self, lease: ManagedLease) -> None:
+        self.lease = lease
+        self.task: asyncio.Task[None] | None = None
+        self.stopping = False
+        self.submitted = 0  # renewal activities scheduled
+        self.renewed = 0  # ... whose provider call returned
+        self.errors = 0  # ... that ended in an error after their retries
+        self.last_error: str | None = None
+        self.expires_at: datetime | None = None
 
 
 class _RunStopped(Exception):

@@ -184,6 +184,7 @@ class ToolSpec(BaseModel):
     parameters: dict[str, JsonValue] = Field(default_factory=dict)  # JSON schema of the arguments
     read_only: bool = False
     approval_required: bool = False  # every step calling it waits for a reviewer's approval
+    kind: Literal["tool", "subagent"] = "tool"  # a subagent step runs a child RequestLifecycle (seed 004)
 
     @property
     def key(self) -> str:
@@ -473,6 +474,7 @@ class HookRequestView(BaseModel):
     instructions: str = ""
     facts: dict[str, JsonValue] = Field(default_factory=dict)
     state: dict[str, JsonValue] = Field(default_factory=dict)
+    leases: list[str] = Field(default_factory=list)  # ids of the managed leases the request owner holds
 
 
 class HookOutcome(BaseModel):
@@ -482,6 +484,7 @@ class HookOutcome(BaseModel):
     effects: list[PipelineHookEffect] = Field(default_factory=list)
     detached: list[DetachedWork] = Field(default_factory=list)
     state: dict[str, JsonValue] | None = None  # the hook's private state after the invocation
+    leases: list[ManagedLease] = Field(default_factory=list)  # handed to the request owner (issue 6)
 
 
 class BeforePlanningCall(BaseModel):
@@ -540,6 +543,7 @@ class ToolCall(BaseModel):
     capability: str
     arguments: dict[str, JsonValue] = Field(default_factory=dict)
     plan_phase: int = 1
+    subagent: bool = False  # the step starts a sub-agent (a child RequestLifecycle)
 
     @property
     def tool(self) -> str:
@@ -835,6 +839,48 @@ class EffectUpdateInput(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------------
+# Managed leases (issue 6): work a hook hands to the request owner — the workflow — to keep alive
+# while the request runs and to release on every exit (seed 000, opening paragraph; §10).
+# --------------------------------------------------------------------------------------------------
+
+
+class ManagedLease(BaseModel):
+    """A lease a hook declared with ``ctx.manage_lease``: the workflow renews it every
+    ``renew_interval_seconds`` (before ``ttl_seconds`` runs out) through the hook's ``renew_lease``, and on
+    every exit stops and joins that renewal loop, then releases it through the hook's ``release_lease``.
+    Both effects named here are announced pending by the declaring invocation and brought to a terminal
+    state by the workflow, with submission and error counts."""
+
+    lease_id: str = Field(min_length=1, max_length=256)
+    hook: str
+    stage: Stage
+    ttl_seconds: float = Field(gt=0)
+    renew_interval_seconds: float = Field(gt=0)
+    renewal_effect_id: str
+    cleanup_effect_id: str
+    payload: JsonValue = None  # what renew_lease / release_lease need; copied, small
+
+
+class LeaseCall(BaseModel):
+    """The input of the ``renew_lease`` and ``release_lease`` activities."""
+
+    lease: ManagedLease
+    request_id: str
+    workflow_id: str
+    ordinal: int = 0  # the renewal's position in the loop (1-based); 0 for the release
+    exit: str | None = None  # for the release: how the request ended (completed, stopped, error, cancelled)
+
+
+class LeaseObservation(BaseModel):
+    """What a hook's ``renew_lease`` / ``release_lease`` observed from its provider (not proof of
+    durability). Raise from those methods to report a provider error instead."""
+
+    data: JsonValue = None
+    summary: str = ""
+    expires_at: datetime | None = None  # for a renewal: the expiry the provider reported
+
+
+# --------------------------------------------------------------------------------------------------
 # Human-in-the-loop checkpoints
 # --------------------------------------------------------------------------------------------------
 
@@ -1015,6 +1061,23 @@ class PersistRecordInput(BaseModel):
 class PersistRecordOutput(BaseModel):
     stored_revision: int
     written: bool
+
+
+# --------------------------------------------------------------------------------------------------
+# Sub-agents (seed 004): a sub-agent tool step runs a child RequestLifecycle, bounded in depth
+# --------------------------------------------------------------------------------------------------
+
+# Request metadata: how deep in a sub-agent chain this request is (0 or absent for a root request).
+METADATA_SUBAGENT_DEPTH = "subagent_depth"
+METADATA_PARENT_WORKFLOW = "parent_workflow_id"
+MAX_SUBAGENT_DEPTH = 3
+LOOP_DEPTH_EXCEEDED = "LoopDepthExceeded"
+
+
+def subagent_depth(metadata: dict[str, JsonValue]) -> int:
+    """The sub-agent depth a request's metadata declares (0 when absent or malformed)."""
+    depth = metadata.get(METADATA_SUBAGENT_DEPTH)
+    return depth if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0 else 0
 
 
 RequestResult.model_rebuild()

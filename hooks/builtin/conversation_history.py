@@ -1,0 +1,55 @@
+"""``conversation-history``: remembered exchanges of this conversation into ``conversation_history``
+(rendered inside ``<conversation_history>``; seed 000 §5.3, §10).
+
+Constructed directly and added to the pipeline yourself — the memory builders do not wire it. It reads
+what the ``remember`` stage saved for ``metadata["conversation_id"]``. For turns the caller already
+holds, prefer request metadata (``conversation_turns``), which is promoted without any hook (§5.4).
+"""
+
+from __future__ import annotations
+
+from workflows.models import ENRICHMENT_CONVERSATION_HISTORY, EffectStatus
+
+from ..contracts import PipelineContext, PipelineHook
+from ..memory import ConversationHistorySource
+
+
+class ConversationHistoryHook(PipelineHook):
+    """before_planning: the last ``max_turns`` remembered exchanges, oldest first, ahead of any history
+    promoted from request metadata. No-op without ``metadata["conversation_id"]``. Fails open: the hook's
+    error is recorded and the request plans without the stored history.
+
+    Args:
+        source: The conversation memory the ``remember`` stage writes (e.g. ``SQLiteMemory``).
+        max_turns: Exchanges to read.
+        max_chars: Each side of an exchange is cut to this many characters.
+    """
+
+    name = "conversation-history"
+    timeout_seconds = 10.0
+
+    def __init__(self, source: ConversationHistorySource, *, max_turns: int = 10, max_chars: int = 1000, name: str | None = None) -> None:
+        self.source = source
+        self.max_turns = max_turns
+        self.max_chars = max_chars
+        if name:
+            self.name = name
+
+    async def before_planning(self, ctx: PipelineContext) -> None:
+        conversation_id = ctx.metadata.get("conversation_id")
+        if not isinstance(conversation_id, str) or not conversation_id:
+            return
+        exchanges = await self.source.recent(conversation_id, self.max_turns)
+        ctx.report_effect(
+            "conversation_history_read",
+            name="Conversation history read",
+            status=EffectStatus.SUCCEEDED,
+            data={"status": "read_succeeded", "conversation_id": conversation_id, "returned_exchanges": len(exchanges)},
+        )
+        if not exchanges:
+            return
+        text = "\n".join(
+            f"user: {e.request[: self.max_chars]}\nassistant: {e.answer[: self.max_chars]}" for e in exchanges
+        )
+        existing = ctx.enrichments.get(ENRICHMENT_CONVERSATION_HISTORY)
+        ctx.enrichments[ENRICHMENT_CONVERSATION_HISTORY] = f"{text}\n{existing}" if isinstance(existing, str) and existing else text

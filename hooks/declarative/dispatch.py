@@ -1,0 +1,455 @@
+"""Declared hooks as pipeline hooks: the dispatcher (filters, safeguards, audit, span) and the adapters
+that map the seed's events onto our stages.
+
+| event | stage | what a decision does |
+| --- | --- | --- |
+| session_start | before_run | observe; ``additionalContext`` is appended to the run's instructions |
+| user_prompt_submit | before_run | block stops the run with the reason; ``updatedInput.prompt`` rewrites the ask |
+| pre_tool_use | before_tool | block denies the call; ``updatedInput`` modifies the arguments (validated again) |
+| post_tool_use | after_tool | observe; ``additionalContext`` is appended to the result text |
+| stop | on_finish | observe |
+| subagent_start | before_tool of sub-agent steps | as pre_tool_use |
+| subagent_stop | after_tool of sub-agent steps | as post_tool_use |
+
+Every invocation runs inside the hook's activity (``<stage>_hook``) and leaves one audit row, keyed by
+the activity's identity so a retry never writes twice. Blocking events fail closed: an error blocks, a
+timeout follows ``on_timeout``, and a tripped breaker blocks with ``circuit_open`` until re-enabled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from opentelemetry import trace
+from temporalio import activity
+
+from workflows.models import (
+    METADATA_SUBAGENT_DEPTH,
+    RunOutcomeView,
+    RunPatch,
+    RunView,
+    Stop,
+    ToolCall,
+    ToolDecision,
+    ToolOutcomeView,
+    subagent_depth,
+)
+
+from ..contracts import PipelineContext, PipelineHook
+from .config import CommandHook, HookEvent, HttpHook, PromptHook, load_hooks_file
+from .handlers import HandlerError, HandlerResult, run_command, run_http, run_prompt
+from .security import SecretBox
+from .store import GLOBAL_TENANT, ExecutionRow, HookStore
+
+logger = logging.getLogger(__name__)
+
+DeclaredSpec = CommandHook | HttpHook | PromptHook
+PROMPT_CACHE_TTL_SECONDS = 60.0
+# Room beyond a hook's own timeout for the breaker check and the audit write inside its activity.
+ACTIVITY_MARGIN_SECONDS = 10.0
+
+REASON_CIRCUIT_OPEN = "circuit_open"
+REASON_HOOK_ERROR = "hook_error"
+REASON_TIMEOUT = "timeout"
+
+
+@dataclass
+class DeclaredHookRuntime:
+    """What every declared hook of a worker shares: the store, the secret key, the network policy.
+
+    Args:
+        store: Audit rows, breaker state, the prompt decision cache and tenant budgets (shared by workers).
+        secrets: Decrypts header secrets at dispatch and encrypts audit error details.
+        allow_loopback: Let http/prompt hooks reach loopback addresses (tests; never in production).
+        environ: Where a command hook's allow-listed variables come from.
+    """
+
+    store: HookStore
+    secrets: SecretBox | None = None
+    allow_loopback: bool = False
+    prompt_cache_ttl_seconds: float = PROMPT_CACHE_TTL_SECONDS
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+
+
+@dataclass(frozen=True)
+class InvocationIdentity:
+    """The activity an invocation runs in: what makes its audit row unique across retries."""
+
+    workflow_id: str
+    run_id: str
+    activity_id: str
+    request_id: str | None = None
+
+    def dedup_key(self, hook_id: str) -> str:
+        material = "\x00".join([self.workflow_id, self.run_id, self.activity_id, hook_id])
+        return hashlib.sha256(material.encode()).hexdigest()
+
+
+@dataclass
+class DispatchResult:
+    """What one declared-hook invocation decided, and what it observed."""
+
+    decision: Literal["allow", "block", "skip"]
+    reason: str
+    status: Literal["completed", "error", "timeout"]
+    duration_ms: float
+    additional_context: str | None = None
+    updated_input: dict[str, Any] | None = None
+    output: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    tripped: bool = False
+
+
+@dataclass
+class HookEventData:
+    """The event as handlers and filters see it."""
+
+    payload: dict[str, Any]
+    tool_name: str = ""
+    tool_input: dict[str, Any] = field(default_factory=dict)
+    depth: int = 0
+    tenant: str | None = None
+
+
+def event_data(spec: DeclaredSpec, ctx: PipelineContext | None, **fields: Any) -> HookEventData:
+    """The JSON a handler receives: the event name, the hook, the request's identity and scope, and the
+    event's own fields (``tool_name``/``tool_input``, ``prompt``, ``status``...)."""
+    metadata = dict(ctx.metadata) if ctx is not None else {}
+    tenant = metadata.get("tenant_id") if isinstance(metadata.get("tenant_id"), str) else None
+    agent = metadata.get("agent_id") if isinstance(metadata.get("agent_id"), str) else None
+    depth = subagent_depth(metadata)
+    payload = {
+        "event": spec.event.value,
+        "hook_id": spec.id,
+        "request_id": ctx.request_id if ctx else None,
+        "workflow_id": ctx.workflow_id if ctx else None,
+        "tenant_id": tenant,
+        "agent_id": agent,
+        "depth": depth,
+        **fields,
+    }
+    return HookEventData(
+        payload=payload,
+        tool_name=str(fields.get("tool_name") or ""),
+        tool_input=dict(fields.get("tool_input") or {}),
+        depth=depth,
+        tenant=tenant,
+    )
+
+
+def _current_identity(ctx: PipelineContext | None) -> InvocationIdentity | None:
+    if not activity.in_activity():
+        return None
+    info = activity.info()
+    return InvocationIdentity(
+        workflow_id=info.workflow_id or "", run_id=info.workflow_run_id or "", activity_id=info.activity_id,
+        request_id=ctx.request_id if ctx else None,
+    )
+
+
+async def dispatch(
+    spec: DeclaredSpec,
+    runtime: DeclaredHookRuntime,
+    event: HookEventData,
+    *,
+    state: dict[str, Any],
+    identity: InvocationIdentity | None,
+    audit: bool = True,
+) -> DispatchResult:
+    """Run one declared hook for one event: breaker, matcher, CEL, the handler under its timeout, then
+    the audit row (and breaker move) unless ``audit`` is off (dry runs) or there is no identity."""
+    started = time.monotonic()
+    blocking = spec.event.blocking
+    metadata: dict[str, Any] = {}
+    span_context = trace.get_current_span().get_span_context()
+    if span_context.is_valid:
+        metadata["trace_id"] = format(span_context.trace_id, "032x")
+    tracer = trace.get_tracer("agent_lifecycle")
+    with tracer.start_as_current_span(
+        f"hook.{spec.handler_type}.{spec.event.value}",
+        attributes={"hook.id": spec.id, "hook.version": spec.version, "hook.event": spec.event.value},
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        turn_key = f"{identity.workflow_id}/{identity.run_id}" if identity is not None else None
+        result = await _decide(spec, runtime, event, state, metadata, blocking, turn_key)
+        result.duration_ms = (time.monotonic() - started) * 1000.0
+        result.metadata = {**metadata, **result.metadata}
+        if audit and identity is not None:
+            result.tripped = await _audit(spec, runtime, event, identity, result)
+        span.set_attributes(
+            {
+                "status": "error" if result.status != "completed" else "completed",
+                "duration_ms": result.duration_ms,
+                "decision": result.decision if result.status != "timeout" else "timeout",
+                "metadata.decision": result.decision,
+                "hook.reason": result.reason,
+                "hook.outcome": result.status,
+            }
+        )
+    return result
+
+
+async def _decide(
+    spec: DeclaredSpec,
+    runtime: DeclaredHookRuntime,
+    event: HookEventData,
+    state: dict[str, Any],
+    metadata: dict[str, Any],
+    blocking: bool,
+    turn_key: str | None,
+) -> DispatchResult:
+    def failed(status: Literal["error", "timeout"], message: str, extra: Mapping[str, Any] | None = None) -> DispatchResult:
+        if status == "timeout":
+            decision = spec.timeout_decision
+        else:
+            decision = "block" if blocking else "allow"
+        reason = REASON_TIMEOUT if status == "timeout" else REASON_HOOK_ERROR
+        return DispatchResult(decision, reason, status, 0.0, metadata=dict(extra or {}), error=message)
+
+    try:
+        hook_state = await asyncio.to_thread(runtime.store.state, spec.id)
+    except Exception as err:  # the store cannot say whether the hook is enabled: fail closed
+        logger.warning("security.hook.resolve_error hook=%s: %s", spec.id, err)
+        return failed("error", f"hook state unavailable: {err}")
+    if not hook_state.enabled:
+        return DispatchResult("block" if blocking else "skip", REASON_CIRCUIT_OPEN, "completed", 0.0, metadata={"circuit_open": True})
+    if spec.compiled_matcher is not None:
+        matched = spec.compiled_matcher.search(event.tool_name) is not None
+        metadata["matcher_matched"] = matched
+        if not matched:
+            return DispatchResult("skip", "matcher_not_matched", "completed", 0.0)
+    if spec.program is not None:
+        try:
+            verdict = spec.program.execute({"tool_name": event.tool_name, "tool_input": event.tool_input, "depth": event.depth})
+        except Exception as err:
+            metadata["cel_eval_result"] = "error"
+            return failed("error", f"if_expr could not be evaluated: {type(err).__name__}: {err}")
+        if not isinstance(verdict, bool):
+            metadata["cel_eval_result"] = "error"
+            return failed("error", f"if_expr must yield a bool, got {type(verdict).__name__}")
+        metadata["cel_eval_result"] = verdict
+        if not verdict:
+            return DispatchResult("skip", "if_expr_false", "completed", 0.0)
+    try:
+        async with asyncio.timeout(spec.timeout_ms / 1000.0):
+            outcome = await _run_handler(spec, runtime, event, state, turn_key)
+    except TimeoutError:
+        return failed("timeout", f"hook did not answer within {spec.timeout_ms} ms")
+    except HandlerError as err:
+        result = failed("error", str(err), err.metadata)
+        result.output = err.output
+        return result
+    except Exception as err:  # any unhandled error: fail closed on blocking events
+        return failed("error", f"{type(err).__name__}: {err}")
+    return DispatchResult(
+        outcome.decision,
+        outcome.reason if outcome.decision == "block" else "",
+        "completed",
+        0.0,
+        additional_context=outcome.additional_context,
+        updated_input=outcome.updated_input,
+        output=outcome.output,
+        metadata=outcome.metadata,
+    )
+
+
+async def _run_handler(
+    spec: DeclaredSpec, runtime: DeclaredHookRuntime, event: HookEventData, state: dict[str, Any], turn_key: str | None
+) -> HandlerResult:
+    if isinstance(spec, CommandHook):
+        return await run_command(spec.config, event.payload, environ=runtime.environ)
+    if isinstance(spec, HttpHook):
+        return await run_http(spec.config, event.payload, secrets=runtime.secrets, allow_loopback=runtime.allow_loopback)
+    return await run_prompt(
+        spec,
+        event.tool_name,
+        event.tool_input,
+        store=runtime.store,
+        secrets=runtime.secrets,
+        allow_loopback=runtime.allow_loopback,
+        tenant=event.tenant or GLOBAL_TENANT,
+        state=state,
+        cache_ttl_seconds=runtime.prompt_cache_ttl_seconds,
+        turn_key=turn_key,
+    )
+
+
+async def _audit(
+    spec: DeclaredSpec, runtime: DeclaredHookRuntime, event: HookEventData, identity: InvocationIdentity, result: DispatchResult
+) -> bool:
+    row = ExecutionRow(
+        dedup_key=identity.dedup_key(spec.id),
+        hook_id=spec.id,
+        hook_label=spec.id,
+        hook_version=spec.version,
+        event=spec.event.value,
+        handler_type=spec.handler_type,
+        decision=result.decision,
+        reason=result.reason,
+        status=result.status,
+        duration_ms=result.duration_ms,
+        tenant_id=event.tenant,
+        workflow_id=identity.workflow_id,
+        run_id=identity.run_id,
+        activity_id=identity.activity_id,
+        request_id=identity.request_id,
+        error=result.error,
+        metadata=result.metadata,
+    )
+    counts = result.decision == "block" or result.status == "timeout"
+    try:
+        return await asyncio.to_thread(runtime.store.record_execution, row, counts_as_block=counts)
+    except Exception as err:
+        # The activity fails and is retried; the dedup key keeps the retry from writing a second row.
+        logger.warning("security.hook.audit_write_failed hook=%s: %s", spec.id, err)
+        raise
+
+
+# --------------------------------------------------------------------------------------------------
+# Adapters: a declared hook as a PipelineHook of the stage its event maps onto
+# --------------------------------------------------------------------------------------------------
+
+
+class DeclaredHook(PipelineHook):
+    """A declared hook in the registry. ``name`` is its id; priority and scope come from the file."""
+
+    def __init__(self, spec: DeclaredSpec, runtime: DeclaredHookRuntime) -> None:
+        self.spec = spec
+        self.runtime = runtime
+        self.name = spec.id
+        self.priority = spec.priority
+        self.scope = spec.scope
+        self.tenant_id = spec.tenant_id
+        self.agent_id = spec.agent_id
+        self.timeout_seconds = spec.timeout_ms / 1000.0 + ACTIVITY_MARGIN_SECONDS
+        self.max_attempts = 3
+
+    async def fire(self, ctx: PipelineContext, **fields: Any) -> DispatchResult:
+        return await dispatch(
+            self.spec, self.runtime, event_data(self.spec, ctx, **fields), state=ctx.state, identity=_current_identity(ctx)
+        )
+
+    def block_message(self, result: DispatchResult) -> str:
+        return f"blocked by hook {self.spec.id}: {result.reason or 'blocked'}"
+
+
+class _BeforeRun(DeclaredHook):
+    """session_start (observe, may add context) and user_prompt_submit (may block or rewrite the ask)."""
+
+    async def before_run(self, ctx: PipelineContext, run: RunView) -> RunPatch | Stop | None:
+        result = await self.fire(ctx, prompt=run.ask)
+        if self.spec.event is HookEvent.USER_PROMPT_SUBMIT and result.decision == "block":
+            return Stop(text=self.block_message(result), reason=result.reason or "blocked")
+        patch = RunPatch()
+        if result.additional_context:
+            patch.instructions = "\n".join(t for t in (run.instructions, result.additional_context) if t)
+        updated = (result.updated_input or {}).get("prompt")
+        if self.spec.event is HookEvent.USER_PROMPT_SUBMIT and isinstance(updated, str) and updated.strip():
+            patch.ask = updated
+        return patch if patch.instructions is not None or patch.ask is not None else None
+
+
+class _BeforeTool(DeclaredHook):
+    """pre_tool_use (every step) and subagent_start (sub-agent steps only)."""
+
+    async def before_tool(self, ctx: PipelineContext, call: ToolCall) -> ToolDecision | None:
+        if self.spec.event is HookEvent.SUBAGENT_START and not call.subagent:
+            return None
+        result = await self.fire(
+            ctx, tool_name=call.tool, tool_input=call.arguments, step_id=call.step_id, subagent=call.subagent
+        )
+        if result.decision == "block":
+            return ToolDecision.deny(self.block_message(result), reason=result.reason or "blocked")
+        if result.updated_input is not None:
+            return ToolDecision.modify(result.updated_input, reason=f"updatedInput from {self.spec.id}")
+        return None
+
+
+class _AfterTool(DeclaredHook):
+    """post_tool_use (every step) and subagent_stop (sub-agent steps only): observe, may append context."""
+
+    async def after_tool(self, ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> str | None:
+        if self.spec.event is HookEvent.SUBAGENT_STOP and not call.subagent:
+            return None
+        result = await self.fire(
+            ctx,
+            tool_name=call.tool,
+            tool_input=call.arguments,
+            step_id=call.step_id,
+            subagent=call.subagent,
+            status=outcome.status,
+            tool_result=outcome.result,
+        )
+        if result.additional_context:
+            return f"{outcome.result}\n{result.additional_context}" if outcome.result else result.additional_context
+        return None
+
+
+class _OnFinish(DeclaredHook):
+    """stop: observe how the run ended."""
+
+    async def on_finish(self, ctx: PipelineContext, outcome: RunOutcomeView) -> None:
+        await self.fire(ctx, status=outcome.status, response=outcome.response)
+
+
+_ADAPTERS: dict[HookEvent, type[DeclaredHook]] = {
+    HookEvent.SESSION_START: _BeforeRun,
+    HookEvent.USER_PROMPT_SUBMIT: _BeforeRun,
+    HookEvent.PRE_TOOL_USE: _BeforeTool,
+    HookEvent.SUBAGENT_START: _BeforeTool,
+    HookEvent.POST_TOOL_USE: _AfterTool,
+    HookEvent.SUBAGENT_STOP: _AfterTool,
+    HookEvent.STOP: _OnFinish,
+}
+
+
+def declared_hook(spec: DeclaredSpec, runtime: DeclaredHookRuntime) -> DeclaredHook:
+    """The pipeline hook for one declared hook (its stage is fixed by its event)."""
+    return _ADAPTERS[spec.event](spec, runtime)
+
+
+def declared_hooks(specs: list[DeclaredSpec], runtime: DeclaredHookRuntime) -> list[DeclaredHook]:
+    """Pipeline hooks for the enabled specs, each registered in the store (new ones start enabled; a
+    tripped one stays tripped until an operator re-enables it)."""
+    hooks = []
+    for spec in specs:
+        if not spec.enabled:
+            continue
+        runtime.store.register(spec)
+        hooks.append(declared_hook(spec, runtime))
+    return hooks
+
+
+def load_declared_hooks(path: str | Path, runtime: DeclaredHookRuntime) -> list[DeclaredHook]:
+    """Read, validate and register a declared-hooks file; raises ``DeclaredHookConfigError``."""
+    return declared_hooks(load_hooks_file(path), runtime)
+
+
+async def dry_run(spec: DeclaredSpec, runtime: DeclaredHookRuntime, sample: Mapping[str, Any]) -> DispatchResult:
+    """Fire one hook with a sample event and write no audit row (the seed's Test panel)."""
+    fields = {k: v for k, v in sample.items() if k not in ("event", "hook_id", "metadata")}
+    metadata = sample.get("metadata") if isinstance(sample.get("metadata"), dict) else {}
+    for key in ("tenant_id", "agent_id"):
+        if key in sample and key not in metadata:
+            metadata = {**metadata, key: sample[key]}
+    if "depth" in sample and METADATA_SUBAGENT_DEPTH not in metadata:
+        metadata = {**metadata, METADATA_SUBAGENT_DEPTH: sample["depth"]}
+    fields.pop("tenant_id", None)
+    fields.pop("agent_id", None)
+    fields.pop("depth", None)
+    event = event_data(spec, None, **fields)
+    tenant = metadata.get("tenant_id")
+    event.tenant = tenant if isinstance(tenant, str) else None
+    event.depth = subagent_depth(metadata)
+    event.payload.update(tenant_id=event.tenant, agent_id=metadata.get("agent_id"), depth=event.depth)
+    return await dispatch(spec, runtime, event, state={}, identity=None, audit=False)

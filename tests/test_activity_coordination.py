@@ -1,0 +1,339 @@
+"""Managed activity coordination (issue 6; seed 000 opening paragraph, §10).
+
+The announcement hands its signal to the request owner — the workflow — which renews it on a timer loop
+while the request runs and, on every exit, stops and joins that loop before it releases the signal. The
+history shows the order (no ``renew_lease`` is scheduled after ``release_lease``); the record shows both
+effects terminal with their counts before the terminal persist; the SQLite registry shows the signal gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from temporalio.exceptions import CancelledError
+
+from activities.memory import SQLiteMemory
+from activities.tools import Tool, ToolContext
+from demo.agent import RulePlanner
+from hooks import (
+    HookRejection,
+    PipelineHook,
+    PipelineShortCircuit,
+    RequiredAfterPlanningHook,
+    ToolDecision,
+)
+from hooks.builtin import (
+    ActivityAnnouncementHook,
+    ActivityCleanupHook,
+    activity_signal_id,
+)
+from hooks.memory import ActivitySignal, ReadResult, WriteResult
+from workflows.models import (
+    EffectStatus,
+    ExecutionRecord,
+    Plan,
+    PlanStep,
+    RequestStatus,
+    ReviewSettings,
+)
+
+from .doubles import FixedPlanner, quote
+from .harness import Harness, Outcome
+
+QUOTE = "What is the price of ACME?"
+RENEWAL, CLEANUP = "activity_signal_renewal", "activity_signal_cleanup"
+
+
+def coordination_hooks(memory: Any, agent: str = "quote-agent", **options: Any) -> list:
+    return [ActivityAnnouncementHook(memory, agent=agent, **options), ActivityCleanupHook(memory, agent=agent)]
+
+
+def lease_order(out: Outcome) -> list[str]:
+    return [t for t in out.activity_types() if t in ("renew_lease", "release_lease")]
+
+
+def assert_released_after_join(out: Outcome, record: ExecutionRecord, exit: str) -> None:
+    """One release, nothing renewed after it, both effects terminal with counts, in the given record."""
+    order = lease_order(out)
+    assert order.count("release_lease") == 1 and order[-1] == "release_lease", order
+    types = out.activity_types()
+    assert types.index("release_lease") < len(types) - 1 and types[-1] == "persist_execution_record"
+    renewal, cleanup = record.effect(RENEWAL), record.effect(CLEANUP)
+    assert renewal.status is EffectStatus.SUCCEEDED, renewal
+    assert renewal.data["loop"] == "joined" and renewal.data["exit"] == exit
+    assert renewal.data["submitted"] == order.count("renew_lease") and renewal.data["errors"] == 0
+    assert cleanup.status is EffectStatus.SUCCEEDED, cleanup
+    assert cleanup.data["renewal_joined_first"] is True and cleanup.data["exit"] == exit
+    assert (cleanup.data["submitted"], cleanup.data["errors"], cleanup.data["provider_call_status"]) == (1, 0, "returned")
+    assert cleanup.data["observed"]["removed"] is True
+    assert cleanup.hook == "activity-announcement"  # completed by the owner, not by activity-cleanup
+
+
+async def test_a_managed_request_announces_renews_nothing_quick_and_cleans_up_on_success(client, tmp_path):
+    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    async with Harness(client, tmp_path, hooks=coordination_hooks(memory), planner=FixedPlanner(quote("q", "ACME"))) as h:
+        out = await h.run(QUOTE)
+
+    assert out.failure is None
+    signal_id = activity_signal_id("quote-agent", out.record.request_id)
+    announced = out.record.effect("activity_signal")
+    assert announced.status is EffectStatus.SUCCEEDED
+    assert announced.data["signal_id"] == signal_id and announced.data["entities"] == ["ACME"]
+    # The cleanup hook ran (after synthesis) but is a pass-through: the owner reports the cleanup.
+    assert [i.hook for i in out.record.pipeline_hooks][-1] == "activity-cleanup"
+    assert "release_lease" in out.activity_types()
+    assert out.activity_types().index("release_lease") > out.activity_types().index("after_synthesis_hook")
+    stored = await out.stored()
+    assert_released_after_join(out, stored, "completed")
+    assert await memory.signal(signal_id) is None
+
+
+class FailingPlanner:
+    name = "failing-planner"
+
+    async def plan(self, request):
+        raise RuntimeError("planner is down")
+
+
+class RejectEverything(RequiredAfterPlanningHook, PipelineHook):
+    name = "reject-everything"
+
+    def after_planning(self, ctx, plan):
+        raise HookRejection("not today")
+
+
+class AnswerFromCache(PipelineHook):
+    name = "answer-from-cache"
+
+    def before_planning(self, ctx):
+        return PipelineShortCircuit(response="cached", source="test")
+
+
+class StopAtTool(PipelineHook):
+    name = "stop-at-tool"
+
+    def before_tool(self, ctx, call):
+        return ToolDecision.stop("stopped before the tool", reason="test")
+
+
+def message(step_id: str = "notify") -> PlanStep:
+    return PlanStep(step_id=step_id, namespace="demo-tools", agent="notify-service", capability="send_message",
+                    arguments={"to": "bob", "text": "hi"})
+
+
+EXITS = {
+    # name: (extra hooks after coordination, planner, expected exit, expected failure type, status)
+    "short_circuit": ([AnswerFromCache()], None, "completed", None, RequestStatus.SUCCEEDED),
+    "failure": ([], FailingPlanner(), "error", "PlanningFailed", RequestStatus.FAILED),
+    "required_rejection": ([RejectEverything()], None, "error", "RequiredAfterPlanningError", RequestStatus.FAILED),
+    "stop": ([StopAtTool()], None, "stopped", None, RequestStatus.STOPPED),
+}
+
+
+@pytest.mark.parametrize("exit_path", list(EXITS))
+async def test_cleanup_runs_on_every_exit_after_the_renewal_loop_is_joined(client, tmp_path, exit_path):
+    extra, planner, exit, failure_type, status = EXITS[exit_path]
+    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    hooks = [coordination_hooks(memory)[0], *extra, coordination_hooks(memory)[1]]
+    async with Harness(client, tmp_path, hooks=hooks, planner=planner or FixedPlanner(quote("q", "ACME"))) as h:
+        out = await h.run(QUOTE)
+
+    if failure_type:
+        assert out.failure is not None and out.failure.type == failure_type
+    else:
+        assert out.failure is None
+    stored = await out.stored()
+    assert stored.status is status
+    assert_released_after_join(out, stored, exit)
+    assert await memory.signal(activity_signal_id("quote-agent", stored.request_id)) is None
+
+
+async def test_cleanup_runs_when_a_checkpoint_is_rejected(client, tmp_path):
+    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    async with Harness(client, tmp_path, hooks=coordination_hooks(memory), planner=FixedPlanner(message())) as h:
+        handle = await h.start("Send a message to bob")
+        checkpoint = await h.wait_for_checkpoint(handle)
+        # While it waits, the signal is announced and visible to other agents.
+        [live] = (await memory.active()).items
+        assert live.agent == "quote-agent"
+        await handle.signal("reject", {"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "ops", "reason": "no"})
+        out = await h.finish(handle)
+
+    assert out.failure is not None and out.failure.type == "CheckpointRejected"
+    assert_released_after_join(out, await out.stored(), "error")
+    assert (await memory.active()).items == []
+
+
+class _Args(BaseModel):
+    pass
+
+
+class BlockingTool(Tool):
+    namespace = "test-tools"
+    agent = "slow-service"
+    capability = "wait_forever"
+    Arguments = _Args
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def run(self, arguments, ctx: ToolContext):
+        self.started.set()
+        await asyncio.Event().wait()
+
+
+async def test_cleanup_runs_when_the_request_is_cancelled(client, tmp_path):
+    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    tool = BlockingTool()
+    planner = FixedPlanner(PlanStep(step_id="wait", namespace="test-tools", agent="slow-service", capability="wait_forever"))
+    async with Harness(client, tmp_path, hooks=coordination_hooks(memory), tools=[tool], planner=planner) as h:
+        handle = await h.start("wait for ACME")
+        await asyncio.wait_for(tool.started.wait(), timeout=30)
+        assert len((await memory.active()).items) == 1
+        await handle.cancel()
+        out = await h.finish(handle)
+
+    assert isinstance(out.failure, CancelledError)
+    stored = await out.stored()
+    assert stored.status is RequestStatus.CANCELLED
+    assert_released_after_join(out, stored, "cancelled")
+    assert (await memory.active()).items == []
+
+
+class RecordingCoordinator:
+    """The real SQLite registry, remembering what each renewal reported (the expiry it set)."""
+
+    def __init__(self, memory: SQLiteMemory) -> None:
+        self.memory = memory
+        self.renewals: list[WriteResult] = []
+
+    async def announce(self, signal: ActivitySignal, *, ttl_seconds: float) -> WriteResult:
+        return await self.memory.announce(signal, ttl_seconds=ttl_seconds)
+
+    async def renew(self, signal_id: str, *, ttl_seconds: float) -> WriteResult:
+        result = await self.memory.renew(signal_id, ttl_seconds=ttl_seconds)
+        self.renewals.append(result)
+        return result
+
+    async def remove(self, signal_id: str) -> WriteResult:
+        return await self.memory.remove(signal_id)
+
+    async def active(self) -> ReadResult[ActivitySignal]:
+        return await self.memory.active()
+
+
+async def test_a_long_checkpoint_wait_is_renewed_before_the_ttl_and_cleaned_up_on_expiry(time_env, tmp_path):
+    coordinator = RecordingCoordinator(SQLiteMemory(tmp_path / "memory.sqlite3"))
+    hooks = coordination_hooks(coordinator, ttl_seconds=60.0, renew_interval_seconds=20.0)
+    async with Harness(
+        time_env.client,
+        tmp_path,
+        hooks=hooks,
+        planner=FixedPlanner(message()),
+        review=ReviewSettings(checkpoint_expiry_seconds=600),
+        search_attributes=False,
+    ) as h:
+        out = await h.run("Send a message to bob")  # nobody reviews: the time-skipping server reaches the expiry
+
+    assert out.failure is not None and out.failure.type == "CheckpointExpired"
+    renewals = lease_order(out).count("renew_lease")
+    assert renewals >= 10  # 600 s of waiting, renewed every 20 s
+    # Each renewal reached the registry and pushed the expiry of the existing signal.
+    assert len(coordinator.renewals) == renewals
+    assert all(r.ok and r.detail["found"] for r in coordinator.renewals)
+    expiries = [r.detail["expires_at"] for r in coordinator.renewals]
+    assert expiries == sorted(expiries)
+    stored = await out.stored()
+    assert_released_after_join(out, stored, "error")
+    assert stored.effect(RENEWAL).data["returned"] == renewals
+    assert stored.effect(RENEWAL).data["last_expires_at"] is not None
+    assert (await coordinator.active()).items == []
+
+
+async def test_direct_cleanup_hook_removes_the_signal_itself_when_no_owner_holds_it(client, tmp_path):
+    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    async with Harness(client, tmp_path, hooks=coordination_hooks(memory, managed=False), planner=FixedPlanner(quote("q", "ACME"))) as h:
+        out = await h.run(QUOTE)
+
+    assert out.failure is None
+    assert lease_order(out) == []  # no owner: nothing renews or releases
+    stored = await out.stored()
+    assert stored.effect(RENEWAL) is None
+    cleanup = stored.effect(CLEANUP)
+    assert cleanup.status is EffectStatus.SUCCEEDED and cleanup.hook == "activity-cleanup"
+    assert cleanup.data["mode"] == "direct" and cleanup.data["removed"] is True
+    assert await memory.signal(activity_signal_id("quote-agent", stored.request_id)) is None
+
+
+class SeeEachOther:
+    """The real registry, whose ``active()`` waits until both agents have announced (so neither request
+    reads before the other has written)."""
+
+    def __init__(self, memory: SQLiteMemory) -> None:
+        self.memory = memory
+
+    async def announce(self, signal, *, ttl_seconds):
+        return await self.memory.announce(signal, ttl_seconds=ttl_seconds)
+
+    async def renew(self, signal_id, *, ttl_seconds):
+        return await self.memory.renew(signal_id, ttl_seconds=ttl_seconds)
+
+    async def remove(self, signal_id):
+        return await self.memory.remove(signal_id)
+
+    async def active(self):
+        async with asyncio.timeout(30):
+            while len((await self.memory.active()).items) < 2:
+                await asyncio.sleep(0.05)
+        return await self.memory.active()
+
+
+class CapturingPlanner(RulePlanner):
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    async def plan(self, request) -> Plan:
+        self.prompts.append(request.prompt)
+        return await super().plan(request)
+
+
+async def test_two_concurrent_requests_of_different_agents_see_each_others_activity(client, tmp_path):
+    coordinator = SeeEachOther(SQLiteMemory(tmp_path / "memory.sqlite3"))
+    planners = {"research-agent": CapturingPlanner(), "trading-desk": CapturingPlanner()}
+    async with (
+        Harness(client, tmp_path / "a", hooks=coordination_hooks(coordinator, "research-agent"), planner=planners["research-agent"]) as a,
+        Harness(client, tmp_path / "b", hooks=coordination_hooks(coordinator, "trading-desk"), planner=planners["trading-desk"]) as b,
+    ):
+        out_a, out_b = await asyncio.gather(a.run("What is the price of ACME?"), b.run("Quote ACME and MSFT for the desk"))
+
+    for out, other, activity in ((out_a, "trading-desk", "Quote ACME and MSFT"), (out_b, "research-agent", "What is the price of ACME?")):
+        assert out.failure is None
+        text = out.record.enrichments["activity_coordination"]
+        assert f"{other} is working on: {activity}" in text and "ACME" in text
+        selected = out.record.effect("activity_context").data["selected"]
+        assert [s["agent"] for s in selected] == [other]
+    for agent, planner in planners.items():
+        [prompt] = planner.prompts
+        assert "<agent_coordination>" in prompt and "is working on" in prompt and f"{agent} is working on" not in prompt
+    assert (await coordinator.memory.active()).items == []
+
+
+async def test_an_unreadable_registry_fails_open_and_no_lease_is_declared(client, tmp_path):
+    path = tmp_path / "memory.sqlite3"
+    memory = SQLiteMemory(path)
+    path.write_bytes(b"not a database" * 512)
+    async with Harness(client, tmp_path, hooks=coordination_hooks(memory), planner=FixedPlanner(quote("q", "ACME"))) as h:
+        out = await h.run(QUOTE)
+
+    assert out.failure is None and "ACME is trading at" in out.result.response
+    signal = out.record.effect("activity_signal")
+    assert signal.status is EffectStatus.FAILED and signal.data["provider_call_status"] == "error"
+    assert "not a database" in signal.error
+    context = out.record.effect("activity_context")
+    assert context.status is EffectStatus.FAILED and context.data["read_status"] == "read_failed"
+    assert lease_order(out) == [] and out.record.effect(RENEWAL) is None
+    # The cleanup hook, without an owner, tried the removal itself and reported its error.
+    assert out.record.effect(CLEANUP).status is EffectStatus.FAILED
