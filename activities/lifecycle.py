@@ -16,11 +16,11 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 from opentelemetry.trace import Span, Status, StatusCode
-from pydantic import JsonValue
+from pydantic import BaseModel, JsonValue
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
@@ -107,6 +107,7 @@ from .store import ExecutionStore
 from .tools import ToolContext, ToolRegistry
 
 logger = logging.getLogger(__name__)
+ResultT = TypeVar("ResultT", bound=BaseModel)
 
 INVALID_ARGUMENTS = "InvalidArguments"
 MAX_PRIVATE_STATE_BYTES = 64 * 1024
@@ -876,15 +877,7 @@ class LifecycleActivities:
             attributes={"pipeline.hook.name": work.hook, "pipeline.effect_id": work.effect_id},
         ):
             returned = await _call(hook.run_detached, ctx)
-        if returned is None:
-            return DetachedWorkResult()
-        if isinstance(returned, DetachedWorkResult):
-            return returned
-        raise ApplicationError(
-            f"run_detached must return DetachedWorkResult or None, got {type(returned).__name__}",
-            type=decisions.INVALID_HOOK_RESULT,
-            non_retryable=True,
-        )
+        return _returned_or_default(returned, DetachedWorkResult, "run_detached")
 
     @activity.defn(name="merge_effect_update")
     async def merge_effect_update(self, input: EffectUpdateInput) -> PersistRecordOutput:
@@ -922,15 +915,7 @@ class LifecycleActivities:
                 raise ApplicationError(
                     f"{method} of {lease.hook!r}: {err}", {"exception_type": type(err).__name__}, type="LeaseProviderError"
                 ) from None
-        if returned is None:
-            return LeaseObservation()
-        if isinstance(returned, LeaseObservation):
-            return returned
-        raise ApplicationError(
-            f"{method} must return LeaseObservation or None, got {type(returned).__name__}",
-            type=decisions.INVALID_HOOK_RESULT,
-            non_retryable=True,
-        )
+        return _returned_or_default(returned, LeaseObservation, method)
 
     @activity.defn(name="renew_lease")
     async def renew_lease(self, call: LeaseCall) -> LeaseObservation:
@@ -941,3 +926,17 @@ class LifecycleActivities:
     async def release_lease(self, call: LeaseCall) -> LeaseObservation:
         """Release a managed lease through its hook's ``release_lease`` (after the renewal loop is joined)."""
         return await self._lease_call(call, "release_lease")
+
+
+def _returned_or_default(returned: Any, expected: type[ResultT], method: str) -> ResultT:
+    """``returned`` if it is an ``expected``, its default for ``None``; otherwise the hook broke its
+    contract (never retried)."""
+    if returned is None:
+        return expected()
+    if isinstance(returned, expected):
+        return returned
+    raise ApplicationError(
+        f"{method} must return {expected.__name__} or None, got {type(returned).__name__}",
+        type=decisions.INVALID_HOOK_RESULT,
+        non_retryable=True,
+    )

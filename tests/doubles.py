@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from pydantic import BaseModel, ConfigDict
 from temporalio.api.enums.v1 import EventType
 
+from activities.tools import Tool, ToolContext
 from workflows.models import HookInvocation, Plan, PlanStep
 
 from .harness import Outcome
@@ -40,6 +43,22 @@ class FixedPlanner:
 
 class NoArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class BlockingTool(Tool):
+    """A tool that never returns: the request stays in its tool step until cancelled."""
+
+    namespace = "test-tools"
+    agent = "slow-service"
+    capability = "wait_forever"
+    Arguments = NoArguments
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def run(self, arguments, ctx: ToolContext):
+        self.started.set()
+        await asyncio.Event().wait()
 
 
 def decision(invocation: HookInvocation) -> tuple[str, str, str]:

@@ -12,11 +12,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 from temporalio.exceptions import CancelledError
 
 from activities.memory import SQLiteMemory
-from activities.tools import Tool, ToolContext
 from demo.agent import RulePlanner
 from hooks import (
     HookRejection,
@@ -40,7 +38,7 @@ from workflows.models import (
     ReviewSettings,
 )
 
-from .doubles import FixedPlanner, quote
+from .doubles import BlockingTool, FixedPlanner, quote
 from .harness import Harness, Outcome
 
 QUOTE = "What is the price of ACME?"
@@ -165,24 +163,6 @@ async def test_cleanup_runs_when_a_checkpoint_is_rejected(client, tmp_path):
     assert out.failure is not None and out.failure.type == "CheckpointRejected"
     assert_released_after_join(out, await out.stored(), "error")
     assert (await memory.active()).items == []
-
-
-class _Args(BaseModel):
-    pass
-
-
-class BlockingTool(Tool):
-    namespace = "test-tools"
-    agent = "slow-service"
-    capability = "wait_forever"
-    Arguments = _Args
-
-    def __init__(self) -> None:
-        self.started = asyncio.Event()
-
-    async def run(self, arguments, ctx: ToolContext):
-        self.started.set()
-        await asyncio.Event().wait()
 
 
 async def test_cleanup_runs_when_the_request_is_cancelled(client, tmp_path):

@@ -4,31 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from pydantic import BaseModel
 from temporalio.exceptions import CancelledError
 
-from activities.tools import Tool, ToolContext
 from workflows.models import Plan, PlanStep, RequestStatus
 
+from .doubles import BlockingTool
 from .harness import Harness
-
-
-class _Args(BaseModel):
-    pass
-
-
-class BlockingTool(Tool):
-    namespace = "test-tools"
-    agent = "slow-service"
-    capability = "wait_forever"
-    Arguments = _Args
-
-    def __init__(self) -> None:
-        self.started = asyncio.Event()
-
-    async def run(self, arguments, ctx: ToolContext):
-        self.started.set()
-        await asyncio.Event().wait()
 
 
 class OneStepPlanner:
