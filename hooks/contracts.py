@@ -391,6 +391,10 @@ class PipelineHook:
             order (seed 004).
         scope: ``global`` (every request), ``tenant`` (requests whose metadata ``tenant_id`` is
             ``tenant_id``) or ``agent`` (also ``agent_id``); filtered per request by ``resolve_pipeline``.
+        matcher: A regex searched in the tool name (``agent/capability``). The tool stages
+            (before_tool, on_tool_error, after_tool) invoke the hook only for matching tools; the
+            workflow decides, so a non-matching step schedules no activity for it. ``None``: every tool.
+        subagent_only: The tool stages invoke the hook only for sub-agent steps.
     """
 
     name: str = ""
@@ -399,6 +403,8 @@ class PipelineHook:
     max_attempts: int = 3
     priority: int = 0
     scope: str = "global"
+    matcher: str | None = None
+    subagent_only: bool = False
     tenant_id: str | None = None
     agent_id: str | None = None
 

@@ -7,6 +7,7 @@ start rather than serve requests with a silently weakened control.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from workflows.models import HookEntry, RunMode, Stage
 from .contracts import STAGE_METHOD_ARITY, STAGE_METHODS, hook_option
 
 MAX_HOOK_TIMEOUT_SECONDS = 600.0
+TOOL_STAGES = {Stage.BEFORE_TOOL, Stage.ON_TOOL_ERROR, Stage.AFTER_TOOL}
 
 
 class InvalidPipelineConfigError(ValueError):
@@ -83,6 +85,26 @@ def _check_scope(hook: Any, index: int, name: str) -> None:
         problem = "an agent-scoped hook needs tenant_id and agent_id"
     if problem:
         raise InvalidPipelineConfigError(f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name)
+
+
+def _tool_filter(hook: Any, index: int, name: str, stages: list[Stage]) -> tuple[str | None, bool]:
+    """A hook's ``matcher`` and ``subagent_only``: checked here, applied by the workflow at tool stages."""
+    matcher, subagent_only = hook_option(hook, "matcher"), hook_option(hook, "subagent_only")
+    problem = None
+    if matcher is not None and not (isinstance(matcher, str) and matcher):
+        problem = "matcher must be a non-empty regex string or None"
+    elif matcher is not None:
+        try:
+            re.compile(matcher)
+        except re.error as err:
+            problem = f"matcher {matcher!r} is not a valid regex: {err}"
+    if problem is None and not isinstance(subagent_only, bool):
+        problem = "subagent_only must be a bool"
+    if problem is None and (matcher is not None or subagent_only) and not set(stages) & TOOL_STAGES:
+        problem = "matcher and subagent_only apply to tool stages only (before_tool, on_tool_error, after_tool)"
+    if problem:
+        raise InvalidPipelineConfigError(f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name)
+    return matcher, subagent_only
 
 
 def visible_to(hook: Any, tenant_id: str | None, agent_id: str | None) -> bool:
@@ -201,6 +223,7 @@ class HookRegistry:
             contract = "decision"
         elif "before_planning" in methods:
             contract = "legacy"
+        matcher, subagent_only = _tool_filter(hook, index, name, stages)
         return HookEntry(
             name=name,
             index=index,
@@ -210,6 +233,8 @@ class HookRegistry:
             run_mode=run_mode,
             timeout_seconds=float(timeout),
             max_attempts=attempts,
+            tool_matcher=matcher,
+            subagent_only=subagent_only,
         )
 
     @staticmethod

@@ -46,6 +46,33 @@ MEMORY_SCENARIOS = {
     "quote_with_shared_memory_and_managed_lease": ("What is the price of ACME?", {"cache": "bypass"}, None),
 }
 
+# Added with declared hooks and sub-agents (issue 5): a sub-agent step run as a child RequestLifecycle
+# (which recurses to the depth bound), a declared command hook the workflow's matcher filter applies to
+# the echo step only, and a subagent_stop hook on the sub-agent step only.
+SUBAGENT_SCENARIOS = {
+    "subagent_delegation_with_declared_hooks": ("Ask a sub-agent to look deeper", {"cache": "bypass"}, None),
+}
+
+
+def subagent_harness(client, state: Path) -> Harness:
+    from hooks.declarative import DeclaredHookRuntime, HookStore, declared_hooks, parse_hooks
+
+    from .doubles import FixedPlanner
+    from .test_declared_hooks import Echo, echo
+    from .test_declared_subagents import Delegate, delegate
+
+    runtime = DeclaredHookRuntime(store=HookStore(state / "hooks.sqlite3"))
+    declared = {
+        "hooks": [
+            {"id": "echo-guard", "event": "pre_tool_use", "handler_type": "command", "matcher": "^echo/",
+             "config": {"command": "true"}},
+            {"id": "child-done", "event": "subagent_stop", "handler_type": "command", "config": {"command": "true"}},
+        ]
+    }
+    hooks = declared_hooks(parse_hooks(declared), runtime)
+    planner = FixedPlanner(delegate(), echo("e", "hi"))
+    return Harness(client, state, hooks=hooks, tools=[Delegate(), Echo()], planner=planner)
+
 
 async def main(rewrite_all: bool) -> None:
     env = await WorkflowEnvironment.start_local(
@@ -73,6 +100,15 @@ async def main(rewrite_all: bool) -> None:
                         continue
                     out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
                     assert any(a.activity_type == "release_lease" for a in out.scheduled), "no managed lease was released"
+                    (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
+                    print(f"wrote {name}.json ({len(out.history.events)} events)")
+        with tempfile.TemporaryDirectory() as state:
+            async with subagent_harness(env.client, Path(state)) as h:
+                for name, (text, metadata, reviewer) in SUBAGENT_SCENARIOS.items():
+                    if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
+                        continue
+                    out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
+                    assert out.failure is None, out.failure
                     (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
                     print(f"wrote {name}.json ({len(out.history.events)} events)")
     finally:

@@ -161,10 +161,13 @@ async def test_command_hook_allow_block_continue_false_error_and_timeout(client,
     slow = only("slow")
     assert (slow.decision, slow.status, slow.reason) == ("block", "timeout", "timeout")
     assert (only("slow-open").decision, only("slow-open").status) == ("allow", "timeout")
-    # Filters: a row per invocation, with what the matcher and CEL said.
-    capture_rows = {r.decision: r for r in rows(rt, "capture")}
-    assert capture_rows["allow"].metadata["matcher_matched"] is True
-    assert capture_rows["skip"].metadata["matcher_matched"] is False and capture_rows["skip"].reason == "matcher_not_matched"
+    # Filters. The matcher is applied by the workflow: "capture" (^echo/) was invoked for the echo step
+    # only — the shell steps scheduled no activity for it and wrote no row. CEL runs in the activity and
+    # leaves a row per invocation with its verdict.
+    [capture_row] = rows(rt, "capture")
+    assert capture_row.decision == "allow" and capture_row.metadata["matcher_matched"] is True
+    capture_calls = [a.summary for a in out.scheduled if a.summary and "· capture ·" in a.summary]
+    assert capture_calls == ["before_tool · capture · e"], capture_calls
     assert {r.metadata.get("cel_eval_result") for r in rows(rt, "exit2")} == {True, False}
     assert all(r.workflow_id == out.workflow_id and r.tenant_id == "acme" for r in rows(rt))
     # Spans: hook.<handler_type>.<event> nested under the pipeline hook span.
@@ -495,7 +498,9 @@ async def test_prompt_hook_decides_through_decide_and_caches_until_the_version_c
     assert first_rows == {False} and second_rows == {True}
     evaluated = [r for r in rows(rt, workflow_id=first.workflow_id) if r.decision != "skip"]
     assert {r.metadata["prompt_model"] for r in evaluated} == {"judge-1"} and {r.metadata["prompt_tokens"] for r in evaluated} == {50}
-    assert [r.reason for r in rows(rt, workflow_id=first.workflow_id) if r.decision == "skip"] == ["matcher_not_matched"]
+    # The echo step does not match ^shell/: no evaluator activity was scheduled for it, no row written.
+    assert [r.reason for r in rows(rt, workflow_id=first.workflow_id) if r.decision == "skip"] == []
+    assert not [a for a in first.scheduled if a.summary and a.summary.endswith("· judge · e")]
 
 
 @pytest.mark.parametrize(

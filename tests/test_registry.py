@@ -23,6 +23,7 @@ from hooks import (
     RunMode,
     Stage,
 )
+from workflows.models import ToolCall
 
 from .worker_pipelines import Enrich, Governed, Reviewer
 
@@ -310,6 +311,43 @@ def test_invalid_run_options_are_rejected(option, value):
     assert err.reason == "invalid_option"
     assert err.hook == "opt" and err.index == 0
     assert option in str(err)
+
+
+class GuardShell(PipelineHook):
+    name = "guard-shell"
+
+    def before_tool(self, ctx, call):
+        return None
+
+
+@pytest.mark.parametrize(
+    "hook, option, problem",
+    [
+        (GuardShell(), {"matcher": "("}, "not a valid regex"),
+        (GuardShell(), {"matcher": ""}, "non-empty regex"),
+        (GuardShell(), {"matcher": 3}, "non-empty regex"),
+        (GuardShell(), {"subagent_only": "yes"}, "subagent_only must be a bool"),
+        (Enrich("enrich"), {"matcher": "^shell/"}, "tool stages only"),
+        (Enrich("enrich"), {"subagent_only": True}, "tool stages only"),
+    ],
+)
+def test_tool_filters_are_checked_when_the_pipeline_is_built(hook, option, problem):
+    for name, value in option.items():
+        setattr(hook, name, value)
+    err = build_error([hook])
+    assert err.reason == "invalid_option" and err.hook == hook.name and problem in str(err)
+
+
+def test_tool_filters_reach_the_manifest_and_select_tool_calls():
+    hook = GuardShell()
+    hook.matcher = "^shell/(exec|run)$"
+    [entry] = HookRegistry([hook]).entries
+    assert (entry.tool_matcher, entry.subagent_only) == ("^shell/(exec|run)$", False)
+    shell = ToolCall(step_id="s", namespace="ns", agent="shell", capability="exec")
+    other = ToolCall(step_id="o", namespace="ns", agent="stock-service", capability="stock_quote")
+    assert entry.applies_to_tool(shell) and not entry.applies_to_tool(other)
+    sub = entry.model_copy(update={"tool_matcher": None, "subagent_only": True})
+    assert not sub.applies_to_tool(shell) and sub.applies_to_tool(shell.model_copy(update={"subagent": True}))
 
 
 def test_manifest_entries_describe_a_valid_pipeline():

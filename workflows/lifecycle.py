@@ -764,7 +764,7 @@ class RequestLifecycleWorkflow:
     async def _resolved_argument_problems(self, step: PlanStep, call: ToolCall) -> list[str]:
         """Arguments with references were validated at planning only for presence; check their resolved
         values before any before_tool hook sees them (a local activity, where the tools live)."""
-        if call.arguments == step.arguments or not self._manifest.participants(Stage.BEFORE_TOOL):
+        if call.arguments == step.arguments or not self._manifest.tool_participants(Stage.BEFORE_TOOL, call):
             return []
         return await workflow.execute_local_activity(
             "validate_tool_arguments",
@@ -777,7 +777,7 @@ class RequestLifecycleWorkflow:
     async def _before_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> bool:
         """Run the before_tool chain; returns whether the call was denied. A stop ends the run."""
         stage = Stage.BEFORE_TOOL
-        for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
+        for sequence, hook in enumerate(self._manifest.tool_participants(stage, call), start=1):
             outcome, failure = await self._invoke(
                 hook, stage, sequence, BeforeToolCall(hook=hook, view=self._view(hook), call=call), BeforeToolOutcome, step=step
             )
@@ -883,7 +883,7 @@ class RequestLifecycleWorkflow:
     async def _on_tool_error(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
         stage = Stage.ON_TOOL_ERROR
         failed = ToolOutcomeView(status="failed", error=result.error, result=result.result or "")
-        for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
+        for sequence, hook in enumerate(self._manifest.tool_participants(stage, call), start=1):
             outcome, failure = await self._invoke(
                 hook, stage, sequence, ToolErrorCall(hook=hook, view=self._view(hook), call=call, outcome=failed), ToolErrorOutcome, step=step
             )
@@ -898,7 +898,7 @@ class RequestLifecycleWorkflow:
         """Chain result rewrites over every outcome; the execution status never changes here."""
         stage = Stage.AFTER_TOOL
         status = {StepStatus.SUCCEEDED: "executed", StepStatus.FAILED: "failed", StepStatus.SKIPPED: "skipped"}[result.status]
-        for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
+        for sequence, hook in enumerate(self._manifest.tool_participants(stage, call), start=1):
             view = ToolOutcomeView(
                 status=status,
                 output=result.output if result.status is StepStatus.SUCCEEDED else None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
@@ -288,9 +289,17 @@ class HookEntry(BaseModel):
     run_mode: RunMode = RunMode.ACTIVITY
     timeout_seconds: float = 10.0
     max_attempts: int = 3
+    tool_matcher: str | None = None  # tool stages: a regex searched in the tool name (agent/capability)
+    subagent_only: bool = False  # tool stages: sub-agent steps only
 
     def implements(self, stage: Stage) -> bool:
         return stage in self.stages
+
+    def applies_to_tool(self, call: ToolCall) -> bool:
+        """Whether a tool stage invokes this hook for ``call`` (decided in the workflow: deterministic)."""
+        if self.subagent_only and not call.subagent:
+            return False
+        return self.tool_matcher is None or re.search(self.tool_matcher, call.tool) is not None
 
 
 class StageSettings(BaseModel):
@@ -328,6 +337,10 @@ class PipelineManifest(BaseModel):
 
     def participants(self, stage: Stage) -> list[HookEntry]:
         return [h for h in self.hooks if h.implements(stage)]
+
+    def tool_participants(self, stage: Stage, call: ToolCall) -> list[HookEntry]:
+        """The hooks a tool stage invokes for ``call``: those whose matcher and sub-agent filter admit it."""
+        return [h for h in self.participants(stage) if h.applies_to_tool(call)]
 
 
 class ResolvePipelineInput(BaseModel):

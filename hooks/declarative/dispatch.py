@@ -331,6 +331,10 @@ class DeclaredHook(PipelineHook):
         self.scope = spec.scope
         self.tenant_id = spec.tenant_id
         self.agent_id = spec.agent_id
+        # The workflow applies these before scheduling a tool-stage invocation, so a step the hook does
+        # not apply to costs no activity and writes no audit row (CEL is evaluated in the activity).
+        self.matcher = spec.matcher if spec.event.tool_event else None
+        self.subagent_only = spec.event in (HookEvent.SUBAGENT_START, HookEvent.SUBAGENT_STOP)
         self.timeout_seconds = spec.timeout_ms / 1000.0 + ACTIVITY_MARGIN_SECONDS
         self.max_attempts = 3
 
