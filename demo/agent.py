@@ -6,6 +6,7 @@ import json
 import re
 
 from activities.planning import PlanningRequest
+from hooks.builtin.memory import MEMORY_SCOPE_NOTICE_PREFIX
 from workflows.models import (
     ENRICHMENT_RAG_CONTEXT,
     Plan,
@@ -127,6 +128,13 @@ def _describe(step: StepResult) -> str:
     return f"I skipped {step.tool} ({step.step_id}): {step.result or step.skip_reason}"
 
 
+def _reference_lines(context: str) -> str:
+    """The part of ``rag_context`` an answer may quote: everything before shared memory's section (opened
+    by its scope notice). Memory is history for the planner, not results of this request, so a template
+    answer does not repeat it."""
+    return context.split(MEMORY_SCOPE_NOTICE_PREFIX, 1)[0].strip()
+
+
 class TemplateSynthesizer:
     """Writes one sentence per step result; confidence is the share of steps that succeeded."""
 
@@ -140,7 +148,8 @@ class TemplateSynthesizer:
             sentences.append(
                 "I can quote stock prices, place trades and send messages, but found nothing to do for that request."
             )
-        if isinstance(context, str) and context.strip():
-            sentences.append("From the knowledge base:\n" + context.strip())
+        knowledge = _reference_lines(context) if isinstance(context, str) else ""
+        if knowledge:
+            sentences.append("From the knowledge base:\n" + knowledge)
         confidence = (sum(s.status is StepStatus.SUCCEEDED for s in steps) / len(steps)) if steps else 0.5
         return SynthesizeOutput(response="\n".join(sentences), confidence=round(confidence, 3))

@@ -94,6 +94,10 @@ class MemoryOptions:
         return cls(**{**values, **overrides})
 
 
+# How the memory section of ``rag_context`` opens: its scope notice comes first (seed 000 §5.4).
+MEMORY_SCOPE_NOTICE_PREFIX = "Shared memory of agent domain"
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -182,7 +186,7 @@ class MemoryEnrichmentHook(PipelineHook):
         """Scope notice first, then one line per event, then fragments — all inside the byte budget."""
         budget = self.options.byte_budget
         notice = (
-            f'Shared memory of agent domain "{self.options.agent_domain}": outcomes of earlier requests '
+            f'{MEMORY_SCOPE_NOTICE_PREFIX} "{self.options.agent_domain}": outcomes of earlier requests '
             "(history, not results of this request)."
         )
         lines = [notice]
