@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 from temporalio.api.enums.v1 import EventType
 
 from activities.tools import Tool, ToolContext
+from demo.agent import RulePlanner
 from workflows.models import HookInvocation, Plan, PlanStep
 
 from .harness import Outcome
@@ -81,3 +82,14 @@ def started_attempts(out: Outcome, activity_type: str) -> list[int]:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
         and types[e.activity_task_started_event_attributes.scheduled_event_id] == activity_type
     ]
+
+
+class CapturingPlanner(RulePlanner):
+    """The demo's rule planner, keeping every prompt it was given."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    async def plan(self, request) -> Plan:
+        self.prompts.append(request.prompt)
+        return await super().plan(request)

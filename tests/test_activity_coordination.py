@@ -15,7 +15,6 @@ import pytest
 from temporalio.exceptions import CancelledError
 
 from activities.memory import SQLiteMemory
-from demo.agent import RulePlanner
 from hooks import (
     HookRejection,
     PipelineHook,
@@ -32,13 +31,12 @@ from hooks.memory import ActivitySignal, ReadResult, WriteResult
 from workflows.models import (
     EffectStatus,
     ExecutionRecord,
-    Plan,
     PlanStep,
     RequestStatus,
     ReviewSettings,
 )
 
-from .doubles import BlockingTool, FixedPlanner, quote
+from .doubles import BlockingTool, CapturingPlanner, FixedPlanner, quote
 from .harness import Harness, Outcome
 
 QUOTE = "What is the price of ACME?"
@@ -269,15 +267,6 @@ class SeeEachOther:
             while len((await self.memory.active()).items) < 2:
                 await asyncio.sleep(0.05)
         return await self.memory.active()
-
-
-class CapturingPlanner(RulePlanner):
-    def __init__(self) -> None:
-        self.prompts: list[str] = []
-
-    async def plan(self, request) -> Plan:
-        self.prompts.append(request.prompt)
-        return await super().plan(request)
 
 
 async def test_two_concurrent_requests_of_different_agents_see_each_others_activity(client, tmp_path):

@@ -15,7 +15,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError
 
-from activities import SQLiteExecutionStore, Tool, ToolContext
+from activities import SQLiteExecutionStore
 from activities.memory import SQLiteConversationMemory
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import quote_price
@@ -41,7 +41,13 @@ from hooks import (
 )
 from workflows.models import Diagnostic, MemoryOutcome, RequestStatus, StopInfo
 
-from .doubles import FixedPlanner, NoArguments, decision, quote, started_attempts
+from .doubles import (
+    BlockingTool,
+    FixedPlanner,
+    decision,
+    quote,
+    started_attempts,
+)
 from .harness import Harness, Outcome
 
 ACME_ASK = "What is the price of ACME?"
@@ -97,22 +103,6 @@ class FailingSynthesizer:
 
     async def synthesize(self, input):
         raise ApplicationError("model overloaded", type="ModelDown", non_retryable=True)
-
-
-class BlockingTool(Tool):
-    """A tool that starts and never finishes, so a test can cancel the request while it runs."""
-
-    namespace = "test-tools"
-    agent = "slow-service"
-    capability = "wait_forever"
-    Arguments = NoArguments
-
-    def __init__(self) -> None:
-        self.started = asyncio.Event()
-
-    async def run(self, arguments, ctx: ToolContext):
-        self.started.set()
-        await asyncio.Event().wait()
 
 
 BLOCKING_STEP = PlanStep(step_id="wait", namespace="test-tools", agent="slow-service", capability="wait_forever")

@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from temporalio.api.enums.v1 import EventType, ParentClosePolicy
 
 from activities.memory import SQLiteMemory
-from demo.agent import RulePlanner
 from demo.tools import quote_price
 from hooks.builtin import (
     ActivityAnnouncementHook,
@@ -33,25 +32,14 @@ from workflows import detached_workflow_id
 from workflows.models import (
     EffectStatus,
     PipelineHookEffect,
-    Plan,
     RequestStatus,
     Stage,
 )
 
+from .doubles import CapturingPlanner
 from .harness import Harness
 
 DOMAIN = "quotes"
-
-
-class CapturingPlanner(RulePlanner):
-    """The demo's rule planner, keeping every prompt it was given."""
-
-    def __init__(self) -> None:
-        self.prompts: list[str] = []
-
-    async def plan(self, request) -> Plan:
-        self.prompts.append(request.prompt)
-        return await super().plan(request)
 
 
 class StalledModel(HeuristicMemoryModel):
