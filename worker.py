@@ -28,6 +28,7 @@ from client.devserver import start_dev_server
 from client.search import ensure_search_attributes
 from client.telemetry import configure_telemetry, shutdown_telemetry
 from hooks import InvalidPipelineConfigError
+from hooks.contracts import hook_option
 from workflows import WORKFLOWS
 
 logger = logging.getLogger("worker")
@@ -95,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipeline configuration error ({err.reason}): {err}", file=sys.stderr)
         return 2
     if args.check:
+        # Execution order (priority, then registration); the number is the registration index.
         for entry in activities.registry.entries:
-            stages = ", ".join(s.value for s in entry.stages)
-            print(f"{entry.index}: {entry.name} [{stages}]{' required' if entry.required else ''}")
+            print(f"{entry.index}: {entry.name} [{', '.join(s.value for s in entry.stages)}]{_entry_options(activities, entry)}")
         print("pipeline ok")
         return 0
     configure_telemetry("agent-lifecycle-worker")
@@ -109,6 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutdown_telemetry()
     return 0
+
+
+def _entry_options(activities, entry) -> str:
+    """What ``--check`` shows beside a hook besides its stages: the options that are not defaults."""
+    hook = activities.registry.hook(entry.name)
+    shown = [
+        "required" if entry.required else "",
+        f"priority {hook_option(hook, 'priority')}" if hook_option(hook, "priority") else "",
+        f"scope {hook_option(hook, 'scope')}" if hook_option(hook, "scope") != "global" else "",
+        f"matcher {entry.tool_matcher!r}" if entry.tool_matcher else "",
+        "sub-agent steps only" if entry.subagent_only else "",
+    ]
+    return "".join(f" {item}" for item in shown if item)
 
 
 def entry() -> None:

@@ -107,7 +107,8 @@ def test_the_worker_refuses_to_start_with_a_bad_hooks_file(tmp_path):
     env["AGENT_HOOKS_FILE"] = str(good)
     run = subprocess.run([sys.executable, "worker.py", "--check"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert "audit-tools [after_tool]" in run.stdout
+    # Listed in execution order: priority 5 runs before the demo's priority-0 hooks.
+    assert run.stdout.splitlines()[0].endswith(": audit-tools [after_tool] priority 5"), run.stdout
 
 
 # --------------------------------------------------------------------------------------------------
