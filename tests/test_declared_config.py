@@ -194,6 +194,8 @@ SSRF_TABLE = [
     ("::ffff:10.0.0.1", "private"),
     ("::ffff:169.254.169.254", "link_local"),
     ("2002:a00:1::1", "private"),  # 6to4 carrying 10.0.0.1
+    ("64:ff9b::a00:1", "reserved"),  # NAT64 carrying 10.0.0.1: the whole well-known prefix is refused
+    ("::127.0.0.1", "reserved"),  # deprecated IPv4-compatible form
     ("100.64.0.1", "shared_address_space"),
     ("100.127.255.254", "shared_address_space"),
     ("240.0.0.1", "private"),  # reserved (Python counts it private)
