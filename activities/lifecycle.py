@@ -351,8 +351,12 @@ class LifecycleActivities:
         ) as span:
             try:
                 outcome = await run(hook, ctx, span)
+                # What every stage's outcome carries besides its own result: added here, once.
+                outcome.effects = ctx.effects
+                outcome.detached = ctx.detached
                 outcome.state = _checked_state(entry, ctx.state)
                 outcome.leases = ctx.leases
+                self._mark_succeeded(span, outcome.decision)
                 return outcome
             except _HookFailed as err:
                 self._mark_failed(span, entry, stage, err.category, str(err), final=True)
@@ -425,13 +429,10 @@ class LifecycleActivities:
                         "treated as authoritative. Cache hooks should use before_planning_decision.",
                         entry.name,
                     )
-            self._mark_succeeded(span, decision)
             return BeforePlanningOutcome(
                 enrichment_changes=changes,
                 short_circuit=proposal,
                 decision=decision,
-                effects=ctx.effects,
-                detached=ctx.detached,
             )
 
         return await self._invoke(entry, Stage.BEFORE_PLANNING, view, run)
@@ -493,9 +494,8 @@ class LifecycleActivities:
             if problems:
                 raise _HookFailed(decisions.INVALID_PLAN, "invalid plan: " + "; ".join(problems))
             decision = decisions.success_decision(entry, Stage.AFTER_PLANNING)
-            self._mark_succeeded(span, decision)
             return AfterPlanningOutcome(
-                plan=plan, changed=plan != call.plan, decision=decision, effects=ctx.effects, detached=ctx.detached
+                plan=plan, changed=plan != call.plan, decision=decision
             )
 
         return await self._invoke(entry, Stage.AFTER_PLANNING, call.view, run)
@@ -513,8 +513,7 @@ class LifecycleActivities:
                     f"after_execution is observe-only and must return None, got {type(returned).__name__}",
                 )
             decision = decisions.success_decision(entry, Stage.AFTER_EXECUTION)
-            self._mark_succeeded(span, decision)
-            return ObserveOutcome(decision=decision, effects=ctx.effects, detached=ctx.detached)
+            return ObserveOutcome(decision=decision)
 
         return await self._invoke(entry, Stage.AFTER_EXECUTION, call.view, run)
 
@@ -531,9 +530,8 @@ class LifecycleActivities:
                     f"after_synthesis must return str, got {type(returned).__name__}",
                 )
             decision = decisions.success_decision(entry, Stage.AFTER_SYNTHESIS)
-            self._mark_succeeded(span, decision)
             return AfterSynthesisOutcome(
-                response=returned, decision=decision, effects=ctx.effects, detached=ctx.detached
+                response=returned, decision=decision
             )
 
         return await self._invoke(entry, Stage.AFTER_SYNTHESIS, call.view, run)
@@ -577,8 +575,7 @@ class LifecycleActivities:
                 "stop": (DecisionAction.STOP, decisions.REASON_STOPPED),
             }[verdict.action]
             decision = decisions.success_decision(entry, Stage.BEFORE_TOOL, reason, action)
-            self._mark_succeeded(span, decision)
-            return BeforeToolOutcome(verdict=verdict, decision=decision, effects=ctx.effects, detached=ctx.detached)
+            return BeforeToolOutcome(verdict=verdict, decision=decision)
 
         return await self._invoke(entry, Stage.BEFORE_TOOL, call.view, run)
 
@@ -597,8 +594,7 @@ class LifecycleActivities:
                 )
             reason = decisions.REASON_HANDLED if resolution.handled else decisions.REASON_ACCEPTED
             decision = decisions.success_decision(entry, Stage.ON_TOOL_ERROR, reason)
-            self._mark_succeeded(span, decision)
-            return ToolErrorOutcome(resolution=resolution, decision=decision, effects=ctx.effects, detached=ctx.detached)
+            return ToolErrorOutcome(resolution=resolution, decision=decision)
 
         return await self._invoke(entry, Stage.ON_TOOL_ERROR, call.view, run)
 
@@ -616,8 +612,7 @@ class LifecycleActivities:
             result = call.outcome.result if returned is None else returned
             reason = decisions.REASON_ACCEPTED if result == call.outcome.result else decisions.REASON_REWRITTEN
             decision = decisions.success_decision(entry, Stage.AFTER_TOOL, reason)
-            self._mark_succeeded(span, decision)
-            return AfterToolOutcome(result=result, decision=decision, effects=ctx.effects, detached=ctx.detached)
+            return AfterToolOutcome(result=result, decision=decision)
 
         return await self._invoke(entry, Stage.AFTER_TOOL, call.view, run)
 
@@ -650,8 +645,7 @@ class LifecycleActivities:
                 if stop
                 else decisions.success_decision(entry, Stage.BEFORE_RUN, decisions.REASON_MODIFIED if patch else None)
             )
-            self._mark_succeeded(span, decision)
-            return BeforeRunOutcome(patch=patch, stop=stop, decision=decision, effects=ctx.effects, detached=ctx.detached)
+            return BeforeRunOutcome(patch=patch, stop=stop, decision=decision)
 
         return await self._invoke(entry, Stage.BEFORE_RUN, call.view, run)
 
@@ -680,8 +674,7 @@ class LifecycleActivities:
             else:
                 reason = decisions.REASON_ACCEPTED if text == call.answer.text else decisions.REASON_REWRITTEN
                 decision = decisions.success_decision(entry, Stage.AFTER_ANSWER, reason)
-            self._mark_succeeded(span, decision)
-            return AfterAnswerOutcome(text=text, stop=stop, decision=decision, effects=ctx.effects, detached=ctx.detached)
+            return AfterAnswerOutcome(text=text, stop=stop, decision=decision)
 
         return await self._invoke(entry, Stage.AFTER_ANSWER, call.view, run)
 
@@ -703,9 +696,8 @@ class LifecycleActivities:
                     f"before_remember must return MemoryCandidate, SkipMemory or None, got {type(returned).__name__}",
                 )
             decision = decisions.success_decision(entry, Stage.BEFORE_REMEMBER, reason, action)
-            self._mark_succeeded(span, decision)
             return BeforeRememberOutcome(
-                candidate=candidate, skip=skip, decision=decision, effects=ctx.effects, detached=ctx.detached
+                candidate=candidate, skip=skip, decision=decision
             )
 
         return await self._invoke(entry, Stage.BEFORE_REMEMBER, call.view, run)
@@ -728,8 +720,7 @@ class LifecycleActivities:
                     decisions.INVALID_HOOK_RESULT, f"{method} observes only and must return None, got {type(returned).__name__}"
                 )
             decision = decisions.success_decision(entry, stage)
-            self._mark_succeeded(span, decision)
-            return ObserveOutcome(decision=decision, effects=ctx.effects, detached=ctx.detached)
+            return ObserveOutcome(decision=decision)
 
         return await self._invoke(entry, stage, view, run)
 
