@@ -15,12 +15,13 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from hooks import sqlite
 from hooks.memory import (
     ActivitySignal,
     EpisodicEvent,
@@ -125,26 +126,15 @@ class SQLiteConversationMemory:
         self.path = Path(path)
         self.busy_timeout_seconds = busy_timeout_seconds
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._transaction() as db:
+        with sqlite.connection(self.path, busy_timeout_seconds=busy_timeout_seconds) as db:
             db.executescript(self._schema())
 
     def _schema(self) -> str:
         return _SCHEMA
 
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=self.busy_timeout_seconds)
-        db.execute("PRAGMA journal_mode=WAL")
-        return db
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         """One short transaction on a fresh connection, closed afterwards (several processes share the file)."""
-        db = self._connect()
-        try:
-            with db:
-                yield db
-        finally:
-            db.close()
+        return sqlite.immediate(self.path, busy_timeout_seconds=self.busy_timeout_seconds)
 
     def _save(self, candidate: MemoryCandidate, request_id: str) -> None:
         with self._transaction() as db:

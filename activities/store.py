@@ -24,6 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
+from hooks import sqlite
 from workflows.models import EffectStatus, ExecutionRecord, PipelineHookEffect, RequestStatus
 
 DEFAULT_RETENTION = timedelta(days=7)
@@ -113,24 +114,17 @@ class SQLiteExecutionStore:
         self.retention = retention
         self.error_retention = error_retention
         self._clock = clock
-        with self._connect() as db:
+        with sqlite.immediate(self.path) as db:
             columns = {row[1] for row in db.execute("PRAGMA table_info(executions)")}
             if "record_revision" in columns:  # a store written before effect updates existed
                 db.execute("ALTER TABLE executions RENAME COLUMN record_revision TO snapshot_revision")
+        with sqlite.connection(self.path) as db:
             db.executescript(_SCHEMA)
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA busy_timeout=30000")
-        return db
 
     def _write(self, work) -> tuple[int, bool]:
         """Run ``work(db, now)`` in one immediate transaction, after purging expired records."""
         now = self._clock()
-        db = self._connect()
-        try:
-            db.execute("BEGIN IMMEDIATE")
+        with sqlite.immediate(self.path) as db:
             db.execute("DELETE FROM executions WHERE expires_at < ?", (now,))
             orphan_age = now - max(self.retention, self.error_retention).total_seconds()
             db.execute(
@@ -138,14 +132,7 @@ class SQLiteExecutionStore:
                 "WHERE e.workflow_id = effect_updates.workflow_id AND e.run_id = effect_updates.run_id)",
                 (orphan_age,),
             )
-            result = work(db, now)
-            db.execute("COMMIT")
-            return result
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        finally:
-            db.close()
+            return work(db, now)
 
     @staticmethod
     def _update_count(db: sqlite3.Connection, workflow_id: str, run_id: str) -> int:
@@ -201,8 +188,7 @@ class SQLiteExecutionStore:
         return self._write(work)
 
     def _query(self, where: str, params: tuple, limit: int) -> list[ExecutionRecord]:
-        db = self._connect()
-        try:
+        with sqlite.connection(self.path) as db:
             rows = db.execute(
                 f"SELECT workflow_id, run_id, record FROM executions WHERE expires_at >= ? AND ({where}) "
                 "ORDER BY started_at DESC, updated_at DESC LIMIT ?",
@@ -219,8 +205,6 @@ class SQLiteExecutionStore:
                 ]
                 records.append(merge_effects(ExecutionRecord.model_validate_json(text), updates))
             return records
-        finally:
-            db.close()
 
     async def save(self, record: ExecutionRecord) -> tuple[int, bool]:
         return await asyncio.to_thread(self._save, record)

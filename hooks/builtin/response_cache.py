@@ -14,10 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sqlite3
 import time
 from pathlib import Path
 
+from .. import sqlite
 from ..contracts import (
     PipelineContext,
     PipelineGate,
@@ -58,13 +58,8 @@ class ResponseCacheHook(PipelineHook):
         self.path = Path(path)
         self.ttl_seconds = ttl_seconds
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
+        with sqlite.connection(self.path) as db:
             db.execute(_SCHEMA)
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30)
-        db.execute("PRAGMA journal_mode=WAL")
-        return db
 
     @staticmethod
     def _key(request: str) -> str:
@@ -72,7 +67,7 @@ class ResponseCacheHook(PipelineHook):
 
     def before_planning_decision(self, ctx: PipelineContext, gate: PipelineGate) -> PipelineShortCircuitDecision | None:
         key = self._key(ctx.request)
-        with self._connect() as db:
+        with sqlite.connection(self.path) as db:
             row = db.execute(
                 "SELECT response, variation, written_at, request_id FROM response_cache WHERE key = ?", (key,)
             ).fetchone()
@@ -99,7 +94,7 @@ class ResponseCacheHook(PipelineHook):
     def after_synthesis(self, ctx: PipelineContext, response: str) -> str:
         key = self._key(ctx.request)
         variation = ctx.gate.cache_vary()
-        with self._connect() as db:
+        with sqlite.connection(self.path) as db:
             db.execute(
                 "INSERT OR REPLACE INTO response_cache VALUES (?, ?, ?, ?, ?)",
                 (key, response, json.dumps(variation, sort_keys=True), time.time(), ctx.request_id),

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .. import sqlite
 from .security import SecretBox
 
 logger = logging.getLogger(__name__)
@@ -178,38 +179,17 @@ class HookStore:
         self.breaker_window_seconds = breaker_window_seconds
         self.default_budget = default_budget
         self._clock = clock
-        db = self._connect()
-        try:
+        with sqlite.connection(self.path) as db:
             db.executescript(_SCHEMA)
-        finally:
-            db.close()
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA busy_timeout=30000")
-        db.execute("PRAGMA foreign_keys=ON")
-        return db
 
     def _transaction(self, work):
-        db = self._connect()
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            result = work(db, self._clock())
-            db.execute("COMMIT")
-            return result
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        finally:
-            db.close()
+        """``work(db, now)`` in one immediate transaction (foreign keys on: deleting a hook nulls its rows)."""
+        with sqlite.immediate(self.path, foreign_keys=True) as db:
+            return work(db, self._clock())
 
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
-        db = self._connect()
-        try:
+        with sqlite.connection(self.path, foreign_keys=True) as db:
             return db.execute(sql, params).fetchall()
-        finally:
-            db.close()
 
     # ------------------------------------------------------------------------------------------------
     # Definitions and state

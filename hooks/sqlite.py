@@ -1,0 +1,59 @@
+"""SQLite the way every store of this project uses it: one file shared by several worker processes.
+
+The execution store, the conversation/shared memory, the response cache and the declared-hook store all
+open connections here: autocommit mode, a WAL journal (readers never block the writer) and a busy
+timeout (a writer waits for another process's transaction instead of failing). A read-check-write runs
+in :func:`immediate`, which takes the write lock up front so two processes cannot interleave it.
+
+This module sits in ``hooks`` because the stores below ``activities`` (the built-in and declared hooks')
+need it too, and imports only flow downwards.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
+
+
+def connect(
+    path: str | Path, *, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS, foreign_keys: bool = False
+) -> sqlite3.Connection:
+    """An autocommit connection with WAL and a busy timeout (the caller closes it)."""
+    db = sqlite3.connect(path, timeout=busy_timeout_seconds, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA busy_timeout={int(busy_timeout_seconds * 1000)}")
+        if foreign_keys:
+            db.execute("PRAGMA foreign_keys=ON")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+@contextmanager
+def connection(path: str | Path, **options) -> Iterator[sqlite3.Connection]:
+    """A :func:`connect` connection for a read or a schema script, closed afterwards."""
+    db = connect(path, **options)
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+@contextmanager
+def immediate(path: str | Path, **options) -> Iterator[sqlite3.Connection]:
+    """One ``BEGIN IMMEDIATE`` transaction on a fresh connection: committed when the block returns,
+    rolled back when it raises, closed either way."""
+    with connection(path, **options) as db:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
