@@ -13,8 +13,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.contrib.opentelemetry import TracingInterceptor
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from client.devserver import temporal_cli_path, time_skipping_server_path
@@ -71,3 +72,17 @@ def spans() -> Iterator[InMemorySpanExporter]:
 @pytest.fixture
 def metric_reader() -> InMemoryMetricReader:
     return METRIC_READER
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def leftovers(client: Client) -> AsyncIterator[list[WorkflowHandle]]:
+    """Requests a test started; any still running when the test ends (a failed test) is terminated, so no
+    request is left blocked in a tool or waiting at a checkpoint, and none reaches another test's inbox."""
+    handles: list[WorkflowHandle] = []
+    yield handles
+    for handle in handles:
+        try:
+            if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+                await handle.terminate("test cleanup")
+        except RPCError:
+            pass

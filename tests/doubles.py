@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from temporalio.api.enums.v1 import EventType
@@ -93,3 +96,25 @@ class CapturingPlanner(RulePlanner):
     async def plan(self, request) -> Plan:
         self.prompts.append(request.prompt)
         return await super().plan(request)
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], *, timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something truthy (visibility and the store are read while the
+    workflow moves on)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+def span_decision(span) -> tuple[str, str, str]:
+    """(failure_policy, action, reason) a hook span carries."""
+    attrs = span.attributes
+    return (
+        attrs["pipeline.hook.decision.failure_policy"],
+        attrs["pipeline.hook.decision.action"],
+        attrs["pipeline.hook.decision.reason"],
+    )

@@ -8,8 +8,6 @@ import asyncio
 import json
 import os
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ from workflows.models import (
     ReviewSettings,
 )
 
-from .doubles import FixedPlanner, quote
+from .doubles import FixedPlanner, eventually, quote
 from .harness import Harness, Outcome
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,36 +110,10 @@ class TwoMessagePhases:
         return Plan(phase=request.phase, steps=[message("second", "bob", "two")])
 
 
-@pytest.fixture
-async def leftovers():
-    """Handles a test started; any still running when it ends (a failed test) is terminated, so a request
-    left waiting at a checkpoint without a worker never reaches another test's inbox."""
-    handles: list[WorkflowHandle] = []
-    yield handles
-    for handle in handles:
-        try:
-            if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
-                await handle.terminate("test cleanup")
-        except RPCError:
-            pass
-
-
 async def start(h: Harness, leftovers: list, request: str = "please do it", **kwargs) -> WorkflowHandle:
     handle = await h.start(request, **kwargs)
     leftovers.append(handle)
     return handle
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], *, timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy (visibility and the store are read while the
-    workflow moves on)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def live_record(handle: WorkflowHandle) -> ExecutionRecord:

@@ -285,6 +285,9 @@ async def test_an_http_hook_to_loopback_without_the_switch_fails_closed(client, 
     finally:
         server.close()
     assert server.received == []
+    # What the user sees: the request completes, the step denied by the hook (fail-closed), the tool not run.
+    assert out.failure is None, out.failure
+    assert (steps(out)["s1"].status, steps(out)["s1"].skipped_by, steps(out)["s1"].skip_detail) == (StepStatus.SKIPPED, "gate", "hook_error")
     [r] = rows(rt, "gate")
     assert (r.decision, r.status) == ("block", "error") and "loopback" in r.error and r.metadata["ssrf_blocked"] is True
 

@@ -4,8 +4,6 @@ subagent_start / subagent_stop hooks fire on sub-agent steps only, with ``depth`
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from temporalio.service import RPCError
 
 from activities.tools import SubAgentTool

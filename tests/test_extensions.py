@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError, CancelledError
-from temporalio.service import RPCError
 
 from activities import SQLiteExecutionStore
 from activities.memory import SQLiteConversationMemory
@@ -177,20 +176,6 @@ class RequiredGate(RequiredAfterPlanningHook):
 
     async def after_planning(self, ctx, plan: Plan) -> Plan:
         raise HookRejection("plan refused by policy")
-
-
-@pytest.fixture
-async def leftovers():
-    """Requests a test started; any still running when the test ends (a failed test) is terminated, so no
-    request is left blocked in a tool or waiting at a checkpoint."""
-    handles: list[WorkflowHandle] = []
-    yield handles
-    for handle in handles:
-        try:
-            if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
-                await handle.terminate("test cleanup")
-        except RPCError:
-            pass
 
 
 def extension_failure(out: Outcome, extension: str, phase: str) -> dict:

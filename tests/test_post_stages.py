@@ -21,7 +21,7 @@ from hooks import (
 )
 from workflows.models import RequestStatus, StageSettings
 
-from .doubles import FixedPlanner, NoArguments, decision
+from .doubles import FixedPlanner, NoArguments, decision, span_decision
 from .harness import Harness, Outcome, ScheduledActivity
 
 ACME = f"ACME is trading at {quote_price('ACME')} USD."
@@ -514,15 +514,6 @@ def hook_spans(spans, request_id: str) -> list:
         for s in spans.get_finished_spans()
         if s.name.startswith("pipeline.hook.") and (s.attributes or {}).get("pipeline.request_id") == request_id
     ]
-
-
-def span_decision(span) -> tuple[str, str, str]:
-    attrs = span.attributes
-    return (
-        attrs["pipeline.hook.decision.failure_policy"],
-        attrs["pipeline.hook.decision.action"],
-        attrs["pipeline.hook.decision.reason"],
-    )
 
 
 class Gate(RequiredAfterPlanningHook):

@@ -25,7 +25,7 @@ from hooks import (
 )
 from workflows.models import RequestStatus, StageSettings, StepStatus, StopInfo
 
-from .doubles import FixedPlanner, NoArguments, decision
+from .doubles import FixedPlanner, NoArguments, decision, span_decision
 from .harness import Harness, Outcome
 
 TOOL_STAGE_ACTIVITIES = {"before_tool_hook", "after_tool_hook", "on_tool_error_hook"}
@@ -216,15 +216,6 @@ def hook_spans(spans, request_id: str, name: str) -> list:
         for s in spans.get_finished_spans()
         if s.name == name and (s.attributes or {}).get("pipeline.request_id") == request_id
     ]
-
-
-def span_decision(span) -> tuple[str, str, str]:
-    attrs = span.attributes
-    return (
-        attrs["pipeline.hook.decision.failure_policy"],
-        attrs["pipeline.hook.decision.action"],
-        attrs["pipeline.hook.decision.reason"],
-    )
 
 
 ALLOWED = ("fail_closed", "continue", "allowed")

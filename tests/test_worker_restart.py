@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -20,19 +19,10 @@ from client.settings import Settings
 from demo.pipeline import demo_hooks, demo_memory
 from workflows.models import Checkpoint, RequestInput, RequestResult
 
+from .doubles import eventually
 from .harness import Harness
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-async def _until(check, *, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 def _started_identities(history, activity_type: str) -> list[str]:
@@ -76,7 +66,7 @@ async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_
             assert worker.returncode is None, "".join(output)
             return any("worker polling" in line for line in output)
 
-        await _until(polling, timeout=60, what="the worker subprocess to poll")
+        await eventually(polling, timeout=60, what="the worker subprocess to poll")
 
         workflow_id = f"restart-{uuid.uuid4().hex[:8]}"
         handle = await client.start_workflow(
@@ -90,7 +80,7 @@ async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_
         async def checkpoint_opened() -> Checkpoint | None:
             return await handle.query("pending_checkpoint", result_type=Checkpoint | None)
 
-        checkpoint = await _until(checkpoint_opened, timeout=60, what="the checkpoint")
+        checkpoint = await eventually(checkpoint_opened, timeout=60, what="the checkpoint")
         assert [(r.step_id, r.tool) for r in checkpoint.reasons] == [("notify", "notify-service/send_message")]
         assert checkpoint.plan.steps[0].arguments == {"to": "bob", "text": "Send a message to bob"}
 
@@ -101,7 +91,7 @@ async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_
             record = await store.get(workflow_id)
             return record if record is not None and record.lifecycle and record.lifecycle.boundary.value == "checkpoint_opened" else None
 
-        suspended = await _until(persisted_suspended, timeout=30, what="the suspended record")
+        suspended = await eventually(persisted_suspended, timeout=30, what="the suspended record")
         assert suspended.status.value == "suspended" and suspended.request_completion == "pending"
 
         worker.send_signal(signal.SIGKILL)
@@ -122,7 +112,7 @@ async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_
                 effect = record.effect("audit-write") if record else None
                 return effect if effect is not None and effect.status.value != "pending" else None
 
-            audit = await _until(audit_done, timeout=60, what="the detached audit write")
+            audit = await eventually(audit_done, timeout=60, what="the detached audit write")
     finally:
         if worker.returncode is None:
             worker.kill()
