@@ -18,7 +18,9 @@ import logging
 import signal
 import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
+from pydantic import ValidationError
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -44,8 +46,19 @@ def load_activities(settings: Settings) -> LifecycleActivities:
     return activities
 
 
+# After a worker dies, the next workflow task of each of its requests first waits this long on the dead
+# worker's sticky queue before any worker may take it (Temporal's default is 10 s).
+STICKY_SCHEDULE_TO_START = timedelta(seconds=3)
+# Heartbeats reach the server at most this often; a cancellation reaches a heartbeating activity only in
+# a heartbeat's reply, so this bounds how long stopping a lease keeper takes (the SDK's default: 80 % of
+# the heartbeat timeout, i.e. 4 s).
+HEARTBEAT_THROTTLE = timedelta(seconds=1)
+
+
 def build_worker(client: Client, task_queue: str, activities: LifecycleActivities, **options) -> Worker:
     """A worker for the lifecycle workflow, its detached-effect child, and every activity they schedule."""
+    options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_SCHEDULE_TO_START)
+    options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     return Worker(
         client,
         task_queue=task_queue,
@@ -53,6 +66,12 @@ def build_worker(client: Client, task_queue: str, activities: LifecycleActivitie
         activities=activities.activities(),
         **options,
     )
+
+
+async def prepare(client: Client, settings: Settings, activities: LifecycleActivities) -> None:
+    """What a process does before it serves requests: register the lifecycle search attributes (or
+    learn they cannot be), so requests set them and a reviewer's inbox can find waiting requests."""
+    activities.manifest.search_attributes = await ensure_search_attributes(client, settings.temporal_namespace)
 
 
 @contextlib.asynccontextmanager
@@ -68,7 +87,7 @@ async def temporal_client(settings: Settings, *, dev: bool) -> AsyncIterator[Cli
 
 async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool) -> None:
     async with temporal_client(settings, dev=dev) as client:
-        activities.manifest.search_attributes = await ensure_search_attributes(client, settings.temporal_namespace)
+        await prepare(client, settings, activities)
         worker = build_worker(client, settings.task_queue, activities)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -89,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="validate the pipeline configuration and exit")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except ValidationError as err:
+        problems = "; ".join(f"{Settings.variable(str(e['loc'][0]))}: {e['msg']}" for e in err.errors(include_url=False))
+        print(f"configuration error: {problems}", file=sys.stderr)
+        return 2
     try:
         activities = load_activities(settings)
     except InvalidPipelineConfigError as err:

@@ -33,6 +33,7 @@ from hooks.contracts import (
     ShortCircuitKind,
     HookRejection,
 )
+from hooks.builtin.secret_redaction import redact
 from hooks.registry import HookRegistry
 from workflows import decisions
 from workflows.models import (
@@ -66,9 +67,11 @@ from workflows.models import (
     HookEntry,
     HookRequestView,
     LeaseCall,
+    LeaseKeeperReport,
     LeaseObservation,
     MemoryCandidate,
     MemoryOutcome,
+    ModelDraft,
     ObserveOutcome,
     OnErrorCall,
     OnFinishCall,
@@ -101,6 +104,7 @@ from workflows.models import (
 from workflows.plan_validation import plan_problems
 
 from . import telemetry
+from .heartbeat import heartbeating, heartbeat_interval
 from .planning import Planner, PlanningRequest, PromptBuilder, PromptInput, Synthesizer, build_planning_prompt
 from .memory import ConversationMemory
 from .store import ExecutionStore
@@ -111,6 +115,7 @@ ResultT = TypeVar("ResultT", bound=BaseModel)
 
 INVALID_ARGUMENTS = "InvalidArguments"
 MAX_PRIVATE_STATE_BYTES = 64 * 1024
+DRAFT_PREVIEW_CHARS = 160  # of the model's draft, secrets masked, as the record keeps it
 
 
 class _HookFailed(Exception):
@@ -270,7 +275,7 @@ class LifecycleActivities:
             self.persist_execution_record,
             self.run_detached_work,
             self.merge_effect_update,
-            self.renew_lease,
+            self.keep_lease,
             self.release_lease,
             self.before_tool_hook,
             self.on_tool_error_hook,
@@ -289,6 +294,7 @@ class LifecycleActivities:
     # ------------------------------------------------------------------------------------------------
 
     @activity.defn(name="resolve_pipeline")
+    @heartbeating
     async def resolve_pipeline(self, input: ResolvePipelineInput) -> PipelineManifest:
         """The hooks (order, stages, required flag, run options), tools and cache dimensions of this
         worker, recorded in history so replay never depends on the worker's current configuration.
@@ -402,6 +408,7 @@ class LifecycleActivities:
         span.set_attributes(telemetry.decision_attributes(decision))
 
     @activity.defn(name="before_planning_hook")
+    @heartbeating
     async def before_planning_hook(self, call: BeforePlanningCall) -> BeforePlanningOutcome:
         """Invoke one before_planning hook: its enrichment changes and its short-circuit, judged."""
         entry, view = call.hook, call.view
@@ -476,6 +483,7 @@ class LifecycleActivities:
         )
 
     @activity.defn(name="after_planning_hook")
+    @heartbeating
     async def after_planning_hook(self, call: AfterPlanningCall) -> AfterPlanningOutcome:
         """Invoke one after_planning hook on a private copy of the plan and validate what it returns."""
         entry = call.hook
@@ -501,6 +509,7 @@ class LifecycleActivities:
         return await self._invoke(entry, Stage.AFTER_PLANNING, call.view, run)
 
     @activity.defn(name="after_execution_hook")
+    @heartbeating
     async def after_execution_hook(self, call: AfterExecutionCall) -> ObserveOutcome:
         """Invoke one observe-only after_execution hook."""
         entry = call.hook
@@ -518,6 +527,7 @@ class LifecycleActivities:
         return await self._invoke(entry, Stage.AFTER_EXECUTION, call.view, run)
 
     @activity.defn(name="after_synthesis_hook")
+    @heartbeating
     async def after_synthesis_hook(self, call: AfterSynthesisCall) -> AfterSynthesisOutcome:
         """Invoke one after_synthesis hook; its string result becomes the next hook's input."""
         entry = call.hook
@@ -541,6 +551,7 @@ class LifecycleActivities:
     # ------------------------------------------------------------------------------------------------
 
     @activity.defn(name="before_tool_hook")
+    @heartbeating
     async def before_tool_hook(self, call: BeforeToolCall) -> BeforeToolOutcome:
         """Invoke one before_tool hook; a modify is validated against the tool's parameters here, so
         invalid rewritten arguments never reach execution."""
@@ -580,6 +591,7 @@ class LifecycleActivities:
         return await self._invoke(entry, Stage.BEFORE_TOOL, call.view, run)
 
     @activity.defn(name="on_tool_error_hook")
+    @heartbeating
     async def on_tool_error_hook(self, call: ToolErrorCall) -> ToolErrorOutcome:
         """Invoke one on_tool_error hook: it may substitute a result and suppress the error."""
         entry = call.hook
@@ -599,6 +611,7 @@ class LifecycleActivities:
         return await self._invoke(entry, Stage.ON_TOOL_ERROR, call.view, run)
 
     @activity.defn(name="after_tool_hook")
+    @heartbeating
     async def after_tool_hook(self, call: AfterToolCall) -> AfterToolOutcome:
         """Invoke one after_tool hook: it may rewrite the result text, never the status."""
         entry = call.hook
@@ -621,6 +634,7 @@ class LifecycleActivities:
     # ------------------------------------------------------------------------------------------------
 
     @activity.defn(name="before_run_hook")
+    @heartbeating
     async def before_run_hook(self, call: BeforeRunCall) -> BeforeRunOutcome:
         """Invoke one before_run hook: rewrite the ask, instructions or facts, or stop the run."""
         entry = call.hook
@@ -650,6 +664,7 @@ class LifecycleActivities:
         return await self._invoke(entry, Stage.BEFORE_RUN, call.view, run)
 
     @activity.defn(name="after_answer_hook")
+    @heartbeating
     async def after_answer_hook(self, call: AfterAnswerCall) -> AfterAnswerOutcome:
         """Invoke one after_answer hook: rewrite the final text or stop; an empty answer is an error."""
         entry = call.hook
@@ -679,6 +694,7 @@ class LifecycleActivities:
         return await self._invoke(entry, Stage.AFTER_ANSWER, call.view, run)
 
     @activity.defn(name="before_remember_hook")
+    @heartbeating
     async def before_remember_hook(self, call: BeforeRememberCall) -> BeforeRememberOutcome:
         """Invoke one before_remember hook: replace the memory candidate or skip saving it."""
         entry = call.hook
@@ -703,11 +719,13 @@ class LifecycleActivities:
         return await self._invoke(entry, Stage.BEFORE_REMEMBER, call.view, run)
 
     @activity.defn(name="on_error_hook")
+    @heartbeating
     async def on_error_hook(self, call: OnErrorCall) -> ObserveOutcome:
         """Invoke one on_error observer."""
         return await self._observe(call.hook, Stage.ON_ERROR, call.view, "on_error", call.error)
 
     @activity.defn(name="on_finish_hook")
+    @heartbeating
     async def on_finish_hook(self, call: OnFinishCall) -> ObserveOutcome:
         """Invoke one on_finish observer."""
         return await self._observe(call.hook, Stage.ON_FINISH, call.view, "on_finish", call.outcome)
@@ -725,6 +743,7 @@ class LifecycleActivities:
         return await self._invoke(entry, stage, view, run)
 
     @activity.defn(name="remember")
+    @heartbeating
     async def remember(self, input: RememberInput) -> MemoryOutcome:
         """Save a completed run's memory candidate to the conversation memory."""
         if self.memory is None:
@@ -745,6 +764,7 @@ class LifecycleActivities:
         return problems[:10]
 
     @activity.defn(name="plan")
+    @heartbeating
     async def plan(self, input: PlanInput) -> PlanOutput:
         """Build the planning prompt from the enrichments and ask the planner for a valid plan."""
         tools = self.manifest.tools
@@ -791,6 +811,7 @@ class LifecycleActivities:
         return self.tools.argument_problems(step, resolved=True)
 
     @activity.defn(name="execute_tool_step")
+    @heartbeating
     async def execute_tool_step(self, input: ToolStepInput) -> ToolStepOutput:
         """Run one plan step's tool with validated arguments and the step's idempotency key."""
         step = input.step
@@ -826,6 +847,7 @@ class LifecycleActivities:
         return ToolStepOutput(output=output)
 
     @activity.defn(name="synthesize")
+    @heartbeating
     async def synthesize(self, input: SynthesizeInput) -> SynthesizeOutput:
         """Ask the synthesizer for the answer (the model output, before after_synthesis hooks)."""
         output = await self.synthesizer.synthesize(input)
@@ -835,9 +857,12 @@ class LifecycleActivities:
                 type="InvalidSynthesis",
                 non_retryable=True,
             )
-        return output
+        masked, _ = redact(output.response[: DRAFT_PREVIEW_CHARS * 4])
+        preview = masked[:DRAFT_PREVIEW_CHARS] + ("…" if len(masked) > DRAFT_PREVIEW_CHARS else "")
+        return output.model_copy(update={"draft": ModelDraft.of(output.response, preview)})
 
     @activity.defn(name="persist_execution_record")
+    @heartbeating
     async def persist_execution_record(self, input: PersistRecordInput) -> PersistRecordOutput:
         """Write a full record snapshot; an older or equal revision never replaces a newer one."""
         revision, written = await self.store.save(input.record)
@@ -848,6 +873,7 @@ class LifecycleActivities:
     # ------------------------------------------------------------------------------------------------
 
     @activity.defn(name="run_detached_work")
+    @heartbeating
     async def run_detached_work(self, input: DetachedEffectInput) -> DetachedWorkResult:
         """Run the work a hook detached, through that hook's ``run_detached``."""
         work = input.work
@@ -862,6 +888,7 @@ class LifecycleActivities:
             request_id=input.request_id,
             workflow_id=input.parent_workflow_id,
             attempt=activity.info().attempt,
+            run_id=input.parent_run_id,
         )
         with telemetry.tracer().start_as_current_span(
             f"pipeline.hook.detached.{work.hook}",
@@ -871,6 +898,7 @@ class LifecycleActivities:
         return _returned_or_default(returned, DetachedWorkResult, "run_detached")
 
     @activity.defn(name="merge_effect_update")
+    @heartbeating
     async def merge_effect_update(self, input: EffectUpdateInput) -> PersistRecordOutput:
         """Merge a terminal effect into the stored record of its request (accepted once per effect)."""
         revision, written = await self.store.update_effect(input.workflow_id, input.run_id, input.effect)
@@ -880,7 +908,7 @@ class LifecycleActivities:
     # Managed leases: renewed and released by the request owner (the workflow)
     # ------------------------------------------------------------------------------------------------
 
-    async def _lease_call(self, call: LeaseCall, method: str) -> LeaseObservation:
+    def _lease_context(self, call: LeaseCall, ordinal: int = 0) -> tuple[Any, LeaseContext]:
         lease = call.lease
         try:
             hook = self.registry.hook(lease.hook)
@@ -892,31 +920,74 @@ class LifecycleActivities:
             ttl_seconds=lease.ttl_seconds,
             request_id=call.request_id,
             workflow_id=call.workflow_id,
-            ordinal=call.ordinal,
+            ordinal=ordinal,
             attempt=activity.info().attempt,
             exit=call.exit,
         )
-        with telemetry.tracer().start_as_current_span(
-            f"pipeline.hook.lease.{method}.{lease.hook}",
-            attributes={"pipeline.hook.name": lease.hook, "pipeline.lease_id": lease.lease_id, "pipeline.request_id": call.request_id},
-        ):
-            try:
-                returned = await _call(getattr(hook, method), ctx)
-            except Exception as err:  # noqa: BLE001 - a provider error the owner counts (after retries)
-                raise ApplicationError(
-                    f"{method} of {lease.hook!r}: {err}", {"exception_type": type(err).__name__}, type="LeaseProviderError"
-                ) from None
-        return _returned_or_default(returned, LeaseObservation, method)
+        return hook, ctx
 
-    @activity.defn(name="renew_lease")
-    async def renew_lease(self, call: LeaseCall) -> LeaseObservation:
-        """Renew a managed lease through its hook's ``renew_lease`` (scheduled by the renewal loop)."""
-        return await self._lease_call(call, "renew_lease")
+    def _lease_span(self, method: str, call: LeaseCall):
+        return telemetry.tracer().start_as_current_span(
+            f"pipeline.hook.lease.{method}.{call.lease.hook}",
+            attributes={
+                "pipeline.hook.name": call.lease.hook,
+                "pipeline.lease_id": call.lease.lease_id,
+                "pipeline.request_id": call.request_id,
+            },
+        )
+
+    @activity.defn(name="keep_lease")
+    async def keep_lease(self, call: LeaseCall) -> LeaseKeeperReport:
+        """Keep a managed lease alive until the request owner stops it: renew it through its hook's
+        ``renew_lease`` every renew interval, heartbeating in between. One activity for the lease's whole
+        life, however long the request waits; resumed on another worker from the last heartbeat's counts
+        if this one dies. Returns what it did when the workflow cancels it."""
+        lease = call.lease
+        hook, _ = self._lease_context(call)
+        details = activity.info().heartbeat_details
+        report = LeaseKeeperReport.model_validate(details[0]) if details else LeaseKeeperReport()
+        beat = heartbeat_interval() or 1.0
+        try:
+            while True:
+                deadline = time.monotonic() + lease.renew_interval_seconds
+                while (left := deadline - time.monotonic()) > 0:
+                    activity.heartbeat(report.model_dump(mode="json"))
+                    await asyncio.sleep(min(beat, left))
+                report.submitted += 1
+                _, ctx = self._lease_context(call, ordinal=call.ordinal + report.submitted)
+                try:
+                    with self._lease_span("renew_lease", call):
+                        returned = await asyncio.wait_for(
+                            _call(hook.renew_lease, ctx), timeout=max(1.0, min(30.0, lease.renew_interval_seconds))
+                        )
+                    observed = _returned_or_default(returned, LeaseObservation, "renew_lease")
+                    report.renewed += 1
+                    report.expires_at = observed.expires_at or report.expires_at
+                except (Exception, asyncio.TimeoutError) as err:  # noqa: BLE001 - a provider error: counted
+                    report.errors += 1
+                    report.last_error = f"renew_lease of {lease.hook!r}: {err or type(err).__name__}"[:500]
+                activity.heartbeat(report.model_dump(mode="json"))
+        except asyncio.CancelledError:
+            details = activity.cancellation_details()
+            if details is not None and details.cancel_requested:
+                return report  # the request owner stopped it: report what was done
+            # Worker shutdown or a lost heartbeat: fail this attempt so the server retries it elsewhere,
+            # continuing from the counts of the last heartbeat.
+            raise ApplicationError("lease keeper interrupted", type="LeaseKeeperInterrupted") from None
 
     @activity.defn(name="release_lease")
+    @heartbeating
     async def release_lease(self, call: LeaseCall) -> LeaseObservation:
-        """Release a managed lease through its hook's ``release_lease`` (after the renewal loop is joined)."""
-        return await self._lease_call(call, "release_lease")
+        """Release a managed lease through its hook's ``release_lease`` (after its keeper has stopped)."""
+        hook, ctx = self._lease_context(call)
+        with self._lease_span("release_lease", call):
+            try:
+                returned = await _call(hook.release_lease, ctx)
+            except Exception as err:  # noqa: BLE001 - a provider error the owner counts (after retries)
+                raise ApplicationError(
+                    f"release_lease of {call.lease.hook!r}: {err}", {"exception_type": type(err).__name__}, type="LeaseProviderError"
+                ) from None
+        return _returned_or_default(returned, LeaseObservation, "release_lease")
 
 
 def _returned_or_default(returned: Any, expected: type[ResultT], method: str) -> ResultT:

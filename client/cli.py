@@ -31,13 +31,15 @@ import sys
 import uuid
 from typing import Any
 
-from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
-from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from activities.store import SQLiteExecutionStore
-from workflows import WORKFLOW_TYPE
+from workflows import WORKFLOW_TYPE, data_converter
 from workflows import search_attributes
+from workflows.decisions import REQUEST_ID_CONFLICT
 from workflows.models import Checkpoint, ExecutionRecord, RequestInput, RequestResult, ReviewAck, ReviewRequest
 
 from . import Settings, connect, exit_process
@@ -48,20 +50,63 @@ def workflow_id_for(request_id: str) -> str:
     return f"request-{request_id}"
 
 
+class RequestIdConflict(ApplicationError):
+    """A request id already names a request with another input: refused, never deduplicated."""
+
+    def __init__(self, request_id: str, workflow_id: str, detail: str) -> None:
+        super().__init__(
+            f"request id {request_id!r} already names a different request ({workflow_id}): {detail}",
+            {"request_id": request_id, "workflow_id": workflow_id, "detail": detail},
+            type=REQUEST_ID_CONFLICT,
+            non_retryable=True,
+        )
+
+
 async def start_request(
     client: Client, settings: Settings, text: str, *, metadata: dict | None = None, request_id: str | None = None
-):
-    """Start a ``RequestLifecycle``; returns its handle. The workflow id is ``request-<request_id>``."""
+) -> WorkflowHandle[Any, RequestResult]:
+    """Start a ``RequestLifecycle`` (workflow id ``request-<request_id>``) and return its handle.
+
+    A request id names one request. Starting an id that is running or has finished with the same input
+    attaches to that execution — its handle is returned and its result is the one a caller gets, so a
+    retried call never runs the request twice. Starting it with a different input raises
+    :class:`RequestIdConflict`.
+    """
     request_id = request_id or uuid.uuid4().hex[:12]
     request = RequestInput(request=text, metadata=metadata or {}, request_id=request_id)
-    return await client.start_workflow(
-        WORKFLOW_TYPE,
-        request,
-        id=workflow_id_for(request_id),
-        task_queue=settings.task_queue,
-        result_type=RequestResult,
-        static_summary=f"request: {text[:120]}",
-    )
+    workflow_id = workflow_id_for(request_id)
+    try:
+        return await client.start_workflow(
+            WORKFLOW_TYPE,
+            request,
+            id=workflow_id,
+            task_queue=settings.task_queue,
+            result_type=RequestResult,
+            static_summary=f"request: {text[:120]}",
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        )
+    except WorkflowAlreadyStartedError:
+        pass
+    handle = client.get_workflow_handle(workflow_id, result_type=RequestResult)
+    existing = await started_input(handle)
+    if existing is None:
+        raise RequestIdConflict(request_id, workflow_id, "its input is not a request")
+    if existing.model_dump(mode="json") != request.model_dump(mode="json"):
+        raise RequestIdConflict(request_id, workflow_id, "its request or metadata differ")
+    return handle
+
+
+async def started_input(handle: WorkflowHandle) -> RequestInput | None:
+    """The input an existing execution was started with (from its first history event), if it is one."""
+    async for event in handle.fetch_history_events():
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        try:
+            [value] = await data_converter.decode(payloads)
+            return RequestInput.model_validate(value)
+        except (ValueError, TypeError, ApplicationError):
+            return None
+    return None
 
 
 def describe_failure(err: WorkflowFailureError) -> dict[str, Any]:
@@ -116,6 +161,12 @@ def format_record(record: ExecutionRecord) -> str:
         lines.append(f"checkpoint {checkpoint.checkpoint_id} (phase {checkpoint.phase}) {checkpoint.status.value}{decided}")
     for ignored in record.ignored_reviews:
         lines.append(f"ignored {ignored.via} from {ignored.reviewer!r} for {ignored.checkpoint_id!r}: {ignored.reason}")
+    if record.ignored_dropped:
+        lines.append(f"ignored {record.ignored_dropped} more message(s) beyond the record's bound")
+    for loss in record.worker_losses:
+        lines.append(f"worker lost under {loss.summary} at {loss.at:%H:%M:%S} (dispatch {loss.dispatch}); dispatched again")
+    if record.cache is not None and record.status.value == "succeeded":
+        lines.append("cacheable: yes" if record.cache.cacheable else f"cacheable: no ({'; '.join(record.cache.reasons[:3])})")
     if record.plans:
         lines.append("accepted plans:")
         for accepted in record.plans:
@@ -138,8 +189,13 @@ def format_record(record: ExecutionRecord) -> str:
         lines.append(f"memory: {record.memory.action} for {record.memory.conversation_id}" + (f" by {record.memory.by}" if record.memory.by else ""))
     for diagnostic in record.diagnostics:
         lines.append(f"diagnostic: {diagnostic.extension} at {diagnostic.phase}: {diagnostic.error_type}: {diagnostic.error}")
-    if record.model_response is not None and record.model_response != record.final_response:
-        lines.append(f"model response (before after_synthesis): {record.model_response!r}")
+    draft = record.model_draft
+    if draft is not None and (record.final_response is None or not draft.matches(record.final_response)):
+        # Never the draft itself: it is what after_synthesis hooks (redaction) had not yet guarded.
+        lines.append(
+            f"model draft (before after_synthesis, not shown): {draft.chars} chars, sha256 {draft.sha256[:16]}…, "
+            f"preview with common secrets masked: {draft.preview[:80]!r}"
+        )
     if record.final_response is not None:
         lines.append(f"final response: {record.final_response!r}")
     return "\n".join(lines)
@@ -228,7 +284,11 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.command in ("run", "start"):
         metadata = json.loads(args.metadata) if args.metadata else {}
-        handle = await start_request(client, settings, args.text, metadata=metadata, request_id=args.request_id)
+        try:
+            handle = await start_request(client, settings, args.text, metadata=metadata, request_id=args.request_id)
+        except RequestIdConflict as err:
+            print(json.dumps({"failed": {"type": err.type, "message": err.message, "details": err.details[0]}}, indent=2))
+            return 1
         print(f"started {handle.id}  ({settings.ui_url}/workflows/{handle.id})", file=sys.stderr)
         if args.command == "start":
             print(handle.id)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, SecretStr
 
+from workflows.models import MAX_CHECKPOINT_EXPIRY_SECONDS
+
 DEFAULT_TOOL_ALLOW_LIST = [
     "stock-service/stock_quote",
     "stock-service/execute_trade",
@@ -17,6 +19,30 @@ DEFAULT_ALLOWED_OPERATIONS = [
     "demo-tools/stock-service/stock_quote",
     "demo-tools/notify-service/send_message",
 ]
+
+
+_ENVIRONMENT = {
+    "TEMPORAL_ADDRESS": "temporal_address",
+    "TEMPORAL_NAMESPACE": "temporal_namespace",
+    "TEMPORAL_TASK_QUEUE": "task_queue",
+    "TEMPORAL_UI_PORT": "ui_port",
+    "AGENT_STATE_DIR": "state_dir",
+    "AGENT_EXECUTION_STORE": "execution_store",
+    "AGENT_PIPELINE": "pipeline_factory",
+    "AGENT_RECORD_RETENTION_DAYS": "record_retention_days",
+    "AGENT_ERROR_RETENTION_DAYS": "error_retention_days",
+    "AGENT_CACHE_TTL_SECONDS": "cache_ttl_seconds",
+    "AGENT_CHECKPOINT_EXPIRY_SECONDS": "checkpoint_expiry_seconds",
+    "AGENT_HOOKS_FILE": "hooks_file",
+    "AGENT_HOOK_STORE": "hook_store",
+    "AGENT_HOOK_SECRET_KEY": "hook_secret_key",
+    "AGENT_HOOK_ALLOW_LOOPBACK": "hook_allow_loopback",
+}
+_LIST_ENVIRONMENT = {
+    "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
+    "AGENT_TOOL_ALLOW_LIST": "tool_allow_list",
+    "AGENT_REVIEWERS": "reviewers",
+}
 
 
 class Settings(BaseModel):
@@ -45,7 +71,7 @@ class Settings(BaseModel):
     error_retention_days: float = Field(default=30.0, gt=0)
     cache_ttl_seconds: float = Field(default=300.0, gt=0)
     reviewers: list[str] = Field(default_factory=list)
-    checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0)
+    checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0, le=MAX_CHECKPOINT_EXPIRY_SECONDS)
     # Declared hooks (seed 004): the file, their store, the AES-256-GCM key, and the loopback switch.
     hooks_file: Path | None = None
     hook_store: Path | None = None
@@ -68,30 +94,15 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> Settings:
         env = os.environ if env is None else env
-        names = {
-            "TEMPORAL_ADDRESS": "temporal_address",
-            "TEMPORAL_NAMESPACE": "temporal_namespace",
-            "TEMPORAL_TASK_QUEUE": "task_queue",
-            "TEMPORAL_UI_PORT": "ui_port",
-            "AGENT_STATE_DIR": "state_dir",
-            "AGENT_EXECUTION_STORE": "execution_store",
-            "AGENT_PIPELINE": "pipeline_factory",
-            "AGENT_RECORD_RETENTION_DAYS": "record_retention_days",
-            "AGENT_ERROR_RETENTION_DAYS": "error_retention_days",
-            "AGENT_CACHE_TTL_SECONDS": "cache_ttl_seconds",
-            "AGENT_CHECKPOINT_EXPIRY_SECONDS": "checkpoint_expiry_seconds",
-            "AGENT_HOOKS_FILE": "hooks_file",
-            "AGENT_HOOK_STORE": "hook_store",
-            "AGENT_HOOK_SECRET_KEY": "hook_secret_key",
-            "AGENT_HOOK_ALLOW_LOOPBACK": "hook_allow_loopback",
-        }
-        values: dict = {field: env[name] for name, field in names.items() if env.get(name)}
-        for name, field in (
-            ("AGENT_ALLOWED_OPERATIONS", "allowed_operations"),
-            ("AGENT_TOOL_ALLOW_LIST", "tool_allow_list"),
-            ("AGENT_REVIEWERS", "reviewers"),
-        ):
+        values: dict = {field: env[name] for name, field in _ENVIRONMENT.items() if env.get(name)}
+        for name, field in _LIST_ENVIRONMENT.items():
             if env.get(name) is not None:
                 values[field] = [item.strip() for item in env[name].split(",") if item.strip()]
         values.update(overrides)
         return cls.model_validate(values)
+
+    @staticmethod
+    def variable(field: str) -> str:
+        """The environment variable that sets ``field`` (for error messages)."""
+        found = [name for name, f in {**_ENVIRONMENT, **_LIST_ENVIRONMENT}.items() if f == field]
+        return found[0] if found else field

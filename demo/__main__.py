@@ -39,7 +39,8 @@ from client.cli import (
     start_request,
 )
 from client.devserver import start_dev_server
-from worker import build_worker, load_activities
+from worker import build_worker, load_activities, prepare
+from workflows import search_attributes
 from workflows.models import ExecutionRecord
 
 QUOTE = "What is the price of ACME?"
@@ -48,24 +49,30 @@ MESSAGE = "Send a message to alice with the price of ACME"
 REVIEWER = "demo-reviewer"
 
 
-async def _approve_when_asked(client, workflow_id: str) -> None:
-    """Play the reviewer: wait for the checkpoint, show it, approve it through the update."""
+async def _approve_when_asked(client, workflow_id: str) -> bool:
+    """Play the reviewer: find the request in the reviewers' inbox (the ``AgentAwaitingReview = true``
+    listing), show its checkpoint, approve it through the update. Returns whether the inbox listed it."""
+    listed = False
     for _ in range(300):
+        if not listed:
+            listed = any([e.id == workflow_id async for e in client.list_workflows(search_attributes.AWAITING_REVIEW_QUERY)])
         checkpoint = await pending_checkpoint(client, workflow_id)
-        if checkpoint is not None:
-            print("\n=== 4a. a checkpoint is waiting for a reviewer")
+        if checkpoint is not None and listed:
+            print("\n=== 4a. a checkpoint is waiting for a reviewer (listed by `agent-lifecycle inbox`)")
             print(format_checkpoint(workflow_id, checkpoint))
             ack = await review(client, workflow_id, "approve", REVIEWER, "recipient and text checked", checkpoint.checkpoint_id)
             print(f"approved by {ack.reviewer} at {ack.accepted_at:%H:%M:%S}")
-            return
+            return True
         await asyncio.sleep(0.1)
+    if checkpoint is not None:  # never listed: approve anyway so the demo ends, and report the failed check
+        await review(client, workflow_id, "approve", REVIEWER, "approved although the inbox missed it", checkpoint.checkpoint_id)
+        return False
     raise TimeoutError("no checkpoint opened")
 
 
 async def _request(client, settings, spans, text: str, metadata: dict | None = None, *, reviewer: bool = False):
     handle = await start_request(client, settings, text, metadata=metadata)
-    if reviewer:
-        await _approve_when_asked(client, handle.id)
+    listed = await _approve_when_asked(client, handle.id) if reviewer else None
     try:
         result, failure = await handle.result(), None
     except WorkflowFailureError as err:
@@ -73,7 +80,7 @@ async def _request(client, settings, spans, text: str, metadata: dict | None = N
     record = await handle.query("execution_record", result_type=ExecutionRecord)
     hook_spans = [s.name for s in spans.get_finished_spans() if s.name.startswith("pipeline.hook.")
                   and s.attributes.get("pipeline.request_id") == record.request_id]
-    return handle.id, result, failure, record, hook_spans
+    return handle.id, result, failure, record, hook_spans, listed
 
 
 async def _settled_effect(store, workflow_id: str, effect_id: str) -> str | None:
@@ -99,7 +106,7 @@ def _memory_context(record: ExecutionRecord) -> str:
     return section[start:] if start >= 0 else ""
 
 
-def _show(title: str, settings: Settings, workflow_id: str, result, failure, record, hook_spans) -> None:
+def _show(title: str, settings: Settings, workflow_id: str, result, failure, record, hook_spans, listed=None) -> None:
     print(f"\n=== {title}")
     if failure:
         print(f"failed with {failure['type']}: {failure['message']}")
@@ -123,6 +130,7 @@ async def main(hold: bool) -> int:
     env = await start_dev_server(settings)
     try:
         client = await connect(settings)
+        await prepare(client, settings, activities)
         async with build_worker(client, settings.task_queue, activities):
             quote = await _request(client, settings, spans, QUOTE, {"cache": "bypass"})
             _show("1. allowed quote request (cache reads bypassed)", settings, *quote)
@@ -159,6 +167,7 @@ async def main(hold: bool) -> int:
                 and [s.status for s in message[1].steps] == ["succeeded", "succeeded"]
                 and [c.status for c in message[3].checkpoints] == ["approved"]
                 and [p.phase for p in message[3].plans] == [1, 2],
+                "the waiting message request was in the reviewers' inbox (AgentAwaitingReview = true)": message[5] is True,
                 "audit write detached and completed": audit == "succeeded",
                 "request 2 planned with request 1's outcome in <agent_memory>": read is not None
                 and first_event in read.data["event_ids"]

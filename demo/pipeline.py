@@ -42,9 +42,9 @@ def demo_memory(settings: Settings) -> SQLiteMemory:
 def demo_hooks(settings: Settings, memory: SQLiteMemory | None = None) -> list:
     """The default pipeline.
 
-    ``secret-redaction`` comes before ``response-cache`` because both run at after_synthesis and the
-    cache must store the redacted text (a cached answer skips after_synthesis when served).
-    ``allowed-operations`` is the required hook and the only after_planning participant.
+    ``secret-redaction`` fails closed at after_synthesis: if it cannot run, the request fails rather than
+    answer unredacted. ``response-cache`` stores only answers the workflow declares cacheable (read-only
+    steps, every hook succeeded), after every after_synthesis hook has run. ``allowed-operations`` is the required hook and the only after_planning participant.
     ``application-audit`` records every executed request with a detached write. The ``allow-list`` and
     ``redact`` plugins guard every tool call: the first denies tools this deployment does not offer, the
     second masks secrets in tool results before the planner or synthesizer reads them.

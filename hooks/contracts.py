@@ -27,6 +27,7 @@ from workflows.models import (
     DetachedWorkResult,
     EffectStatus,
     ExecutionResult,
+    FailurePolicy,
     MemoryCandidate,
     RunErrorView,
     RunOutcomeView,
@@ -355,6 +356,7 @@ class DetachedContext:
     request_id: str
     workflow_id: str
     attempt: int
+    run_id: str = ""  # the request's run: with workflow_id and effect_id, a key no other run shares
 
 
 @dataclass(frozen=True)
@@ -395,6 +397,10 @@ class PipelineHook:
             (before_tool, on_tool_error, after_tool) invoke the hook only for matching tools; the
             workflow decides, so a non-matching step schedules no activity for it. ``None``: every tool.
         subagent_only: The tool stages invoke the hook only for sub-agent steps.
+        failure_policy: ``None`` (the stage's own policy) or a ``FailurePolicy`` that replaces it at
+            every stage but after_planning and the observers: ``FAIL_CLOSED`` for a hook whose job is
+            protection (a redaction at after_synthesis ends the request rather than send an unredacted
+            answer), ``FAIL_OPEN`` for an optional one at a stage that fails closed by default.
     """
 
     name: str = ""
@@ -407,6 +413,7 @@ class PipelineHook:
     subagent_only: bool = False
     tenant_id: str | None = None
     agent_id: str | None = None
+    failure_policy: FailurePolicy | None = None
 
 
 @runtime_checkable

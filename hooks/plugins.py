@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from workflows.models import RunMode, ToolCall, ToolDecision, ToolErrorResolution, ToolOutcomeView
+from workflows.models import FailurePolicy, RunMode, ToolCall, ToolDecision, ToolErrorResolution, ToolOutcomeView
 
 from .builtin.secret_redaction import COMMON_SECRET_PATTERNS, MASK
 from .builtin.secret_redaction import redact as redact_text
@@ -35,8 +35,8 @@ class Plugin:
     Args:
         name: Required and unique in the pipeline.
         before_tool, after_tool, on_tool_error: The stage functions, plain or async.
-        run_mode, timeout_seconds, max_attempts: As for any hook; plugins are pure in-process code, so
-            they default to local activities.
+        run_mode, timeout_seconds, max_attempts, failure_policy: As for any hook; plugins are pure
+            in-process code, so they default to local activities.
     """
 
     def __init__(
@@ -49,6 +49,7 @@ class Plugin:
         run_mode: RunMode = RunMode.LOCAL_ACTIVITY,
         timeout_seconds: float = 5.0,
         max_attempts: int = 1,
+        failure_policy: FailurePolicy | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError("a plugin needs a non-empty name")
@@ -56,6 +57,7 @@ class Plugin:
         self.run_mode = run_mode
         self.timeout_seconds = timeout_seconds
         self.max_attempts = max_attempts
+        self.failure_policy = failure_policy
         for stage, fn in (("before_tool", before_tool), ("after_tool", after_tool), ("on_tool_error", on_tool_error)):
             if fn is not None:
                 setattr(self, stage, fn)
@@ -84,7 +86,8 @@ def allow_list(tools: Iterable[str], *, name: str = "allow-list", message: str |
 
 def redact(patterns: dict[str, re.Pattern[str]] | None = None, *, name: str = "redact") -> Plugin:
     """Mask matches of ``patterns`` (default: conservative common secret patterns) in every tool result
-    before a planner or synthesizer reads it, and count them in an effect (never the secret)."""
+    before a planner or synthesizer reads it, and count them in an effect (never the secret). It fails
+    closed: if it cannot run, the request ends rather than let an unmasked result reach a model."""
     chosen = dict(patterns or COMMON_SECRET_PATTERNS)
 
     def after_tool(ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> str | None:
@@ -99,7 +102,7 @@ def redact(patterns: dict[str, re.Pattern[str]] | None = None, *, name: str = "r
         )
         return masked
 
-    return Plugin(name, after_tool=after_tool)
+    return Plugin(name, after_tool=after_tool, failure_policy=FailurePolicy.FAIL_CLOSED)
 
 
 def retry_on_error(*, name: str = "retry-on-error") -> Plugin:

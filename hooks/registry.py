@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from workflows.models import HookEntry, RunMode, Stage
+from workflows.models import POLICY_OVERRIDE_STAGES, FailurePolicy, HookEntry, RunMode, Stage
 
 from .contracts import STAGE_METHOD_ARITY, STAGE_METHODS, hook_option
 
@@ -105,6 +105,22 @@ def _tool_filter(hook: Any, index: int, name: str, stages: list[Stage]) -> tuple
     if problem:
         raise InvalidPipelineConfigError(f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name)
     return matcher, subagent_only
+
+
+def _failure_policy(hook: Any, index: int, name: str, stages: list[Stage]) -> FailurePolicy | None:
+    """A hook's own ``failure_policy``: checked here, applied by the workflow's decisions."""
+    value = hook_option(hook, "failure_policy")
+    if value is None:
+        return None
+    try:
+        policy = FailurePolicy(value)
+    except ValueError:
+        problem = f"failure_policy {value!r} is not one of {[p.value for p in FailurePolicy]}"
+    else:
+        if set(stages) & POLICY_OVERRIDE_STAGES:
+            return policy
+        problem = "failure_policy does not apply to after_planning (use the required marker) or observers"
+    raise InvalidPipelineConfigError(f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name)
 
 
 def visible_to(hook: Any, tenant_id: str | None, agent_id: str | None) -> bool:
@@ -224,6 +240,7 @@ class HookRegistry:
         elif "before_planning" in methods:
             contract = "legacy"
         matcher, subagent_only = _tool_filter(hook, index, name, stages)
+        policy = _failure_policy(hook, index, name, stages)
         return HookEntry(
             name=name,
             index=index,
@@ -235,6 +252,7 @@ class HookRegistry:
             max_attempts=attempts,
             tool_matcher=matcher,
             subagent_only=subagent_only,
+            failure_policy=policy,
         )
 
     @staticmethod

@@ -22,13 +22,14 @@ from temporalio.client import (
     WorkflowQueryFailedError,
 )
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Replayer, Worker
+from temporalio.worker import Replayer
 
 from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry
-from workflows import WORKFLOWS, data_converter
+from worker import build_worker
+from workflows import WORKFLOWS, data_converter, idempotency_key
 from workflows.models import (
     ApproveSignal,
     Checkpoint,
@@ -93,6 +94,15 @@ class Outcome:
     def tool_activities(self) -> list[ScheduledActivity]:
         return [a for a in self.scheduled if a.activity_type == "execute_tool_step"]
 
+    @property
+    def first_run_id(self) -> str:
+        """The first run of this execution's chain: with the workflow id, what tool keys are scoped to."""
+        return self.history.events[0].workflow_execution_started_event_attributes.first_execution_run_id
+
+    def idempotency_key(self, step_id: str, arguments: dict[str, Any]) -> str:
+        """The key a tool step of this request receives for ``arguments``."""
+        return idempotency_key(self.workflow_id, self.first_run_id, step_id, arguments)
+
     async def stored(self) -> ExecutionRecord | None:
         return await self.store.get(self.workflow_id)
 
@@ -144,13 +154,7 @@ class Harness:
         self.histories: list[WorkflowHistory] = []
 
     async def __aenter__(self) -> Harness:
-        self.worker = Worker(
-            self.client,
-            task_queue=self.task_queue,
-            workflows=WORKFLOWS,
-            activities=self.activities.activities(),
-            **self.worker_options,
-        )
+        self.worker = build_worker(self.client, self.task_queue, self.activities, **self.worker_options)
         await self.worker.__aenter__()
         return self
 

@@ -1,9 +1,10 @@
-"""Managed activity coordination (issue 6; seed 000 opening paragraph, §10).
+"""Managed activity coordination: the announcement hands its signal to the request owner.
 
-The announcement hands its signal to the request owner — the workflow — which renews it on a timer loop
-while the request runs and, on every exit, stops and joins that loop before it releases the signal. The
-history shows the order (no ``renew_lease`` is scheduled after ``release_lease``); the record shows both
-effects terminal with their counts before the terminal persist; the SQLite registry shows the signal gone.
+The workflow keeps the signal alive with one ``keep_lease`` activity (renewals inside it, heartbeats in
+between) while the request runs and, on every exit, stops that keeper and waits for it before it
+releases the signal. The history shows the order (the keeper has ended before ``release_lease`` is
+scheduled); the record shows both effects terminal with their counts before the terminal persist; the
+SQLite registry shows the signal gone. A request waiting at a checkpoint adds no history for its lease.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import CancelledError
 
 from activities.memory import SQLiteMemory
@@ -48,19 +50,42 @@ def coordination_hooks(memory: Any, agent: str = "quote-agent", **options: Any) 
 
 
 def lease_order(out: Outcome) -> list[str]:
-    return [t for t in out.activity_types() if t in ("renew_lease", "release_lease")]
+    return [t for t in out.activity_types() if t in ("keep_lease", "release_lease")]
+
+
+def keeper_closed_before_release(out: Outcome) -> bool:
+    """Whether every keep_lease activity had closed (completed or cancelled) before release_lease was
+    scheduled: cleanup never races a renewal."""
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    }
+    closed_keepers, release_at = [], None
+    for e in out.history.events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and scheduled[e.event_id] == "release_lease":
+            release_at = e.event_id
+        for kind, attrs in (
+            (EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, "activity_task_completed_event_attributes"),
+            (EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED, "activity_task_canceled_event_attributes"),
+        ):
+            if e.event_type == kind and scheduled[getattr(e, attrs).scheduled_event_id] == "keep_lease":
+                closed_keepers.append(e.event_id)
+    keepers = [i for i, t in scheduled.items() if t == "keep_lease"]
+    return release_at is not None and len(closed_keepers) == len(keepers) and all(c < release_at for c in closed_keepers)
 
 
 def assert_released_after_join(out: Outcome, record: ExecutionRecord, exit: str) -> None:
-    """One release, nothing renewed after it, both effects terminal with counts, in the given record."""
+    """One keeper, stopped before the one release; both effects terminal with counts, in the record."""
     order = lease_order(out)
-    assert order.count("release_lease") == 1 and order[-1] == "release_lease", order
+    assert order == ["keep_lease", "release_lease"], order
+    assert keeper_closed_before_release(out)
     types = out.activity_types()
     assert types.index("release_lease") < len(types) - 1 and types[-1] == "persist_execution_record"
     renewal, cleanup = record.effect(RENEWAL), record.effect(CLEANUP)
     assert renewal.status is EffectStatus.SUCCEEDED, renewal
     assert renewal.data["loop"] == "joined" and renewal.data["exit"] == exit
-    assert renewal.data["submitted"] == order.count("renew_lease") and renewal.data["errors"] == 0
+    assert renewal.data["keepers"] == 1 and renewal.data["errors"] == 0
     assert cleanup.status is EffectStatus.SUCCEEDED, cleanup
     assert cleanup.data["renewal_joined_first"] is True and cleanup.data["exit"] == exit
     assert (cleanup.data["submitted"], cleanup.data["errors"], cleanup.data["provider_call_status"]) == (1, 0, "returned")
@@ -203,32 +228,39 @@ class RecordingCoordinator:
         return await self.memory.active()
 
 
-async def test_a_long_checkpoint_wait_is_renewed_before_the_ttl_and_cleaned_up_on_expiry(time_env, tmp_path):
+async def test_a_checkpoint_wait_renews_the_lease_without_adding_history_and_cleans_up_on_expiry(client, tmp_path):
+    """A request waiting for review keeps its lease alive (each renewal reaches the registry before the
+    TTL runs out) while its history does not grow: renewals happen inside one heartbeating activity, so
+    a wait of a day costs what a wait of seconds does."""
     coordinator = RecordingCoordinator(SQLiteMemory(tmp_path / "memory.sqlite3"))
-    hooks = coordination_hooks(coordinator, ttl_seconds=60.0, renew_interval_seconds=20.0)
+    hooks = coordination_hooks(coordinator, ttl_seconds=3.0, renew_interval_seconds=1.0)
     async with Harness(
-        time_env.client,
-        tmp_path,
-        hooks=hooks,
-        planner=FixedPlanner(message()),
-        review=ReviewSettings(checkpoint_expiry_seconds=600),
-        search_attributes=False,
+        client, tmp_path, hooks=hooks, planner=FixedPlanner(message()), review=ReviewSettings(checkpoint_expiry_seconds=8)
     ) as h:
-        out = await h.run("Send a message to bob")  # nobody reviews: the time-skipping server reaches the expiry
+        out = await h.run("Send a message to bob")  # nobody reviews: the checkpoint expires
 
     assert out.failure is not None and out.failure.type == "CheckpointExpired"
-    renewals = lease_order(out).count("renew_lease")
-    assert renewals >= 10  # 600 s of waiting, renewed every 20 s
-    # Each renewal reached the registry and pushed the expiry of the existing signal.
-    assert len(coordinator.renewals) == renewals
+    renewals = len(coordinator.renewals)
+    assert renewals >= 5  # 8 s of waiting, renewed every second
     assert all(r.ok and r.detail["found"] for r in coordinator.renewals)
     expiries = [r.detail["expires_at"] for r in coordinator.renewals]
     assert expiries == sorted(expiries)
+    # The wait, in history: from the checkpoint's persist to the expiry timer, nothing was scheduled.
+    events = out.history.events
+    opened = max(i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED and i < _fired(events))
+    during_wait = events[opened + 1 : _fired(events)]
+    assert [e for e in during_wait if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED] == []
+    assert len(during_wait) <= 4, [EventType.Name(e.event_type) for e in during_wait]
     stored = await out.stored()
     assert_released_after_join(out, stored, "error")
-    assert stored.effect(RENEWAL).data["returned"] == renewals
+    assert stored.effect(RENEWAL).data["submitted"] >= renewals and stored.effect(RENEWAL).data["returned"] >= renewals
     assert stored.effect(RENEWAL).data["last_expires_at"] is not None
     assert (await coordinator.active()).items == []
+
+
+def _fired(events) -> int:
+    """Index of the checkpoint's expiry timer firing."""
+    return next(i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
 
 
 async def test_direct_cleanup_hook_removes_the_signal_itself_when_no_owner_holds_it(client, tmp_path):

@@ -551,7 +551,7 @@ async def test_a_required_hook_failure_fails_the_request_before_any_tool(client,
     assert stored is not None
     assert stored.status is RequestStatus.FAILED
     assert stored.steps == [] and stored.plans == []
-    assert stored.final_response is None and stored.model_response is None
+    assert stored.final_response is None and stored.model_draft is None
     assert stored.error.type == "RequiredAfterPlanningError"
     assert stored.error.details["hook"] == "gate" and stored.error.details["cause"] == cause
     invocations = stored.invocations(Stage.AFTER_PLANNING)

@@ -207,9 +207,10 @@ def label(kind: str, reason: str, status: str) -> tuple[tuple[str, str], ...]:
 
 
 def assert_short_circuited(out: Outcome, *served_hooks: str) -> None:
-    """Only resolve, the named before_planning hooks and the record write ran."""
+    """Only resolve, the named before_planning hooks, finalizers and the record write ran."""
     assert out.failure is None, out.failure
-    assert out.activity_types() == ["resolve_pipeline", *["before_planning_hook"] * len(served_hooks), "persist_execution_record"]
+    ran = [t for t in out.activity_types() if t != "on_finish_hook"]
+    assert ran == ["resolve_pipeline", *["before_planning_hook"] * len(served_hooks), "persist_execution_record"]
     assert out.hook_summaries() == [f"before_planning · {h}" for h in served_hooks]
     assert out.result.confidence == 1.0
     assert out.tool_activities == []
@@ -459,7 +460,7 @@ async def test_legacy_short_circuit_is_authoritative_and_the_first_wins(client, 
     assert decision(invocation(out, "guard")) == ("fail_open", "short_circuit", "authoritative")
     assert stored.short_circuit == sc
     assert (stored.final_response, stored.confidence) == ("Requests about ACME are paused.", 1.0)
-    assert stored.plans == [] and stored.steps == [] and stored.planning_prompt is None and stored.model_response is None
+    assert stored.plans == [] and stored.steps == [] and stored.planning_prompt is None and stored.model_draft is None
     # The short-circuiting hook's own enrichment write is still recorded as its effect.
     assert (
         "planning_enrichment:guard_note",

@@ -479,7 +479,7 @@ async def test_audit_submission_accepted_is_pending_then_the_writer_succeeds(cli
     assert effect.data["written"] is True and effect.data["step_count"] == 1
     assert effect.data["workflow_id"] == out.workflow_id and effect.data["tools"] == ["stock-service/stock_quote"]
     lines = (tmp_path / "audit.jsonl").read_text().splitlines()
-    assert len(lines) == 1 and f'"key": "{out.workflow_id}:{AUDIT_EFFECT_ID}"' in lines[0]
+    assert len(lines) == 1 and f'"key": "{out.workflow_id}:{out.record.run_id}:{AUDIT_EFFECT_ID}"' in lines[0]
     assert writer.writes == 1
 
 

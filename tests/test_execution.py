@@ -17,7 +17,7 @@ from activities.tools import ToolContext
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import ExecuteTrade, StockQuote, TradeArguments, demo_tools, quote_price
 from hooks import HookRegistry, Plan, PlanStep, Stage
-from workflows import data_converter, idempotency_key
+from workflows import data_converter
 from workflows.models import RequestStatus, StageSettings, ToolStepInput, ToolStepOutput
 
 from .doubles import FixedPlanner, NoArguments, quote, started_attempts
@@ -418,7 +418,7 @@ async def test_each_tool_receives_a_stable_idempotency_key_across_retries(client
         assert out.failure is None
         calls = [c for c in recorder.calls if c.request_id == out.workflow_id]
         for step_id in ("one", "two"):
-            expected = idempotency_key(out.workflow_id, step_id)
+            expected = out.idempotency_key(step_id, {"name": step_id})
             mine = [c for c in calls if c.step_id == step_id]
             assert [(c.attempt, c.idempotency_key) for c in mine] == [(1, expected), (2, expected)]
             recorded = next(s for s in out.record.steps if s.step_id == step_id)
@@ -426,7 +426,7 @@ async def test_each_tool_receives_a_stable_idempotency_key_across_retries(client
             assert recorded.output == {"name": step_id, "key": expected}
     keys = {c.idempotency_key for c in recorder.calls}
     assert len(keys) == 4  # distinct per step and per request
-    assert idempotency_key(first.workflow_id, "one").startswith("one-")
+    assert first.idempotency_key("one", {"name": "one"}).startswith("one-")
 
 
 async def test_a_retried_trade_writes_the_ledger_once(client, tmp_path):
@@ -436,7 +436,7 @@ async def test_a_retried_trade_writes_the_ledger_once(client, tmp_path):
         out = await h.run("Buy 10 ACME")
 
     assert out.failure is None
-    key = idempotency_key(out.workflow_id, "trade-acme")
+    key = out.idempotency_key("trade-acme", {"symbol": "ACME", "side": "buy", "quantity": 10})
     assert [(attempt, k, o["replayed"]) for attempt, k, o in trade.outputs] == [(1, key, False), (2, key, True)]
     assert trade.outputs[0][2]["order_id"] == trade.outputs[1][2]["order_id"]
     entries = [json.loads(line) for line in ledger.read_text().splitlines()]

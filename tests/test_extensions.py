@@ -350,7 +350,7 @@ async def test_before_run_stop_ends_the_run_with_its_text_and_only_finalizers_ru
     assert record.status is RequestStatus.STOPPED
     assert record.stopped == result.stopped
     assert record.final_response == "Cloud processing is disabled."
-    assert record.model_response is None and record.steps == [] and record.error is None
+    assert record.model_draft is None and record.steps == [] and record.error is None
     [inv] = record.invocations(Stage.BEFORE_RUN)
     assert (inv.hook, decision(inv)) == ("stopper", ("fail_closed", "stop", "stopped"))
     stored = await out.stored()
@@ -442,7 +442,7 @@ async def test_a_failing_before_run_ends_the_run_with_extension_error(client, tm
 # --------------------------------------------------------------------------------------------------
 
 
-async def test_after_answer_rewrites_chain_in_order_and_the_record_keeps_the_model_response(client, tmp_path):
+async def test_after_answer_rewrites_chain_in_order_and_the_record_keeps_the_model_draft(client, tmp_path):
     class Polish:
         name = "polish"
 
@@ -482,7 +482,7 @@ async def test_after_answer_rewrites_chain_in_order_and_the_record_keeps_the_mod
     assert [(s.step_id, s.tool, s.status) for s in seen.steps] == [("quote-acme", "stock-service/stock_quote", "succeeded")]
     assert Sign.seen == [f"{ACME} (polished) [checked]"]
     record = out.record
-    assert record.model_response == ACME  # the synthesizer's own text
+    assert record.model_draft.matches(ACME)  # the synthesizer's own text
     assert record.final_response == final
     assert record.stopped is None and record.status is RequestStatus.SUCCEEDED
     assert [(i.hook, decision(i)) for i in record.invocations(Stage.AFTER_ANSWER)] == [
@@ -494,7 +494,7 @@ async def test_after_answer_rewrites_chain_in_order_and_the_record_keeps_the_mod
     assert after(types, "after_synthesis_hook", "after_answer_hook")
     assert types[-1] == "persist_execution_record" and max(i for i, t in enumerate(types) if t == "after_answer_hook") < len(types) - 1
     stored = await out.stored()
-    assert (stored.model_response, stored.final_response) == (ACME, final)
+    assert stored.model_draft.matches(ACME) and stored.final_response == final
 
 
 async def test_after_answer_applies_to_short_circuited_answers(client, tmp_path):
@@ -523,7 +523,7 @@ async def test_after_answer_applies_to_short_circuited_answers(client, tmp_path)
     assert out.result.short_circuit.source == "calendar"
     assert planner.requests == [] and "plan" not in out.activity_types() and "synthesize" not in out.activity_types()
     assert out.record.final_response == "Markets are closed today. (from the calendar)"
-    assert out.record.model_response is None
+    assert out.record.model_draft is None
 
 
 async def test_after_answer_stop_replaces_the_answer_and_marks_the_run_stopped(client, tmp_path):
@@ -555,7 +555,7 @@ async def test_after_answer_stop_replaces_the_answer_and_marks_the_run_stopped(c
     assert (seen.status, seen.response, seen.stopped) == ("stopped", "That answer is withheld.", result.stopped)
     record = out.record
     assert record.status is RequestStatus.STOPPED and record.stopped == result.stopped
-    assert (record.model_response, record.final_response) == (ACME, "That answer is withheld.")
+    assert record.model_draft.matches(ACME) and record.final_response == "That answer is withheld."
     [inv] = record.invocations(Stage.AFTER_ANSWER)
     assert decision(inv) == ("fail_closed", "stop", "stopped")
     stored = await out.stored()
@@ -589,7 +589,7 @@ async def test_an_empty_or_invalid_answer_is_an_extension_error(client, tmp_path
     details = extension_failure(out, "blank", "after_answer")
     assert details["cause"] == cause and details["cause_type"] == "InvalidHookResult"
     assert Blank.calls == 1 and started_attempts(out, "after_answer_hook") == [1]  # not a request to retry
-    assert out.record.model_response == ACME and out.record.final_response is None
+    assert out.record.model_draft.matches(ACME) and out.record.final_response is None
     assert out.record.stopped is None
     [seen] = watcher.seen(out.workflow_id)
     assert seen.status == "error" and seen.error.type == "ExtensionError" and seen.error.origin == "extension"

@@ -29,7 +29,7 @@ async def test_quote_request_runs_every_stage_as_labelled_activities(client, tmp
         "after_execution_hook",
         "synthesize",
         "after_synthesis_hook",
-        "after_synthesis_hook",
+        "on_finish_hook",  # the response cache stores the answer once the run is known to be cacheable
         "persist_execution_record",
     ]
     assert out.hook_summaries() == [
@@ -38,7 +38,6 @@ async def test_quote_request_runs_every_stage_as_labelled_activities(client, tmp
         "after_planning · allowed-operations",
         "after_execution · application-audit",
         "after_synthesis · secret-redaction",
-        "after_synthesis · response-cache",
     ]
     # Hooks are scheduled only at the stages they implement: two hooks at before_planning, one after.
     assert [s for s in out.summaries if s.startswith("before_planning")] == out.hook_summaries()[:2]
@@ -48,9 +47,12 @@ async def test_quote_request_runs_every_stage_as_labelled_activities(client, tmp
     # Two snapshots (accepted plan, terminal), plus the audit effect's update once its child reports.
     assert stored.lifecycle.snapshot_revision == 2 and stored.record_revision in (2, 3)
     assert stored.lifecycle.boundary == "terminal" and stored.request_completion == "completed"
-    assert [i.hook for i in stored.invocations(Stage.AFTER_SYNTHESIS)] == ["secret-redaction", "response-cache"]
-    # The model's output and the final response are kept apart: the knowledge file's key is redacted.
-    assert "sk-demo-" in stored.model_response
+    assert [i.hook for i in stored.invocations(Stage.AFTER_SYNTHESIS)] == ["secret-redaction"]
+    assert stored.cache.cacheable and stored.effect("response_cache_write").data["stored"] is True
+    # The model's draft is kept apart from the final response, and only by digest and a masked preview:
+    # the knowledge file's key, which the draft quoted, is in neither the draft's preview nor the answer.
+    assert stored.model_draft.chars > len("sk-demo-") and not stored.model_draft.matches(stored.final_response)
+    assert "sk-demo-" not in stored.model_draft.preview
     assert "sk-demo-" not in stored.final_response and "[REDACTED]" in stored.final_response
     assert stored.final_response == out.result.response
 
@@ -91,4 +93,6 @@ async def test_malformed_input_fails_with_a_typed_error(client, tmp_path):
     assert "non-whitespace" in empty.failure.message
     assert "colour" in unknown_field.failure.message
     for out in (empty, unknown_field, too_long):
-        assert out.record is None and await out.stored() is None
+        # Nothing ran and nothing was stored; the record, by query, says why the request was refused.
+        assert await out.stored() is None
+        assert out.record.status is RequestStatus.FAILED and out.record.error.type == "InvalidRequest"

@@ -278,7 +278,7 @@ async def test_redact_masks_secrets_in_a_result_before_the_planner_or_synthesize
     assert out.failure is None, out.failure
     masked = "config: api_key=[REDACTED] aws=[REDACTED] region=eu-west-1"
     assert out.result.response == f"files/read (leaky): {masked}\nfiles/read (clean): {near_misses}"
-    assert SK not in out.record.model_response and AKIA not in out.record.model_response
+    assert out.record.model_draft.matches(out.result.response)  # the synthesizer never saw the secrets
     steps = steps_by_id(out)
     assert steps["leaky"].result == masked
     assert steps["leaky"].output == leaky  # the raw output stays in the record

@@ -132,7 +132,7 @@ async def test_after_execution_failures_fail_open_and_leave_the_response_alone(c
 
     assert out.failure is None
     assert out.result.response == QUOTES_RESPONSE
-    assert out.record.model_response == out.record.final_response == QUOTES_RESPONSE
+    assert out.record.model_draft.matches(QUOTES_RESPONSE) and out.record.final_response == QUOTES_RESPONSE
     assert Chatty.calls == 1 and Quiet.calls == 1  # a wrong return type is not retried
     invocations = out.record.invocations(Stage.AFTER_EXECUTION)
     assert [(i.hook, i.sequence) for i in invocations] == [("chatty", 1), ("broken", 2), ("rejects", 3), ("quiet", 4)]
@@ -174,12 +174,12 @@ async def test_after_synthesis_hooks_chain_in_registration_order(client, tmp_pat
     assert a.received == [QUOTES_RESPONSE]
     assert b.received == [QUOTES_RESPONSE + "A"]
     assert out.result.response == QUOTES_RESPONSE + "AB"
-    assert out.record.model_response == QUOTES_RESPONSE
+    assert out.record.model_draft.matches(QUOTES_RESPONSE)
     assert out.record.final_response == QUOTES_RESPONSE + "AB"
     assert out.hook_summaries() == ["after_synthesis · a", "after_synthesis · b"]
     assert [decision(i) for i in out.record.invocations(Stage.AFTER_SYNTHESIS)] == [("fail_open", "continue", "accepted")] * 2
     stored = await out.stored()
-    assert (stored.model_response, stored.final_response) == (QUOTES_RESPONSE, QUOTES_RESPONSE + "AB")
+    assert stored.model_draft.matches(QUOTES_RESPONSE) and stored.final_response == QUOTES_RESPONSE + "AB"
 
 
 @pytest.mark.parametrize(
@@ -208,7 +208,7 @@ async def test_a_failing_after_synthesis_hook_keeps_the_previous_text(client, tm
     assert out.failure is None
     assert b.received == [QUOTES_RESPONSE + "A"]
     assert out.result.response == out.record.final_response == QUOTES_RESPONSE + "AB"
-    assert out.record.model_response == QUOTES_RESPONSE
+    assert out.record.model_draft.matches(QUOTES_RESPONSE)
     bad = out.record.invocations(Stage.AFTER_SYNTHESIS, "bad")[0]
     assert (bad.outcome.value, bad.error_type, bad.error) == ("failed", error_type, error)
     assert decision(bad) == ("fail_open", "continue", reason)
@@ -225,7 +225,7 @@ async def test_an_after_synthesis_hook_can_empty_the_response(client, tmp_path):
         out = await h.run(QUOTES)
 
     assert out.result.response == "" and out.record.final_response == ""
-    assert out.record.model_response == QUOTES_RESPONSE
+    assert out.record.model_draft.matches(QUOTES_RESPONSE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -405,7 +405,7 @@ async def test_a_local_activity_hook_is_recorded_but_not_scheduled_on_the_server
     ]
     assert [decision(i) for i in invocations] == [("fail_open", "continue", "accepted")] * 4
     assert [s.step_id for s in out.record.steps] == ["quote-acme"]
-    assert out.record.model_response == ACME
+    assert out.record.model_draft.matches(ACME)
 
 
 @pytest.mark.parametrize("failure", ["raise", "wrong_type", "timeout"])

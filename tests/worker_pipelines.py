@@ -6,11 +6,16 @@ misconfigured ones raise from :class:`hooks.HookRegistry` while building it, as 
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+
 from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
 from client.settings import Settings
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry, PipelineHook, RequiredAfterPlanningHook
+from workflows.models import StageSettings
 
 
 class Enrich(PipelineHook):
@@ -91,3 +96,40 @@ def required_not_terminal(settings: Settings) -> LifecycleActivities:
 
 def duplicate_name(settings: Settings) -> LifecycleActivities:
     return _activities(settings, [Enrich("same"), Enrich("same")])
+
+
+class CrashingGate(RequiredAfterPlanningHook, PipelineHook):
+    """The required gate, whose worker process dies under it (SIGKILL, as an OOM kill or a lost machine
+    would) the first ``crashes`` times it runs, counted in a file the worker processes share."""
+
+    name = "crashing-gate"
+    timeout_seconds = 20.0
+    max_attempts = 3
+
+    def __init__(self, counter: Path, crashes: int, max_attempts: int) -> None:
+        self.counter = counter
+        self.crashes = crashes
+        self.max_attempts = max_attempts
+
+    def after_planning(self, ctx, plan):
+        done = int(self.counter.read_text() or 0) if self.counter.exists() else 0
+        if done < self.crashes:
+            self.counter.write_text(str(done + 1))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return plan
+
+
+def crashing_gate(settings: Settings) -> LifecycleActivities:
+    """``AGENT_TEST_CRASHES`` crashes under the required gate (``AGENT_TEST_GATE_ATTEMPTS`` attempts per
+    dispatch), heartbeat timeout 2 s, at most ``AGENT_TEST_WORKER_LOSSES`` lost dispatches."""
+    gate = CrashingGate(
+        settings.state_dir / "crashes", int(os.environ["AGENT_TEST_CRASHES"]), int(os.environ.get("AGENT_TEST_GATE_ATTEMPTS", "3"))
+    )
+    return LifecycleActivities(
+        registry=HookRegistry([gate], pipeline="crashing"),
+        tools=ToolRegistry(demo_tools(settings.state_dir)),
+        planner=RulePlanner(),
+        synthesizer=TemplateSynthesizer(),
+        store=SQLiteExecutionStore(settings.execution_store_path),
+        settings=StageSettings(heartbeat_timeout_seconds=2.0, max_worker_losses=int(os.environ.get("AGENT_TEST_WORKER_LOSSES", "5"))),
+    )

@@ -1,17 +1,23 @@
 """The data converter every client and worker of this project uses.
 
-It is Temporal's pydantic converter with one change: a payload that does not validate against its model
-raises a non-retryable ``ApplicationError`` instead of a plain exception. For a workflow input that
-fails the execution with a typed error (``InvalidRequest`` for ``RequestInput``) rather than failing the
-workflow task and retrying it forever.
+It is Temporal's pydantic converter with two changes, both so that what arrives from outside can never
+fail a workflow task (which Temporal retries forever) instead of ending in a typed outcome:
+
+* a payload that does not decode into its declared type — wrong fields, invalid JSON, another
+  encoding — raises a non-retryable ``ApplicationError`` (``InvalidRequest`` for ``RequestInput``);
+* a payload decoded without a declared type (the workflow's own entry points take their arguments
+  untyped and validate them themselves) that cannot be decoded at all comes back as a ``RawValue``
+  rather than raising, so the workflow can refuse it with a reason.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pydantic
 import temporalio.api.common.v1
+from temporalio.common import RawValue
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
 from temporalio.converter import CompositePayloadConverter, DataConverter, DefaultPayloadConverter, JSONPlainPayloadConverter
 from temporalio.exceptions import ApplicationError
@@ -45,6 +51,28 @@ class LifecyclePayloadConverter(CompositePayloadConverter):
                 for c in DefaultPayloadConverter.default_encoding_payload_converters
             )
         )
+
+    def from_payloads(
+        self, payloads: Sequence[temporalio.api.common.v1.Payload], type_hints: list[type] | None = None
+    ) -> list[Any]:
+        hints: list[type | None] = list(type_hints or [])
+        hints += [None] * (len(payloads) - len(hints))
+        return [self._from_payload(payload, hint) for payload, hint in zip(payloads, hints)]
+
+    def _from_payload(self, payload: temporalio.api.common.v1.Payload, hint: type | None) -> Any:
+        try:
+            return super().from_payloads([payload], [hint] if hint is not None else None)[0]
+        except Exception as err:  # an unknown encoding, bytes that are not what the encoding says, ...
+            if hint is None:
+                return RawValue(payload)
+            if isinstance(err, ApplicationError):
+                raise
+            name = getattr(hint, "__name__", "payload")
+            raise ApplicationError(
+                f"invalid {name}: {err}",
+                type=getattr(hint, "invalid_payload_type", "InvalidPayload"),
+                non_retryable=True,
+            ) from None
 
 
 data_converter = DataConverter(payload_converter_class=LifecyclePayloadConverter)

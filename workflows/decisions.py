@@ -14,6 +14,7 @@ from .models import (
     DECISION_STAGES,
     METADATA_CACHE,
     OBSERVER_STAGES,
+    POLICY_OVERRIDE_STAGES,
     DecisionAction,
     FailurePolicy,
     GateState,
@@ -31,6 +32,8 @@ PLANNING_FAILED = "PlanningFailed"
 SYNTHESIS_FAILED = "SynthesisFailed"
 PIPELINE_UNAVAILABLE = "PipelineUnavailable"
 EXTENSION_ERROR = "ExtensionError"
+WORKER_LOST = "WorkerLost"  # infrastructure: workers kept dying under one activity
+REQUEST_ID_CONFLICT = "RequestIdConflict"
 
 # Failure categories a hook activity reports (ApplicationError.type of the activity failure).
 HOOK_ERROR = "HookError"  # the hook raised
@@ -58,6 +61,7 @@ REASON_HANDLED = "handled"
 REASON_MEMORY_SKIPPED = "memory_skipped"
 REASON_MEMORY_REPLACED = "memory_replaced"
 REASON_OBSERVED = "observed"
+REASON_WORKER_LOST = "worker_lost"
 
 _FAILURE_REASONS = {
     HOOK_ERROR: REASON_HOOK_ERROR,
@@ -65,13 +69,18 @@ _FAILURE_REASONS = {
     INVALID_HOOK_RESULT: REASON_INVALID_RESULT,
     INVALID_PLAN: REASON_INVALID_PLAN,
     HOOK_CONTRACT_ERROR: REASON_CONTRACT_ERROR,
+    WORKER_LOST: REASON_WORKER_LOST,
 }
 
 
 def failure_policy(hook: HookEntry, stage: Stage) -> FailurePolicy:
-    """Pipeline hooks and observers fail open; the required after-planning hook and every decision or
-    transformation stage (before_run, before_tool, after_tool, on_tool_error, after_answer,
-    before_remember) fail closed."""
+    """By default pipeline hooks and observers fail open; the required after-planning hook and every
+    decision or transformation stage (before_run, before_tool, after_tool, on_tool_error, after_answer,
+    before_remember) fail closed. A hook's own ``failure_policy`` replaces the default at every stage
+    but after_planning (governed by the required marker) and the observers (which never change the
+    outcome): a redaction hook fails closed at after_synthesis, say."""
+    if hook.failure_policy is not None and stage in POLICY_OVERRIDE_STAGES:
+        return hook.failure_policy
     if stage in DECISION_STAGES or (hook.required and stage is Stage.AFTER_PLANNING):
         return FailurePolicy.FAIL_CLOSED
     return FailurePolicy.FAIL_OPEN
@@ -87,7 +96,8 @@ def success_decision(hook: HookEntry, stage: Stage, reason: str | None = None, a
 def failure_decision(hook: HookEntry, stage: Stage, category: str) -> HookDecision:
     """The decision for a failed invocation: terminate when the boundary fails closed, else continue.
 
-    A broken short-circuit contract fails the request whatever the hook's policy (seed 000 §6).
+    A broken short-circuit contract fails the request whatever the hook's policy, and so do lost workers
+    (an infrastructure failure is never read as the hook's verdict, open or closed).
     """
     reason = _FAILURE_REASONS.get(category, REASON_HOOK_ERROR)
     if category == HOOK_CONTRACT_ERROR:
@@ -95,8 +105,10 @@ def failure_decision(hook: HookEntry, stage: Stage, category: str) -> HookDecisi
             failure_policy=FailurePolicy.FAIL_CLOSED, action=DecisionAction.TERMINATE, reason=reason
         )
     policy = failure_policy(hook, stage)
-    action = DecisionAction.TERMINATE if policy is FailurePolicy.FAIL_CLOSED else DecisionAction.CONTINUE
-    return HookDecision(failure_policy=policy, action=action, reason=reason)
+    terminal = policy is FailurePolicy.FAIL_CLOSED or category == WORKER_LOST
+    return HookDecision(
+        failure_policy=policy, action=DecisionAction.TERMINATE if terminal else DecisionAction.CONTINUE, reason=reason
+    )
 
 
 def gate_for_request(

@@ -3,8 +3,9 @@
 Started by ``RequestLifecycle`` with id ``<request workflow id>/effect/<effect id>`` and
 ``ParentClosePolicy.ABANDON``, so it outlives the request. It runs the hook's detached work as an
 activity, then reports the same effect id as ``succeeded`` or ``failed``: to the request while it still
-runs (signal ``effect_update``) and to the execution store either way — one effect that changes
-status, never a second one.
+runs (signal ``effect_update``, carrying the token the request issued for this effect, so no other sender
+can pass for it) and to the execution store either way — one effect that changes status, never a second
+one. Its activities heartbeat; a lost worker dispatches them again without spending their attempts.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, FailureError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from . import dispatch
     from .models import (
         DetachedEffectInput,
         DetachedWorkResult,
         EffectStatus,
         EffectUpdateInput,
+        EffectUpdateSignal,
         PersistRecordOutput,
         PipelineHookEffect,
     )
@@ -39,18 +42,22 @@ class DetachedEffectWorkflow:
     async def run(self, input: DetachedEffectInput) -> PipelineHookEffect:
         work = input.work
         effect = input.effect.model_copy(deep=True)
+        ceiling = timedelta(seconds=input.heartbeat_timeout_seconds)
         try:
-            result = await workflow.execute_activity(
+            result = await dispatch.execute(
                 "run_detached_work",
                 input,
                 result_type=DetachedWorkResult,
                 start_to_close_timeout=timedelta(seconds=input.timeout_seconds),
                 retry_policy=RetryPolicy(maximum_attempts=input.max_attempts),
                 summary=f"detached · {work.hook} · {work.effect_id}",
+                heartbeat_ceiling=ceiling,
+                max_worker_losses=input.max_worker_losses,
             )
-        except ActivityError as err:
+        except (ActivityError, ApplicationError) as err:
             effect.status = EffectStatus.FAILED
-            effect.error = getattr(err.cause, "message", None) or str(err.cause or err)
+            cause = getattr(err, "cause", None)
+            effect.error = getattr(cause, "message", None) or getattr(err, "message", None) or str(cause or err)
             effect.summary = "detached work failed"
         else:
             effect.status = EffectStatus.SUCCEEDED
@@ -62,15 +69,17 @@ class DetachedEffectWorkflow:
 
         parent = workflow.get_external_workflow_handle(input.parent_workflow_id, run_id=input.parent_run_id)
         try:
-            await parent.signal(EFFECT_UPDATE_SIGNAL, effect)
+            await parent.signal(EFFECT_UPDATE_SIGNAL, EffectUpdateSignal(effect=effect, token=input.update_token))
         except FailureError:
             pass  # the request has finished; the store below is where its record lives now
-        await workflow.execute_activity(
+        await dispatch.execute(
             "merge_effect_update",
             EffectUpdateInput(workflow_id=input.parent_workflow_id, run_id=input.parent_run_id, effect=effect),
             result_type=PersistRecordOutput,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=10),
             summary=f"merge effect · {work.effect_id}",
+            heartbeat_ceiling=ceiling,
+            max_worker_losses=input.max_worker_losses,
         )
         return effect

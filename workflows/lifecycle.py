@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError, TimeoutError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import BaseModel, JsonValue, ValidationError
+    from pydantic import BaseModel, JsonValue
 
-    from . import decisions
+    from . import decisions, dispatch
     from . import search_attributes as sa
     from .detached import DETACHED_WORKFLOW_TYPE, EFFECT_UPDATE_SIGNAL, detached_workflow_id
+    from .leases import ManagedLeases, elapsed_ms
     from .models import (
+        MAX_IGNORED_MESSAGES,
+        MAX_INBOUND_PAYLOAD_BYTES,
         MAX_RECORDED_PROMPT_CHARS,
         AcceptedPlan,
         AfterExecutionCall,
@@ -46,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         BeforeRunOutcome,
         BeforeToolCall,
         BeforeToolOutcome,
+        CacheVerdict,
         Checkpoint,
         CheckpointStatus,
         DecisionAction,
@@ -53,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         DetachedWork,
         Diagnostic,
         EffectStatus,
+        EffectUpdateSignal,
         EnrichmentChange,
         EnrichmentOperation,
         ExecutionRecord,
@@ -65,12 +70,10 @@ with workflow.unsafe.imports_passed_through():
         HookRequestView,
         IgnoredReview,
         InvocationOutcome,
-        LeaseCall,
-        LeaseObservation,
         LifecycleBoundary,
-        ManagedLease,
         MemoryCandidate,
         MemoryOutcome,
+        ModelDraft,
         ObserveOutcome,
         OnErrorCall,
         OnFinishCall,
@@ -116,6 +119,7 @@ with workflow.unsafe.imports_passed_through():
         ToolOutcomeView,
         ToolStepInput,
         ToolStepOutput,
+        WorkerLoss,
         bounded_value,
         subagent_depth,
     )
@@ -124,6 +128,7 @@ with workflow.unsafe.imports_passed_through():
         NON_RETRYABLE_HOOK_FAILURES,
         HookFailure,
         approval_reasons,
+        decode_payload,
         idempotency_key,
         promote_metadata,
         stage_failure,
@@ -133,12 +138,13 @@ WORKFLOW_TYPE = "RequestLifecycle"
 CHECKPOINT_REJECTED = "CheckpointRejected"
 CHECKPOINT_EXPIRED = "CheckpointExpired"
 INVALID_REVIEW = "InvalidReview"
-MAX_IGNORED_REVIEWS = 50
+INVALID_QUERY = "InvalidQuery"
 HOOK_RETRY_INITIAL_INTERVAL = timedelta(milliseconds=200)
 _HOOK_ACTIVITIES = {stage: f"{stage.value}_hook" for stage in Stage}
 
 OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
-SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal)
+SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal, EffectUpdateSignal)
+ResultT = TypeVar("ResultT")
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
@@ -146,27 +152,34 @@ class RequestLifecycleWorkflow:
     """One agent request: before_planning → (plan → after_planning → [checkpoint] → execute) per phase →
     after_execution → synthesize → after_synthesis, each hook invocation its own activity."""
 
+    # Every entry point takes its arguments untyped and decodes them itself: no payload, several
+    # payloads, another encoding or the wrong fields end in a typed failure (the input, an update, a
+    # query) or an ignore kept in the record (a signal), never in a workflow task that fails forever.
+
     @workflow.init
-    def __init__(self, input: RequestInput) -> None:
+    def __init__(self, *args: Any) -> None:
         info = workflow.info()
-        self._input = input
-        self._request_id = input.request_id or info.workflow_id
+        input, self._input_problem = decode_payload(RequestInput, args)
+        self._input = input or RequestInput.model_construct(request="", metadata={}, request_id=None)
+        self._request_id = self._input.request_id or info.workflow_id
         self._manifest = PipelineManifest(pipeline="unresolved")
         self._enrichments: dict[str, JsonValue] = {}
         self._gate = GateState()
         self._results: dict[str, StepResult] = {}
         self._phase = 1
-        self._ask = input.request
+        self._ask = self._input.request
         self._instructions = ""
         self._facts: dict[str, JsonValue] = {}
         self._hook_state: dict[str, dict[str, JsonValue]] = {}
-        self._leases: dict[str, _LeaseOwner] = {}  # managed leases this request owns, by lease id
+        self._leases = ManagedLeases(self._request_id, info.workflow_id)
+        self._detached_tokens: dict[str, str] = {}  # effect id -> the token its DetachedEffect child sends back
+        self._synthesized: str | None = None  # the answer after after_synthesis (what a cache may store)
         self._record = ExecutionRecord(
             request_id=self._request_id,
             workflow_id=info.workflow_id,
             run_id=info.run_id,
-            request=input.request,
-            metadata=input.metadata,
+            request=self._input.request,
+            metadata=self._input.metadata,
             started_at=workflow.now(),
         )
 
@@ -175,42 +188,48 @@ class RequestLifecycleWorkflow:
     # ------------------------------------------------------------------------------------------------
 
     @workflow.query(name="execution_record")
-    def execution_record(self) -> ExecutionRecord:
+    def execution_record(self, *args: Any) -> ExecutionRecord:
         """The execution record as it stands: every invocation, decision and effect so far."""
+        _no_arguments("execution_record", args)
         return self._record
 
     @workflow.query(name="pending_checkpoint")
-    def pending_checkpoint(self) -> Checkpoint | None:
+    def pending_checkpoint(self, *args: Any) -> Checkpoint | None:
         """The checkpoint waiting for a reviewer, or null."""
+        _no_arguments("pending_checkpoint", args)
         return next((c for c in self._record.checkpoints if c.status is CheckpointStatus.PENDING), None)
 
     @workflow.signal(name="approve")
-    def approve(self, payload: JsonValue) -> None:
+    def approve(self, *args: Any) -> None:
         """Approve the open checkpoint: ``{"checkpoint_id", "reviewer", "comment"}``."""
-        signal = self._review_signal("approve", ApproveSignal, payload)
+        signal = self._inbound("approve", ApproveSignal, args)
         if signal is not None:
             self._decide("approve", "approve", signal.checkpoint_id, signal.reviewer, signal.comment)
 
     @workflow.signal(name="reject")
-    def reject(self, payload: JsonValue) -> None:
+    def reject(self, *args: Any) -> None:
         """Reject the open checkpoint: ``{"checkpoint_id", "reviewer", "reason"}``."""
-        signal = self._review_signal("reject", RejectSignal, payload)
+        signal = self._inbound("reject", RejectSignal, args)
         if signal is not None:
             self._decide("reject", "reject", signal.checkpoint_id, signal.reviewer, signal.reason)
 
-    def _review_signal(self, via: Literal["approve", "reject"], model: type[SignalT], payload: JsonValue) -> SignalT | None:
-        """The signal's fields, or None after recording a malformed one as ignored (never dropped silently)."""
-        try:
-            return model.model_validate(payload)
-        except ValidationError as err:
-            fields = payload if isinstance(payload, dict) else {}
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in err.errors(include_url=False)[:3])
-            self._ignore(via, str(fields.get("checkpoint_id", "")), str(fields.get("reviewer", "")), f"malformed {via} signal: {problems}")
-            return None
+    @workflow.signal(dynamic=True)
+    def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        """A signal this workflow does not define: kept as ignored, so the sender can see it arrived."""
+        self._ignore(name, "", "", f"no signal named {name!r} ({len(args)} payload(s))")
+
+    def _inbound(self, via: str, model: type[SignalT], args: Sequence[Any]) -> SignalT | None:
+        """A signal's payload as ``model``, or None after recording it as ignored (never dropped silently)."""
+        signal, problem = decode_payload(model, args, max_bytes=MAX_INBOUND_PAYLOAD_BYTES)
+        if problem is not None:
+            fields = args[0] if len(args) == 1 and isinstance(args[0], dict) else {}
+            self._ignore(via, str(fields.get("checkpoint_id", ""))[:200], str(fields.get("reviewer", ""))[:200], f"malformed {via} signal: {problem}")
+        return signal
 
     @workflow.update(name="review")
-    def review(self, request: ReviewRequest) -> ReviewAck:
+    def review(self, *args: Any) -> ReviewAck:
         """Approve or reject with an acknowledgement; refused before it is accepted if invalid."""
+        request = self._review_request(args)
         self._decide("review", request.decision, request.checkpoint_id, request.reviewer, request.comment)
         return ReviewAck(
             checkpoint_id=request.checkpoint_id,
@@ -220,22 +239,44 @@ class RequestLifecycleWorkflow:
         )
 
     @review.validator
-    def _validate_review(self, request: ReviewRequest) -> None:
+    def _validate_review(self, *args: Any) -> None:
+        request = self._review_request(args)
         problem = self._review_problem(request.checkpoint_id, request.reviewer)
         if problem:
             raise ApplicationError(problem, type=INVALID_REVIEW, non_retryable=True)
 
+    @staticmethod
+    def _review_request(args: Sequence[Any]) -> ReviewRequest:
+        request, problem = decode_payload(ReviewRequest, args, max_bytes=MAX_INBOUND_PAYLOAD_BYTES)
+        if request is None:
+            raise ApplicationError(f"malformed review: {problem}", type=INVALID_REVIEW, non_retryable=True)
+        return request
+
     @workflow.signal(name=EFFECT_UPDATE_SIGNAL)
-    def effect_update(self, effect: PipelineHookEffect) -> None:
-        """A detached effect reached its terminal state (sent by its ``DetachedEffect`` child)."""
-        if effect.status is EffectStatus.PENDING:
+    def effect_update(self, *args: Any) -> None:
+        """A detached effect reached its terminal state (sent by its ``DetachedEffect`` child). Only the
+        child this request started for that effect knows its token: any other update is ignored."""
+        update = self._inbound(EFFECT_UPDATE_SIGNAL, EffectUpdateSignal, args)
+        if update is None:
             return
-        for index, existing in enumerate(self._record.effects):
-            if existing.effect_id == effect.effect_id:
-                if existing.status is EffectStatus.PENDING:
-                    self._record.effects[index] = effect
-                return
-        self._record.effects.append(effect)
+        effect = update.effect
+        expected = self._detached_tokens.get(effect.effect_id)
+        announced = self._record.effect(effect.effect_id)
+        problem = None
+        if expected is None or announced is None:
+            problem = "this request handed no detached work to that effect"
+        elif update.token != expected:
+            problem = "the update does not come from the effect's own DetachedEffect child"
+        elif effect.status is EffectStatus.PENDING:
+            problem = "an effect update must bring the effect to a terminal state"
+        if problem is not None:
+            self._ignore(EFFECT_UPDATE_SIGNAL, effect.effect_id, "", problem)
+            return
+        if announced is not None and announced.status is EffectStatus.PENDING:
+            # The child reports what its work observed; which hook and stage it belongs to stays as announced.
+            self._record_effects(
+                [effect.model_copy(update={"hook": announced.hook, "stage": announced.stage, "data": bounded_value(effect.data)})]
+            )
 
     def _review_problem(self, checkpoint_id: str, reviewer: str) -> str | None:
         if not checkpoint_id:
@@ -254,16 +295,17 @@ class RequestLifecycleWorkflow:
             return f"checkpoint {checkpoint_id!r} has expired"
         return None
 
-    def _ignore(self, via: Literal["approve", "reject", "review"], checkpoint_id: str, reviewer: str, reason: str) -> None:
-        """A review that changes nothing is kept (bounded) so an operator can see what was tried."""
-        if len(self._record.ignored_reviews) < MAX_IGNORED_REVIEWS:
-            self._record.ignored_reviews.append(
-                IgnoredReview(received_at=workflow.now(), via=via, checkpoint_id=checkpoint_id, reviewer=reviewer, reason=reason)
-            )
+    def _ignore(self, via: str, checkpoint_id: str, reviewer: str, reason: str) -> None:
+        """A message that changes nothing is kept so an operator can see what was tried: clipped, and up
+        to a bound, beyond which it is only counted (the record must always fit in one payload)."""
+        if len(self._record.ignored_reviews) < MAX_IGNORED_MESSAGES:
+            self._record.ignored_reviews.append(IgnoredReview.clipped(workflow.now(), via, checkpoint_id, reviewer, reason))
+        else:
+            self._record.ignored_dropped += 1
 
     def _decide(
         self,
-        via: Literal["approve", "reject", "review"],
+        via: str,
         decision: Literal["approve", "reject"],
         checkpoint_id: str,
         reviewer: str,
@@ -284,7 +326,13 @@ class RequestLifecycleWorkflow:
     # ------------------------------------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, input: RequestInput) -> RequestResult:
+    async def run(self, *args: Any) -> RequestResult:
+        if self._input_problem is not None:
+            # Refused before anything runs or is stored: the record (by query) says why.
+            self._record.status = RequestStatus.FAILED
+            self._record.error = RequestError(type=decisions.INVALID_REQUEST, message=self._input_problem)
+            self._record.lifecycle_stage = str(RequestStatus.FAILED)
+            raise ApplicationError(self._input_problem, type=decisions.INVALID_REQUEST, non_retryable=True)
         try:
             result = await self._lifecycle()
         except _RunStopped as stop:
@@ -325,9 +373,41 @@ class RequestLifecycleWorkflow:
         written whatever happens to the cleanup and the finalizers."""
         try:
             await self._release_leases(outcome)
-            await self._finalize(outcome, response=response, error=self._error_view(error) if error else None)
+            cache = self._cache_verdict(outcome)
+            self._record.cache = cache.model_copy(update={"response": None})
+            await self._finalize(outcome, response=response, error=self._error_view(error) if error else None, cache=cache)
         finally:
             await self._finish(status, error)
+
+    def _cache_verdict(self, outcome: str) -> CacheVerdict:
+        """Whether a response cache may store this run's answer: only a completed run that did nothing
+        but read — its executed steps all succeeded and call read_only tools — with no checkpoint, no
+        stop and every hook invocation succeeded, so a cached answer never stands in for a side effect
+        or for a protection that did not run."""
+        record = self._record
+        reasons = []
+        if outcome != "completed":
+            reasons.append(f"the run {'was ' if outcome in ('stopped', 'cancelled') else 'ended in '}{outcome}")
+        if record.short_circuit is not None:
+            reasons.append(f"answered by a short-circuit ({record.short_circuit.reason})")
+        if record.checkpoints:
+            reasons.append("a checkpoint was opened")
+        if record.phase_cap_reached:
+            reasons.append("the planning phase cap was reached")
+        read_only = {f"{t.agent}/{t.capability}": t.read_only for t in self._manifest.tools}
+        for step in record.steps:
+            if step.status is not StepStatus.SUCCEEDED:
+                reasons.append(f"step {step.step_id} {step.status.value}")
+            elif not read_only.get(step.tool, False):
+                reasons.append(f"step {step.step_id} calls {step.tool}, which is not read_only")
+        for invocation in record.pipeline_hooks:
+            if invocation.outcome is not InvocationOutcome.SUCCEEDED:
+                reasons.append(f"hook {invocation.hook} {invocation.outcome.value} at {invocation.stage.value}")
+        if self._synthesized is None:
+            reasons.append("no synthesized answer")
+        if reasons:
+            return CacheVerdict(cacheable=False, reasons=reasons[:10])
+        return CacheVerdict(cacheable=True, response=self._synthesized)
 
     async def _lifecycle(self) -> RequestResult:
         await self._resolve_pipeline()
@@ -343,6 +423,7 @@ class RequestLifecycleWorkflow:
             await self._after_execution(execution)
             synthesis = await self._synthesize(plan, execution)
             response = await self._after_synthesis(synthesis.response)
+            self._synthesized = response
             self._record.confidence = synthesis.confidence
             result = RequestResult(
                 request_id=self._request_id,
@@ -366,7 +447,8 @@ class RequestLifecycleWorkflow:
             run = RunView(ask=self._ask, instructions=self._instructions, facts=self._facts)
             outcome, failure = await self._invoke(hook, stage, sequence, BeforeRunCall(hook=hook, view=self._view(hook), run=run), BeforeRunOutcome)
             if outcome is None:
-                raise _extension_error(hook, stage, failure)
+                _raise_if_terminal(hook, stage, failure)
+                continue
             if outcome.stop is not None:
                 raise _RunStopped(hook.name, stage.value, outcome.stop.reason, outcome.stop.text)
             if outcome.patch is not None:
@@ -386,7 +468,8 @@ class RequestLifecycleWorkflow:
             answer = AnswerView(text=text, handled_by=handled_by, steps=steps)
             outcome, failure = await self._invoke(hook, stage, sequence, AfterAnswerCall(hook=hook, view=self._view(hook), answer=answer), AfterAnswerOutcome)
             if outcome is None:
-                raise _extension_error(hook, stage, failure)
+                _raise_if_terminal(hook, stage, failure)
+                continue
             if outcome.stop is not None:
                 raise _RunStopped(hook.name, stage.value, outcome.stop.reason, outcome.stop.text)
             text = outcome.text
@@ -411,7 +494,8 @@ class RequestLifecycleWorkflow:
             call = BeforeRememberCall(hook=hook, view=self._view(hook), candidate=candidate)
             outcome, failure = await self._invoke(hook, stage, sequence, call, BeforeRememberOutcome)
             if outcome is None:
-                raise _extension_error(hook, stage, failure)
+                _raise_if_terminal(hook, stage, failure)
+                continue
             if outcome.skip is not None:
                 self._record.memory = MemoryOutcome(
                     action="skipped", conversation_id=candidate.conversation_id, by=hook.name, reason=outcome.skip.reason
@@ -420,18 +504,18 @@ class RequestLifecycleWorkflow:
             if outcome.candidate != candidate:
                 candidate, replaced_by = outcome.candidate, hook.name
         try:
-            saved = await workflow.execute_activity(
+            saved = await self._activity(
                 "remember",
                 RememberInput(request_id=self._request_id, workflow_id=self._record.workflow_id, candidate=candidate),
                 result_type=MemoryOutcome,
-                start_to_close_timeout=timedelta(seconds=30),
+                timeout=30,
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=f"remember · {candidate.conversation_id}",
             )
-        except ActivityError as err:
+        except (ActivityError, ApplicationError) as err:
             _raise_if_cancelled(err)
             self._record.diagnostics.append(
-                Diagnostic(extension="(memory)", phase="remember", error=str(getattr(err.cause, "message", err.cause)), error_type="MemoryError")
+                Diagnostic(extension="(memory)", phase="remember", error=_error_text(err), error_type="MemoryError")
             )
             return
         saved.by = replaced_by
@@ -443,6 +527,7 @@ class RequestLifecycleWorkflow:
         *,
         response: str | None = None,
         error: RunErrorView | None = None,
+        cache: CacheVerdict | None = None,
     ) -> None:
         """on_error (for errors and cancellation), then on_finish: once per hook, whatever happened, also
         for hooks whose other stages were never reached. Observer failures are diagnostics only."""
@@ -459,6 +544,7 @@ class RequestLifecycleWorkflow:
                     stopped=self._record.stopped,
                     error=error,
                     diagnostics=list(self._record.diagnostics),
+                    cache=cache or CacheVerdict(reasons=["not decided"]),
                 ),
             ),
         )
@@ -471,6 +557,8 @@ class RequestLifecycleWorkflow:
                 _, failure = await self._invoke(hook, stage, sequence, make_call(hook), ObserveOutcome)
             except asyncio.CancelledError:
                 failure = HookFailure(category="Cancelled", message="cancelled with the request")
+            except ApplicationError as err:  # workers kept dying under it: still only a diagnostic here
+                failure = HookFailure(category=err.type or decisions.WORKER_LOST, message=err.message)
             if failure is not None:
                 self._record.diagnostics.append(
                     Diagnostic(extension=hook.name, phase=stage.value, error=failure.message, error_type=failure.category)
@@ -502,11 +590,11 @@ class RequestLifecycleWorkflow:
     async def _resolve_pipeline(self) -> None:
         self._set_stage("resolve_pipeline")
         try:
-            self._manifest = await workflow.execute_activity(
+            self._manifest = await self._activity(
                 "resolve_pipeline",
                 ResolvePipelineInput(request_id=self._request_id, metadata=self._input.metadata),
                 result_type=PipelineManifest,
-                start_to_close_timeout=timedelta(seconds=30),
+                timeout=30,
                 retry_policy=RetryPolicy(maximum_attempts=5),
                 summary="resolve_pipeline",
             )
@@ -533,6 +621,7 @@ class RequestLifecycleWorkflow:
                         type=decisions.HOOK_CONTRACT_ERROR,
                         non_retryable=True,
                     )
+                _raise_if_terminal(hook, stage, failure)
                 continue
             self._apply_enrichment_changes(hook, outcome.enrichment_changes)
             proposal = outcome.short_circuit
@@ -577,7 +666,7 @@ class RequestLifecycleWorkflow:
         self._set_stage("planning")
         settings = self._manifest.settings
         try:
-            output = await workflow.execute_activity(
+            output = await self._activity(
                 "plan",
                 PlanInput(
                     request=self._ask,
@@ -590,7 +679,7 @@ class RequestLifecycleWorkflow:
                     facts=self._facts,
                 ),
                 result_type=PlanOutput,
-                start_to_close_timeout=timedelta(seconds=settings.plan_timeout_seconds),
+                timeout=settings.plan_timeout_seconds,
                 retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=[decisions.INVALID_PLAN]),
                 summary=f"plan · phase {phase}",
             )
@@ -725,11 +814,8 @@ class RequestLifecycleWorkflow:
     async def _run_step(self, step: PlanStep, *, missing: str | None = None) -> StepResult:
         """One step through its tool-call stages: before_tool (allow / modify / deny / stop), the tool,
         on_tool_error when it failed, after_tool on every outcome, then the result cap."""
-        key = idempotency_key(self._record.workflow_id, step.step_id)
         started = workflow.now()
-        result = StepResult(
-            step_id=step.step_id, tool=step.tool, status=StepStatus.SKIPPED, idempotency_key=key, started_at=started
-        )
+        result = StepResult(step_id=step.step_id, tool=step.tool, status=StepStatus.SKIPPED, started_at=started)
         call = ToolCall(
             step_id=step.step_id,
             namespace=step.namespace,
@@ -782,7 +868,8 @@ class RequestLifecycleWorkflow:
                 hook, stage, sequence, BeforeToolCall(hook=hook, view=self._view(hook), call=call), BeforeToolOutcome, step=step
             )
             if outcome is None:
-                raise _extension_error(hook, stage, failure)
+                _raise_if_terminal(hook, stage, failure)
+                continue
             verdict = outcome.verdict
             if verdict.action == "modify":
                 call.arguments = dict(verdict.arguments or {})
@@ -838,7 +925,7 @@ class RequestLifecycleWorkflow:
                 result.status = StepStatus.SUCCEEDED
                 result.output = {"response": answer.response, "workflow_id": answer.workflow_id, "depth": depth}
                 result.result = answer.response
-        result.duration_ms = _elapsed_ms(started)
+        result.duration_ms = elapsed_ms(started)
         if result.status is StepStatus.FAILED:
             result.result = f"error: {result.error}"
             await self._on_tool_error(step, call, result)
@@ -849,9 +936,13 @@ class RequestLifecycleWorkflow:
             await self._call_subagent(step, call, result)
             return
         settings = self._manifest.settings
+        info = workflow.info()
+        # Keyed by run and by the arguments as executed: every retry of this call (and a dispatch after a
+        # lost worker) carries the same key; another run or another call never does.
+        result.idempotency_key = idempotency_key(info.workflow_id, info.first_execution_run_id, step.step_id, call.arguments)
         started = workflow.now()
         try:
-            output = await workflow.execute_activity(
+            output = await self._activity(
                 "execute_tool_step",
                 ToolStepInput(
                     step=step.model_copy(update={"arguments": call.arguments}),
@@ -859,7 +950,7 @@ class RequestLifecycleWorkflow:
                     idempotency_key=result.idempotency_key,
                 ),
                 result_type=ToolStepOutput,
-                start_to_close_timeout=timedelta(seconds=settings.tool_timeout_seconds),
+                timeout=settings.tool_timeout_seconds,
                 retry_policy=RetryPolicy(
                     maximum_attempts=settings.tool_max_attempts, non_retryable_error_types=["InvalidArguments"]
                 ),
@@ -868,14 +959,14 @@ class RequestLifecycleWorkflow:
         except ActivityError as err:
             _raise_if_cancelled(err)
             cause = err.cause
-            result.duration_ms = _elapsed_ms(started)
+            result.duration_ms = elapsed_ms(started)
             result.status = StepStatus.FAILED
             result.error = getattr(cause, "message", None) or str(cause or err)
             result.error_type = getattr(cause, "type", None) or type(cause).__name__
             result.result = f"error: {result.error}"
             await self._on_tool_error(step, call, result)
             return
-        result.duration_ms = _elapsed_ms(started)
+        result.duration_ms = elapsed_ms(started)
         result.status = StepStatus.SUCCEEDED
         result.output = output.output
         result.result = output.output if isinstance(output.output, str) else json.dumps(output.output, ensure_ascii=False, sort_keys=True)
@@ -888,7 +979,8 @@ class RequestLifecycleWorkflow:
                 hook, stage, sequence, ToolErrorCall(hook=hook, view=self._view(hook), call=call, outcome=failed), ToolErrorOutcome, step=step
             )
             if outcome is None:
-                raise _extension_error(hook, stage, failure)
+                _raise_if_terminal(hook, stage, failure)
+                continue
             if outcome.resolution.handled:
                 result.error_handled_by = hook.name
                 result.result = outcome.resolution.result
@@ -911,7 +1003,8 @@ class RequestLifecycleWorkflow:
                 hook, stage, sequence, AfterToolCall(hook=hook, view=self._view(hook), call=call, outcome=view), AfterToolOutcome, step=step
             )
             if outcome is None:
-                raise _extension_error(hook, stage, failure)
+                _raise_if_terminal(hook, stage, failure)
+                continue
             result.result = outcome.result
 
     def _count_tool_metrics(self, result: StepResult) -> None:
@@ -930,12 +1023,14 @@ class RequestLifecycleWorkflow:
         self._set_stage(stage)
         for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
             call = AfterExecutionCall(hook=hook, view=self._view(hook), execution=execution)
-            await self._invoke(hook, stage, sequence, call, ObserveOutcome)
+            _, failure = await self._invoke(hook, stage, sequence, call, ObserveOutcome)
+            if failure is not None:
+                _raise_if_terminal(hook, stage, failure)
 
     async def _synthesize(self, plan: Plan, execution: ExecutionResult) -> SynthesizeOutput:
         self._set_stage("synthesizing")
         try:
-            output = await workflow.execute_activity(
+            output = await self._activity(
                 "synthesize",
                 SynthesizeInput(
                     request=self._ask,
@@ -947,14 +1042,15 @@ class RequestLifecycleWorkflow:
                     facts=self._facts,
                 ),
                 result_type=SynthesizeOutput,
-                start_to_close_timeout=timedelta(seconds=self._manifest.settings.synthesize_timeout_seconds),
+                timeout=self._manifest.settings.synthesize_timeout_seconds,
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary="synthesize",
             )
         except ActivityError as err:
             _raise_if_cancelled(err)
             raise stage_failure(decisions.SYNTHESIS_FAILED, "synthesis failed", err)
-        self._record.model_response = output.response
+        # The draft is not yet guarded: the record keeps it by digest and a masked preview only.
+        self._record.model_draft = output.draft or ModelDraft.of(output.response)
         return output
 
     async def _after_synthesis(self, response: str) -> str:
@@ -963,9 +1059,12 @@ class RequestLifecycleWorkflow:
         current = response
         for sequence, hook in enumerate(self._manifest.participants(stage), start=1):
             call = AfterSynthesisCall(hook=hook, view=self._view(hook), response=current)
-            outcome, _ = await self._invoke(hook, stage, sequence, call, AfterSynthesisOutcome)
-            if outcome is not None:
-                current = outcome.response
+            outcome, failure = await self._invoke(hook, stage, sequence, call, AfterSynthesisOutcome)
+            if outcome is None:
+                # A fail-closed hook (redaction, say) ends the request: its unguarded input never goes out.
+                _raise_if_terminal(hook, stage, failure)
+                continue
+            current = outcome.response
         return current
 
     # ------------------------------------------------------------------------------------------------
@@ -984,19 +1083,17 @@ class RequestLifecycleWorkflow:
         step: PlanStep | None = None,
     ) -> tuple[OutcomeT, None] | tuple[None, HookFailure]:
         """Run one hook invocation as an activity and record it, its decision and its effects, whatever
-        its outcome; start the work it detached once it has succeeded."""
+        its outcome; start the work it detached once it has succeeded. A lost worker dispatches the
+        invocation again (its attempts stay the hook's own); workers lost on every dispatch end the
+        request with ``WorkerLost``, recorded as such, never as the hook's verdict."""
         started = workflow.now()
-        options: dict[str, Any] = {
-            "result_type": result_type,
-            "start_to_close_timeout": timedelta(seconds=hook.timeout_seconds),
-            "retry_policy": RetryPolicy(
-                initial_interval=HOOK_RETRY_INITIAL_INTERVAL,
-                maximum_attempts=hook.max_attempts,
-                non_retryable_error_types=NON_RETRYABLE_HOOK_FAILURES,
-            ),
-            "summary": f"{stage.value} · {hook.name}" + (f" · {step.step_id}" if step else ""),
-        }
+        summary = f"{stage.value} · {hook.name}" + (f" · {step.step_id}" if step else "")
         activity = _HOOK_ACTIVITIES[stage]
+        retry = RetryPolicy(
+            initial_interval=HOOK_RETRY_INITIAL_INTERVAL,
+            maximum_attempts=hook.max_attempts,
+            non_retryable_error_types=NON_RETRYABLE_HOOK_FAILURES,
+        )
         if step is not None:
             plan_phase = self._phase
         invocation = HookInvocation(
@@ -1009,36 +1106,89 @@ class RequestLifecycleWorkflow:
             duration_ms=0.0,
             outcome=InvocationOutcome.SUCCEEDED,
         )
+
+        def lost(n: int) -> None:
+            invocation.worker_losses = n
+
         try:
             if hook.run_mode is RunMode.LOCAL_ACTIVITY:
-                outcome = await workflow.execute_local_activity(activity, call, **options)
+                outcome = await workflow.execute_local_activity(
+                    activity,
+                    call,
+                    result_type=result_type,
+                    start_to_close_timeout=timedelta(seconds=hook.timeout_seconds),
+                    retry_policy=retry,
+                    summary=summary,
+                )
             else:
-                outcome = await workflow.execute_activity(activity, call, **options)
+                outcome = await self._activity(
+                    activity, call, result_type=result_type, timeout=hook.timeout_seconds, retry_policy=retry,
+                    summary=summary, on_worker_lost=lost,
+                )
         except (ActivityError, ApplicationError, TimeoutError) as err:
             _raise_if_cancelled(err)
             failure = HookFailure.from_error(err, hook)
-            invocation.duration_ms = _elapsed_ms(started)
-            invocation.outcome = (
-                InvocationOutcome.TIMED_OUT if failure.category == decisions.HOOK_TIMEOUT else InvocationOutcome.FAILED
-            )
+            invocation.duration_ms = elapsed_ms(started)
+            invocation.outcome = _INVOCATION_OUTCOMES.get(failure.category, InvocationOutcome.FAILED)
             invocation.error = failure.message
             invocation.error_type = failure.category
             invocation.exception_type = failure.exception_type
-            invocation.decision = decisions.failure_decision(hook, stage, failure.category)
+            invocation.decision = failure.decision = decisions.failure_decision(hook, stage, failure.category)
             self._record.pipeline_hooks.append(invocation)
             self._record_effects(failure.effects)
+            if failure.category == decisions.WORKER_LOST:
+                raise
             return None, failure
-        invocation.duration_ms = _elapsed_ms(started)
+        invocation.duration_ms = elapsed_ms(started)
         invocation.decision = outcome.decision
         self._record.pipeline_hooks.append(invocation)
         if outcome.state is not None:
             self._hook_state[hook.name] = outcome.state
         self._record_effects(outcome.effects)
         for lease in outcome.leases:
-            self._adopt_lease(lease)
+            self._leases.adopt(lease, self._manifest.settings)
         for work in outcome.detached:
             await self._start_detached(work)
         return outcome, None
+
+    async def _activity(
+        self,
+        activity: str,
+        arg: Any,
+        *,
+        result_type: type[ResultT],
+        timeout: float,
+        retry_policy: RetryPolicy,
+        summary: str,
+        on_worker_lost: Callable[[int], None] | None = None,
+    ) -> ResultT:
+        """Schedule one of the framework's activities: heartbeated, dispatched again when its worker is
+        lost (each loss kept in the record), ``WorkerLost`` after the pipeline's limit of lost dispatches."""
+        settings = self._manifest.settings
+
+        def lost(n: int) -> None:
+            self._note_worker_lost(activity, summary, n)
+            if on_worker_lost is not None:
+                on_worker_lost(n)
+
+        return await dispatch.execute(
+            activity,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=timedelta(seconds=timeout),
+            retry_policy=retry_policy,
+            summary=summary,
+            heartbeat_ceiling=timedelta(seconds=settings.heartbeat_timeout_seconds),
+            max_worker_losses=settings.max_worker_losses,
+            on_worker_lost=lost,
+        )
+
+    def _note_worker_lost(self, activity: str, summary: str, dispatch_number: int) -> None:
+        workflow.logger.warning("worker lost under %s (dispatch %s); dispatching it again", summary, dispatch_number)
+        if len(self._record.worker_losses) < MAX_IGNORED_MESSAGES:
+            self._record.worker_losses.append(
+                WorkerLoss(activity=activity, summary=summary, at=workflow.now(), dispatch=dispatch_number)
+            )
 
     def _record_effects(self, effects: list[PipelineHookEffect]) -> None:
         """Add effects; one with an id already recorded replaces it unless that one is terminal."""
@@ -1055,6 +1205,9 @@ class RequestLifecycleWorkflow:
         if effect is None:
             return
         info = workflow.info()
+        token = workflow.uuid4().hex
+        self._detached_tokens[work.effect_id] = token  # before the start: the child may report in the same task
+        settings = self._manifest.settings
         try:
             await workflow.start_child_workflow(
                 DETACHED_WORKFLOW_TYPE,
@@ -1064,6 +1217,9 @@ class RequestLifecycleWorkflow:
                     request_id=self._request_id,
                     work=work,
                     effect=effect,
+                    update_token=token,
+                    heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
+                    max_worker_losses=settings.max_worker_losses,
                 ),
                 id=detached_workflow_id(info.workflow_id, work.effect_id),
                 task_queue=info.task_queue,
@@ -1082,140 +1238,15 @@ class RequestLifecycleWorkflow:
                     )
                 ]
             )
-
-    # ------------------------------------------------------------------------------------------------
-    # Managed leases: the request owns them, renews them while it runs and releases them on every exit
-    # ------------------------------------------------------------------------------------------------
-
-    def _adopt_lease(self, lease: ManagedLease) -> None:
-        """Take ownership of a lease a hook declared; a later declaration of the same id replaces the
-        lease the loop renews (the latest signal), without a second loop."""
-        owner = self._leases.get(lease.lease_id)
-        if owner is not None:
-            owner.lease = lease
-            return
-        owner = _LeaseOwner(lease)
-        self._leases[lease.lease_id] = owner
-        owner.task = asyncio.create_task(self._renew_lease_loop(owner))
-
-    async def _renew_lease_loop(self, owner: _LeaseOwner) -> None:
-        """Renew before the TTL runs out, until told to stop. Provider errors are counted, never raised:
-        the loop keeps trying while the request runs."""
-        while True:
-            try:
-                await workflow.wait_condition(
-                    lambda: owner.stopping,
-                    timeout=timedelta(seconds=owner.lease.renew_interval_seconds),
-                    timeout_summary=f"renew lease · {owner.lease.lease_id}",
-                )
-            except asyncio.TimeoutError:  # noqa: UP041 - TimeoutError here is temporalio's
-                pass
-            if owner.stopping:
-                return
-            owner.submitted += 1
-            lease = owner.lease
-            try:
-                observed = await workflow.execute_activity(
-                    "renew_lease",
-                    LeaseCall(
-                        lease=lease, request_id=self._request_id, workflow_id=self._record.workflow_id, ordinal=owner.submitted
-                    ),
-                    result_type=LeaseObservation,
-                    start_to_close_timeout=timedelta(seconds=max(1.0, min(30.0, lease.renew_interval_seconds))),
-                    retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2),
-                    summary=f"renew lease · {lease.hook} · {lease.lease_id}",
-                )
-            except ActivityError as err:
-                owner.errors += 1
-                owner.last_error = str(getattr(err.cause, "message", None) or err.cause or err)
-                continue
-            owner.renewed += 1
-            if observed.expires_at is not None:
-                owner.expires_at = observed.expires_at
+            del self._detached_tokens[work.effect_id]
 
     async def _release_leases(self, exit: str) -> None:
-        """Stop every renewal loop and join it, then release each lease: cleanup never races a renewal
-        and never depends on the request reaching synthesis. Both effects end terminal, with counts."""
+        """Stop and join every lease keeper, then release each lease (see ``workflows.leases``)."""
         if not self._leases:
             return
         self._set_stage("releasing_leases")
-        owners = list(self._leases.values())
-        for owner in owners:
-            owner.stopping = True
-        for owner in owners:
-            if owner.task is not None:
-                try:
-                    await owner.task
-                except asyncio.CancelledError:
-                    owner.last_error = owner.last_error or "renewal loop cancelled"
-        for owner in owners:
-            await self._release_lease(owner, exit)
-
-    async def _release_lease(self, owner: _LeaseOwner, exit: str) -> None:
-        lease = owner.lease
-        error = None
-        observed = LeaseObservation()
-        try:
-            observed = await workflow.execute_activity(
-                "release_lease",
-                LeaseCall(lease=lease, request_id=self._request_id, workflow_id=self._record.workflow_id, exit=exit),
-                result_type=LeaseObservation,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
-                summary=f"release lease · {lease.hook} · {lease.lease_id}",
-            )
-        except ActivityError as err:
-            error = str(getattr(err.cause, "message", None) or err.cause or err)
-        except asyncio.CancelledError:
-            error = "cancelled with the request"
-        common = {"lease_id": lease.lease_id, "ttl_seconds": lease.ttl_seconds, "exit": exit}
-        renewal = {
-            **common,
-            "renew_interval_seconds": lease.renew_interval_seconds,
-            "loop": "joined",
-            "submitted": owner.submitted,
-            "returned": owner.renewed,
-            "errors": owner.errors,
-            "last_error": owner.last_error,
-            "last_expires_at": owner.expires_at.isoformat() if owner.expires_at else None,
-        }
-        cleanup = {
-            **common,
-            "renewal_joined_first": True,
-            "submitted": 1,
-            "errors": int(error is not None),
-            "provider_call_status": "error" if error else "returned",
-            "observed": observed.data,
-        }
         self._record_effects(
-            [
-                self._terminal_lease_effect(
-                    lease.renewal_effect_id, lease, renewal, owner.last_error if owner.errors else None,
-                    f"renewal loop joined: {owner.submitted} submitted, {owner.errors} error(s)",
-                ),
-                self._terminal_lease_effect(
-                    lease.cleanup_effect_id, lease, cleanup, error,
-                    f"release failed: {error}" if error else (observed.summary or "release call returned"),
-                ),
-            ]
-        )
-
-    def _terminal_lease_effect(
-        self, effect_id: str, lease: ManagedLease, data: dict[str, Any], error: str | None, summary: str
-    ) -> PipelineHookEffect:
-        announced = self._record.effect(effect_id)
-        started = announced.started_at if announced is not None else None
-        return PipelineHookEffect(
-            effect_id=effect_id,
-            name=announced.name if announced is not None else effect_id,
-            status=EffectStatus.FAILED if error else EffectStatus.SUCCEEDED,
-            data=bounded_value(data),
-            started_at=started,
-            duration_ms=max(0.0, _elapsed_ms(started)) if started is not None else None,
-            summary=summary,
-            error=error,
-            hook=lease.hook,
-            stage=lease.stage,
+            await self._leases.release_all(exit, self._manifest.settings, self._record.effect, self._note_worker_lost)
         )
 
     def _apply_enrichment_changes(self, hook: HookEntry, changes: list[EnrichmentChange]) -> None:
@@ -1258,7 +1289,7 @@ class RequestLifecycleWorkflow:
             instructions=self._instructions,
             facts=self._facts,
             state=self._hook_state.get(hook.name, {}),
-            leases=list(self._leases),
+            leases=self._leases.ids,
         )
 
     def _set_stage(self, stage: str, detail: str = "") -> None:
@@ -1295,38 +1326,26 @@ class RequestLifecycleWorkflow:
         )
         for attempt in (1, 2):
             try:
-                await workflow.execute_activity(
+                await self._activity(
                     "persist_execution_record",
                     PersistRecordInput(record=self._record),
                     result_type=PersistRecordOutput,
-                    start_to_close_timeout=timedelta(seconds=30),
+                    timeout=30,
                     retry_policy=RetryPolicy(maximum_attempts=5),
                     summary=f"persist record · {boundary.value} · revision {self._record.record_revision}",
                 )
                 return
-            except ActivityError as err:
+            except (ActivityError, ApplicationError) as err:
                 if boundary is not LifecycleBoundary.TERMINAL:
                     _raise_if_cancelled(err)
-                elif attempt == 1 and isinstance(err.cause, CancelledError):
+                    if isinstance(err, ApplicationError):
+                        raise
+                elif attempt == 1 and isinstance(err, ActivityError) and isinstance(err.cause, CancelledError):
                     continue
                 workflow.logger.warning(
-                    "execution record revision %s was not persisted: %s", self._record.record_revision, err.cause
+                    "execution record revision %s was not persisted: %s", self._record.record_revision, _error_text(err)
                 )
                 return
-
-
-class _LeaseOwner:
-    """The request's ownership of one managed lease: the latest declaration, its renewal loop and counts."""
-
-    def __init__(self, lease: ManagedLease) -> None:
-        self.lease = lease
-        self.task: asyncio.Task[None] | None = None
-        self.stopping = False
-        self.submitted = 0  # renewal activities scheduled
-        self.renewed = 0  # ... whose provider call returned
-        self.errors = 0  # ... that ended in an error after their retries
-        self.last_error: str | None = None
-        self.expires_at: datetime | None = None
 
 
 class _RunStopped(Exception):
@@ -1346,12 +1365,17 @@ _ERROR_ORIGINS = {
     decisions.PIPELINE_UNAVAILABLE: "config",
     CHECKPOINT_REJECTED: "confirmation",
     CHECKPOINT_EXPIRED: "confirmation",
+    decisions.WORKER_LOST: "infrastructure",
     "Cancelled": "cancelled",
+}
+_INVOCATION_OUTCOMES = {
+    decisions.HOOK_TIMEOUT: InvocationOutcome.TIMED_OUT,
+    decisions.WORKER_LOST: InvocationOutcome.WORKER_LOST,
 }
 
 
 def _extension_error(hook: HookEntry, stage: Stage, failure: HookFailure) -> ApplicationError:
-    """A deciding or transforming hook failed: the run ends (seed 003 ``GoliathExtensionError``)."""
+    """A hook that fails closed failed: the run ends, naming the hook, the stage and the cause."""
     return ApplicationError(
         f"extension {hook.name!r} failed at {stage.value}: {failure.message}",
         {
@@ -1360,10 +1384,28 @@ def _extension_error(hook: HookEntry, stage: Stage, failure: HookFailure) -> App
             "cause": failure.message,
             "cause_type": failure.category,
             "exception_type": failure.exception_type,
+            "failure_policy": failure.decision.failure_policy.value if failure.decision else None,
         },
         type=decisions.EXTENSION_ERROR,
         non_retryable=True,
     )
+
+
+def _raise_if_terminal(hook: HookEntry, stage: Stage, failure: HookFailure) -> None:
+    """A failed invocation whose decision is ``terminate`` (the hook or its stage fails closed) ends the
+    run with ``ExtensionError``; otherwise the stage goes on without the hook's result."""
+    if failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
+        raise _extension_error(hook, stage, failure)
+
+
+def _no_arguments(query: str, args: Sequence[Any]) -> None:
+    if args:
+        raise ApplicationError(f"query {query} takes no arguments, got {len(args)}", type=INVALID_QUERY, non_retryable=True)
+
+
+def _error_text(err: BaseException) -> str:
+    cause = getattr(err, "cause", None)
+    return str(getattr(cause, "message", None) or getattr(err, "message", None) or cause or err)
 
 
 def _raise_if_cancelled(err: BaseException) -> None:
@@ -1371,7 +1413,3 @@ def _raise_if_cancelled(err: BaseException) -> None:
     hook error or a failed stage."""
     if isinstance(err, CancelledError) or isinstance(getattr(err, "cause", None), CancelledError):
         raise asyncio.CancelledError() from err
-
-
-def _elapsed_ms(started: datetime) -> float:
-    return (workflow.now() - started).total_seconds() * 1000.0

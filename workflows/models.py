@@ -80,6 +80,14 @@ DECISION_STAGES = frozenset(
 )
 # Stages whose hooks only observe; a failure is a diagnostic and never replaces the outcome.
 OBSERVER_STAGES = frozenset({Stage.ON_ERROR, Stage.ON_FINISH})
+# Stages where a hook's own ``failure_policy`` replaces the stage default. after_planning has its own
+# fail-closed mechanism (the one required hook); observers never change the outcome.
+POLICY_OVERRIDE_STAGES = frozenset(set(Stage) - {Stage.AFTER_PLANNING} - OBSERVER_STAGES)
+
+
+class FailurePolicy(StrEnum):
+    FAIL_OPEN = "fail_open"
+    FAIL_CLOSED = "fail_closed"
 
 
 class RunMode(StrEnum):
@@ -291,6 +299,9 @@ class HookEntry(BaseModel):
     max_attempts: int = 3
     tool_matcher: str | None = None  # tool stages: a regex searched in the tool name (agent/capability)
     subagent_only: bool = False  # tool stages: sub-agent steps only
+    # The hook's own failure policy where it may differ from the stage's (see POLICY_OVERRIDE_STAGES):
+    # a protective hook (redaction, policy) fails closed at a stage that fails open by default.
+    failure_policy: FailurePolicy | None = None
 
     def implements(self, stage: Stage) -> bool:
         return stage in self.stages
@@ -312,13 +323,24 @@ class StageSettings(BaseModel):
     max_plan_steps: int = 32
     max_planning_phases: int = 3
     max_tool_result_chars: int = 600  # the result text a model reads, after after_tool hooks (seed 003)
+    # A worker that stops heartbeating for this long is lost: its activity is dispatched again without
+    # spending the activity's own attempts (a crash is an infrastructure event, never an outcome).
+    heartbeat_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    # Dispatches of one activity that may end in a lost worker before the request fails with the
+    # infrastructure error ``WorkerLost`` (a hook that kills every worker it runs on must not loop forever).
+    max_worker_losses: int = Field(default=5, ge=1)
+
+
+# The longest a checkpoint may wait. A waiting request adds no history while it waits (the timer and
+# the lease keeper are one event each), so the bound is the lease keeper's own start-to-close timeout.
+MAX_CHECKPOINT_EXPIRY_SECONDS = 365 * 24 * 3600.0
 
 
 class ReviewSettings(BaseModel):
     """Human-in-the-loop checkpoints: who may decide, and how long a checkpoint waits."""
 
     reviewers: list[str] = Field(default_factory=list)  # empty: any named reviewer may decide
-    checkpoint_expiry_seconds: float = 24 * 3600.0
+    checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0, le=MAX_CHECKPOINT_EXPIRY_SECONDS)
 
 
 class PipelineManifest(BaseModel):
@@ -353,11 +375,6 @@ class ResolvePipelineInput(BaseModel):
 # --------------------------------------------------------------------------------------------------
 
 
-class FailurePolicy(StrEnum):
-    FAIL_OPEN = "fail_open"
-    FAIL_CLOSED = "fail_closed"
-
-
 class DecisionAction(StrEnum):
     CONTINUE = "continue"
     TERMINATE = "terminate"
@@ -378,7 +395,8 @@ class HookDecision(BaseModel):
 class InvocationOutcome(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    TIMED_OUT = "timed_out"
+    TIMED_OUT = "timed_out"  # the hook itself overran its timeout
+    WORKER_LOST = "worker_lost"  # workers kept dying under it: an infrastructure failure, not the hook's
 
 
 class HookInvocation(BaseModel):
@@ -396,6 +414,17 @@ class HookInvocation(BaseModel):
     error_type: str | None = None  # HookError, HookContractError, InvalidHookResult, InvalidPlan, Timeout
     exception_type: str | None = None  # the hook's own exception class, when it raised
     decision: HookDecision | None = None
+    worker_losses: int = 0  # dispatches that ended because the worker running it stopped heartbeating
+
+
+class WorkerLoss(BaseModel):
+    """An activity dispatch that ended because its worker stopped heartbeating (crashed, was killed,
+    lost its connection). The activity was dispatched again; its own attempts were not spent."""
+
+    activity: str
+    summary: str
+    at: datetime
+    dispatch: int  # 1 for the first lost dispatch of this call, 2 for the next, ...
 
 
 class EffectStatus(StrEnum):
@@ -714,6 +743,18 @@ class RunErrorView(BaseModel):
     steps: list[StepSummary] = Field(default_factory=list)
 
 
+class CacheVerdict(BaseModel):
+    """Whether a response cache may store this run's answer, decided by the workflow from what the run
+    did. Only a completed run whose executed steps all called ``read_only`` tools and succeeded — no
+    checkpoint, no denied, failed or skipped step, no stop, no failed or timed-out hook invocation, not
+    itself a short-circuit — is cacheable: a cached answer must never stand in for a side effect or
+    for a protection that did not run."""
+
+    cacheable: bool = False
+    reasons: list[str] = Field(default_factory=list)  # why not, when not
+    response: str | None = None  # the text to store: after after_synthesis, before after_answer
+
+
 class RunOutcomeView(BaseModel):
     """What on_finish sees, once per extension, for every outcome."""
 
@@ -722,6 +763,7 @@ class RunOutcomeView(BaseModel):
     stopped: StopInfo | None = None
     error: RunErrorView | None = None
     diagnostics: list[Diagnostic] = Field(default_factory=list)
+    cache: CacheVerdict = Field(default_factory=CacheVerdict)
 
 
 class BeforeRunCall(BaseModel):
@@ -821,9 +863,27 @@ class SynthesizeInput(BaseModel):
     facts: dict[str, JsonValue] = Field(default_factory=dict)
 
 
+class ModelDraft(BaseModel):
+    """The synthesizer's answer before after_synthesis hooks, as the record keeps it: by digest, size and
+    a short preview with common secret patterns masked, never whole — guarding the answer is what
+    after_synthesis hooks are for, so the draft is not safe to show or store."""
+
+    sha256: str
+    chars: int
+    preview: str = ""
+
+    @classmethod
+    def of(cls, text: str, preview: str = "") -> ModelDraft:
+        return cls(sha256=hashlib.sha256(text.encode()).hexdigest(), chars=len(text), preview=preview)
+
+    def matches(self, text: str) -> bool:
+        return self.sha256 == hashlib.sha256(text.encode()).hexdigest()
+
+
 class SynthesizeOutput(BaseModel):
     response: str
     confidence: float = Field(ge=0.0, le=1.0)
+    draft: ModelDraft | None = None  # set by the synthesize activity: what the record keeps of ``response``
 
 
 class DetachedEffectInput(BaseModel):
@@ -836,6 +896,11 @@ class DetachedEffectInput(BaseModel):
     effect: PipelineHookEffect  # as announced (pending)
     timeout_seconds: float = 300.0
     max_attempts: int = 5
+    # Issued by the request for this effect and sent back with the update, so only this child's update
+    # is taken as the effect's outcome (anyone may send a signal; only the request knows this value).
+    update_token: str = ""
+    heartbeat_timeout_seconds: float = 5.0
+    max_worker_losses: int = 5
 
 
 class DetachedWorkResult(BaseModel):
@@ -851,18 +916,27 @@ class EffectUpdateInput(BaseModel):
     effect: PipelineHookEffect
 
 
+class EffectUpdateSignal(BaseModel):
+    """Signal ``effect_update``: a ``DetachedEffect`` child reporting its effect's terminal state."""
+
+    model_config = ConfigDict(extra="forbid")
+    effect: PipelineHookEffect
+    token: str = Field(max_length=64)
+
+
 # --------------------------------------------------------------------------------------------------
-# Managed leases (issue 6): work a hook hands to the request owner — the workflow — to keep alive
-# while the request runs and to release on every exit (seed 000, opening paragraph; §10).
+# Managed leases: work a hook hands to the request owner — the workflow — to keep alive while the
+# request runs and to release on every exit.
 # --------------------------------------------------------------------------------------------------
 
 
 class ManagedLease(BaseModel):
-    """A lease a hook declared with ``ctx.manage_lease``: the workflow renews it every
-    ``renew_interval_seconds`` (before ``ttl_seconds`` runs out) through the hook's ``renew_lease``, and on
-    every exit stops and joins that renewal loop, then releases it through the hook's ``release_lease``.
-    Both effects named here are announced pending by the declaring invocation and brought to a terminal
-    state by the workflow, with submission and error counts."""
+    """A lease a hook declared with ``ctx.manage_lease``: the workflow keeps it alive with one
+    long-running ``keep_lease`` activity, which renews it every ``renew_interval_seconds`` (before
+    ``ttl_seconds`` runs out) through the hook's ``renew_lease`` and heartbeats in between; on every exit
+    the workflow cancels that activity and waits for it to stop, then releases the lease through the
+    hook's ``release_lease``. Both effects named here are announced pending by the declaring invocation
+    and brought to a terminal state by the workflow, with submission and error counts."""
 
     lease_id: str = Field(min_length=1, max_length=256)
     hook: str
@@ -875,13 +949,24 @@ class ManagedLease(BaseModel):
 
 
 class LeaseCall(BaseModel):
-    """The input of the ``renew_lease`` and ``release_lease`` activities."""
+    """The input of the ``keep_lease`` and ``release_lease`` activities."""
 
     lease: ManagedLease
     request_id: str
     workflow_id: str
-    ordinal: int = 0  # the renewal's position in the loop (1-based); 0 for the release
+    ordinal: int = 0  # renewals already submitted for this lease (the keeper continues the count)
     exit: str | None = None  # for the release: how the request ended (completed, stopped, error, cancelled)
+
+
+class LeaseKeeperReport(BaseModel):
+    """What a ``keep_lease`` activity did until it was stopped: renewals submitted, returned, failed.
+    Also its heartbeat details, so a keeper resumed on another worker continues the counts."""
+
+    submitted: int = 0
+    renewed: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    expires_at: datetime | None = None
 
 
 class LeaseObservation(BaseModel):
@@ -926,32 +1011,41 @@ class Checkpoint(BaseModel):
     decided_at: datetime | None = None
 
 
+# Bounds on what a review brings into the record from outside.
+MAX_REVIEW_ID_CHARS = 128  # checkpoint ids and reviewer names
+MAX_REVIEW_COMMENT_CHARS = 2_000
+MAX_INBOUND_PAYLOAD_BYTES = 16 * 1024  # a larger signal or update payload is refused before decoding
+MAX_IGNORED_FIELD_CHARS = 200  # each text of an ignored message, as the record keeps it
+MAX_IGNORED_MESSAGES = 50  # ignored messages (and lost workers) the record lists; the rest are counted
+
+
 class ApproveSignal(BaseModel):
     """Signal ``approve``. The workflow validates it itself, so a malformed review is recorded as ignored,
     not dropped."""
 
     model_config = ConfigDict(extra="ignore")
-    checkpoint_id: str = ""
-    reviewer: str = ""
-    comment: str = ""
+    checkpoint_id: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
+    reviewer: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
+    comment: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)
 
 
 class RejectSignal(BaseModel):
     """Signal ``reject``."""
 
     model_config = ConfigDict(extra="ignore")
-    checkpoint_id: str = ""
-    reviewer: str = ""
-    reason: str = ""
+    checkpoint_id: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
+    reviewer: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
+    reason: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)
 
 
 class ReviewRequest(BaseModel):
     """Update ``review``: the validated, acknowledged twin of the two signals."""
 
-    checkpoint_id: str
-    reviewer: str
+    model_config = ConfigDict(extra="forbid")
+    checkpoint_id: str = Field(max_length=MAX_REVIEW_ID_CHARS)
+    reviewer: str = Field(max_length=MAX_REVIEW_ID_CHARS)
     decision: Literal["approve", "reject"]
-    comment: str = ""  # approval comment, or the rejection reason
+    comment: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)  # approval comment, or rejection reason
 
 
 class ReviewAck(BaseModel):
@@ -962,13 +1056,22 @@ class ReviewAck(BaseModel):
 
 
 class IgnoredReview(BaseModel):
-    """A review that changed nothing, kept in the record with the reason."""
+    """A message from outside that changed nothing — a review for an unknown or decided checkpoint, a
+    malformed signal, an effect update the request did not ask for — kept in the record with the reason.
+    Every text is clipped, and the record keeps a bounded number of them."""
 
     received_at: datetime
-    via: Literal["approve", "reject", "review"]
-    checkpoint_id: str
+    via: str  # the signal or update name: approve, reject, review, effect_update, or an unknown one
+    checkpoint_id: str  # or the effect id, for effect updates
     reviewer: str
     reason: str
+
+    @classmethod
+    def clipped(cls, received_at: datetime, via: str, checkpoint_id: str, reviewer: str, reason: str) -> IgnoredReview:
+        def clip(text: str) -> str:
+            return text if len(text) <= MAX_IGNORED_FIELD_CHARS else text[: MAX_IGNORED_FIELD_CHARS - 1] + "…"
+
+        return cls(received_at=received_at, via=clip(via), checkpoint_id=clip(checkpoint_id), reviewer=clip(reviewer), reason=clip(reason))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1032,14 +1135,17 @@ class ExecutionRecord(BaseModel):
     planner: str | None = None
     plans: list[AcceptedPlan] = Field(default_factory=list)
     steps: list[StepResult] = Field(default_factory=list)
-    model_response: str | None = None  # synthesis output before after_synthesis hooks
+    model_draft: ModelDraft | None = None  # the synthesizer's answer before after_synthesis, by digest
     final_response: str | None = None  # what the client received
     confidence: float | None = None
     short_circuit: ShortCircuitInfo | None = None
     pipeline_hooks: list[HookInvocation] = Field(default_factory=list)
     effects: list[PipelineHookEffect] = Field(default_factory=list)
     checkpoints: list[Checkpoint] = Field(default_factory=list)
-    ignored_reviews: list[IgnoredReview] = Field(default_factory=list)
+    ignored_reviews: list[IgnoredReview] = Field(default_factory=list)  # bounded: see MAX_IGNORED_MESSAGES
+    ignored_dropped: int = 0  # ignored messages beyond the bound, counted only
+    worker_losses: list[WorkerLoss] = Field(default_factory=list)  # bounded like ignored_reviews
+    cache: CacheVerdict | None = None  # whether the answer was cacheable (without the text)
     phase_cap_reached: bool = False
     ask: str | None = None  # the ask served, when a before_run hook rewrote the request
     instructions: str = ""

@@ -1,11 +1,16 @@
-"""Deterministic helpers of ``RequestLifecycle``: hook-failure classification, idempotency keys,
-metadata promotion, approval reasons. Pure functions over the shared models, importable anywhere."""
+"""Deterministic helpers of ``RequestLifecycle``: decoding what arrives from outside, hook-failure
+classification, idempotency keys, metadata promotion, approval reasons. Pure functions over the shared
+models, importable anywhere."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, JsonValue
+from pydantic import BaseModel, JsonValue, ValidationError
+from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
 
 from . import decisions
@@ -14,11 +19,15 @@ from .models import (
     ENRICHMENT_RAG_CONTEXT,
     METADATA_CONVERSATION_TURNS,
     ApprovalReason,
+    HookDecision,
     HookEntry,
     PipelineHookEffect,
     Plan,
     ToolSpec,
+    json_size,
 )
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 MAX_CONVERSATION_TURNS = 20
 # Hook failures that retrying cannot change.
@@ -38,6 +47,7 @@ class HookFailure(BaseModel):
     message: str
     exception_type: str | None = None
     effects: list[PipelineHookEffect] = []
+    decision: HookDecision | None = None  # what the stage's failure policy made of it
 
     @classmethod
     def from_error(cls, err: FailureError, hook: HookEntry) -> HookFailure:
@@ -50,7 +60,7 @@ class HookFailure(BaseModel):
             )
         if isinstance(cause, ApplicationError):
             details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
-            known = {decisions.HOOK_ERROR, *NON_RETRYABLE_HOOK_FAILURES}
+            known = {decisions.HOOK_ERROR, decisions.WORKER_LOST, *NON_RETRYABLE_HOOK_FAILURES}
             return cls(
                 category=cause.type if cause.type in known else decisions.HOOK_ERROR,
                 message=cause.message,
@@ -72,10 +82,46 @@ def stage_failure(error_type: str, message: str, err: ActivityError) -> Applicat
     )
 
 
-def idempotency_key(workflow_id: str, step_id: str) -> str:
-    """The key a tool receives for a step: stable across activity retries and worker restarts."""
-    digest = hashlib.sha256(f"{workflow_id}\x00{step_id}".encode()).hexdigest()[:32]
+def idempotency_key(workflow_id: str, run_id: str, step_id: str, arguments: Mapping[str, JsonValue]) -> str:
+    """The key a tool receives for a step: the same for every retry of the call and after any worker
+    restart, different for anything else — another run under the same workflow id (``run_id`` is the
+    first run of the chain, stable across continue-as-new) or the same step with other arguments."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    digest = hashlib.sha256("\x00".join((workflow_id, run_id, step_id, canonical)).encode()).hexdigest()[:32]
     return f"{step_id}-{digest}"
+
+
+def single_payload(args: Sequence[Any], *, max_bytes: int | None = None) -> tuple[Any, str | None]:
+    """The one JSON value a signal, update or workflow input carried, or why it is unusable: none or
+    several payloads, another encoding than JSON, more than ``max_bytes`` of JSON."""
+    if len(args) != 1:
+        return None, f"expected one JSON payload, got {len(args)}"
+    value = args[0]
+    if isinstance(value, RawValue):
+        encoding = value.payload.metadata.get("encoding", b"").decode(errors="replace") or "(none)"
+        return None, f"payload encoding {encoding!r} is not JSON"
+    if isinstance(value, (bytes, bytearray)):
+        return None, "payload is binary data, not JSON"
+    if max_bytes is not None:
+        size = json_size(value)
+        if size > max_bytes:
+            return None, f"payload is {size} bytes of JSON; the limit is {max_bytes}"
+    return value, None
+
+
+def decode_payload(model: type[ModelT], args: Sequence[Any], *, max_bytes: int | None = None) -> tuple[ModelT | None, str | None]:
+    """``args`` as one ``model``, or why not (never raises: what arrives from outside cannot fail a
+    workflow task)."""
+    value, problem = single_payload(args, max_bytes=max_bytes)
+    if problem is not None:
+        return None, problem
+    try:
+        return model.model_validate(value), None
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in err.errors(include_url=False)[:3]
+        )
+        return None, f"invalid {model.__name__}: {problems}"
 
 
 def promote_metadata(metadata: dict[str, JsonValue]) -> dict[str, JsonValue]:

@@ -96,7 +96,8 @@ class AuditHook(PipelineHook):
         self.writer.admit(record)
 
     async def run_detached(self, work: DetachedContext) -> DetachedWorkResult:
-        written = await self.writer.write(work.payload, key=f"{work.workflow_id}:{work.effect_id}")
+        # Once per request run: a retried write is not duplicated, a new run under the same id writes anew.
+        written = await self.writer.write(work.payload, key=f"{work.workflow_id}:{work.run_id}:{work.effect_id}")
         return DetachedWorkResult(
             data={**work.payload, "written": written},
             summary="Audit writer acknowledged completion" if written else "Audit record was already written",

@@ -1,12 +1,16 @@
-"""``response-cache``: a before_planning cache decision plus an after_synthesis write (seed 000 §6).
+"""``response-cache``: a before_planning cache decision, and a write when the run has finished.
 
 The entry stores the variation map as it was when the answer was written (``ctx.gate.cache_vary()`` at
 write time). On lookup the hook returns that stored map as ``cached_against``; the framework serves the
 answer only if cache reads are enabled for the request and every reserved dimension still matches.
 The hook does not second-guess the gate itself: the framework's check is the one that is recorded.
 
-Register it *after* any after_synthesis guardrail (e.g. ``secret-redaction``) so the text it stores is
-the guarded text: a cached answer skips after_synthesis when it is served.
+It writes in ``on_finish``, and only what the workflow declared cacheable (``outcome.cache``): a
+completed run whose executed steps all succeeded and called ``read_only`` tools, with no checkpoint,
+no stop and no failed, timed-out or lost hook invocation. So a cached "Message sent" never stands in
+for a message nobody sent, and an answer whose redaction did not run is never served again. The text
+stored is the answer after every after_synthesis hook (a served answer skips them), before after_answer
+(which runs on a served answer too).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import json
 import re
 import time
 from pathlib import Path
+
+from workflows.models import RunOutcomeView
 
 from .. import sqlite
 from ..contracts import (
@@ -91,18 +97,26 @@ class ResponseCacheHook(PipelineHook):
             cached_against=json.loads(variation),
         )
 
-    def after_synthesis(self, ctx: PipelineContext, response: str) -> str:
+    def on_finish(self, ctx: PipelineContext, outcome: RunOutcomeView) -> None:
+        cache = outcome.cache
         key = self._key(ctx.request)
+        if not cache.cacheable or cache.response is None:
+            ctx.report_effect(
+                "response_cache_write",
+                name="Response cache write",
+                data={"key": key[:16], "stored": False, "reasons": cache.reasons[:5]},
+                summary="not stored: " + (cache.reasons[0] if cache.reasons else "not cacheable"),
+            )
+            return
         variation = ctx.gate.cache_vary()
         with sqlite.connection(self.path) as db:
             db.execute(
                 "INSERT OR REPLACE INTO response_cache VALUES (?, ?, ?, ?, ?)",
-                (key, response, json.dumps(variation, sort_keys=True), time.time(), ctx.request_id),
+                (key, cache.response, json.dumps(variation, sort_keys=True), time.time(), ctx.request_id),
             )
         ctx.report_effect(
             "response_cache_write",
             name="Response cache write",
-            data={"key": key[:16], "variation": variation},
+            data={"key": key[:16], "stored": True, "variation": variation},
             summary="stored",
         )
-        return response

@@ -2,11 +2,16 @@
 
 The patterns are deliberately conservative: a pattern that over-matches corrupts legitimate output,
 which is its own failure. The effect it reports counts redactions per pattern, never the secret itself.
+
+It fails closed: when it errs, times out or its worker keeps dying, the request ends with
+``ExtensionError`` instead of sending (or caching) an answer nobody redacted.
 """
 
 from __future__ import annotations
 
 import re
+
+from workflows.models import FailurePolicy
 
 from ..contracts import PipelineContext, PipelineHook
 
@@ -38,6 +43,7 @@ class SecretRedactionHook(PipelineHook):
 
     name = "secret-redaction"
     timeout_seconds = 5.0
+    failure_policy = FailurePolicy.FAIL_CLOSED
 
     def __init__(self, patterns: dict[str, re.Pattern[str]] | None = None) -> None:
         self.patterns = dict(patterns or COMMON_SECRET_PATTERNS)

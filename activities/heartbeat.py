@@ -1,0 +1,62 @@
+"""Heartbeats for every activity the lifecycle schedules with a heartbeat timeout.
+
+A worker that dies stops heartbeating, and the server times its attempt out within seconds, so the
+workflow can dispatch the work again elsewhere (``workflows.dispatch``). The heartbeat runs beside the
+activity's own work, in the worker's event loop: sync hooks and tools run in threads and never hold it
+up, but an ``async`` hook that blocks the event loop for longer than the heartbeat timeout looks like a
+lost worker. Heartbeats also carry cancellation to the activity (a cancelled request stops its work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+
+from temporalio import activity
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+async def _beat(interval: float) -> None:
+    while True:
+        activity.heartbeat()
+        await asyncio.sleep(interval)
+
+
+def heartbeat_interval() -> float | None:
+    """How often this activity should heartbeat, or None when it has no heartbeat timeout (or is local)."""
+    info = activity.info()
+    if info.is_local or not info.heartbeat_timeout:
+        return None
+    return max(0.1, info.heartbeat_timeout.total_seconds() / 4)
+
+
+@contextlib.asynccontextmanager
+async def heartbeats():
+    """Heartbeat in the background for as long as the block runs."""
+    interval = heartbeat_interval()
+    if interval is None:
+        yield
+        return
+    task = asyncio.create_task(_beat(interval))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def heartbeating(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Decorate an activity (below ``@activity.defn``) so it heartbeats while it runs."""
+
+    @functools.wraps(fn)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        async with heartbeats():
+            return await fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]

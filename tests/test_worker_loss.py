@@ -1,0 +1,128 @@
+"""A worker that dies under a hook is an infrastructure event, not the hook's verdict.
+
+Worker processes (``python worker.py``) run the required after-planning gate, which kills its own
+process (SIGKILL) the first times it runs; a supervisor keeps one worker alive, as an orchestrator
+would. The lost worker is found by its missing heartbeats within seconds, the invocation is dispatched
+again without spending the hook's attempts, and the request ends as the gate decides — or, when every
+dispatch loses its worker, in the infrastructure error ``WorkerLost``, never ``RequiredAfterPlanningError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.worker import Replayer
+
+from workflows import WORKFLOWS, data_converter
+from workflows.models import ExecutionRecord, InvocationOutcome, RequestInput, RequestResult, RequestStatus, Stage
+
+from .doubles import decision
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.asynccontextmanager
+async def supervised_workers(client: Client, state: Path, queue: str, **env: str):
+    """Keep one ``worker.py`` process polling ``queue``, starting a new one whenever it dies; yields the
+    list of process ids that ran."""
+    environment = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": client.service_client.config.target_host,
+        "TEMPORAL_TASK_QUEUE": queue,
+        "AGENT_STATE_DIR": str(state),
+        "AGENT_PIPELINE": "tests.worker_pipelines:crashing_gate",
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
+    pids: list[int] = []
+    current: list[asyncio.subprocess.Process] = []
+
+    async def supervise() -> None:
+        while True:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "worker.py", cwd=ROOT, env=environment,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+            )
+            current[:] = [process]
+            pids.append(process.pid)
+            await process.wait()
+
+    supervisor = asyncio.create_task(supervise())
+    try:
+        yield pids
+    finally:
+        supervisor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await supervisor
+        for process in current:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
+async def run_request(client: Client, queue: str) -> tuple[RequestResult | None, BaseException | None, ExecutionRecord, object]:
+    handle = await client.start_workflow(
+        "RequestLifecycle",
+        RequestInput(request="What is the price of ACME?"),
+        id=f"crash-{uuid.uuid4().hex[:8]}",
+        task_queue=queue,
+        result_type=RequestResult,
+    )
+    result = failure = None
+    try:
+        result = await asyncio.wait_for(handle.result(), timeout=90)
+    except WorkflowFailureError as err:
+        failure = err.cause
+    history = await handle.fetch_history()
+    record = await handle.query("execution_record", result_type=ExecutionRecord)
+    replayed = await Replayer(workflows=WORKFLOWS, data_converter=data_converter).replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None
+    return result, failure, record, history
+
+
+async def test_three_workers_dying_under_the_required_hook_do_not_decide_the_request(client, tmp_path):
+    queue = f"crash-{uuid.uuid4()}"
+    async with supervised_workers(client, tmp_path, queue, AGENT_TEST_CRASHES="3", AGENT_TEST_GATE_ATTEMPTS="3") as pids:
+        result, failure, record, _ = await run_request(client, queue)
+
+    assert failure is None, failure
+    assert "ACME is trading at" in result.response
+    assert len(pids) >= 4  # three workers died under the gate; a fourth finished the request
+    [gate] = record.invocations(Stage.AFTER_PLANNING)
+    assert gate.outcome is InvocationOutcome.SUCCEEDED and decision(gate) == ("fail_closed", "continue", "accepted")
+    # Three crashes spent one dispatch's three attempts: the dispatch was lost, the next one decided.
+    assert gate.worker_losses == 1
+    assert [(w.activity, w.dispatch) for w in record.worker_losses] == [("after_planning_hook", 1)]
+    assert record.status is RequestStatus.SUCCEEDED and record.error is None
+
+
+async def test_a_hook_that_kills_every_worker_ends_in_worker_lost_not_in_a_policy_verdict(client, tmp_path):
+    queue = f"crash-{uuid.uuid4()}"
+    env = {"AGENT_TEST_CRASHES": "1000", "AGENT_TEST_GATE_ATTEMPTS": "1", "AGENT_TEST_WORKER_LOSSES": "2"}
+    async with supervised_workers(client, tmp_path, queue, **env):
+        result, failure, record, history = await run_request(client, queue)
+
+    assert result is None
+    assert failure.type == "WorkerLost" and failure.non_retryable
+    [gate] = record.invocations(Stage.AFTER_PLANNING)
+    assert gate.outcome is InvocationOutcome.WORKER_LOST and gate.worker_losses == 2
+    assert decision(gate) == ("fail_closed", "terminate", "worker_lost")
+    assert record.error.type == "WorkerLost" and record.status is RequestStatus.FAILED
+    assert "execute_tool_step" not in str(history.to_json())  # no tool ran
+
+
+@pytest.mark.parametrize("start_to_close,ceiling,expected", [(20.0, 5.0, 5.0), (4.0, 5.0, 2.0), (1.5, 5.0, None)])
+def test_the_heartbeat_timeout_is_short_enough_to_tell_a_lost_worker_from_a_slow_hook(start_to_close, ceiling, expected):
+    from datetime import timedelta
+
+    from workflows.dispatch import heartbeat_timeout
+
+    found = heartbeat_timeout(timedelta(seconds=start_to_close), timedelta(seconds=ceiling))
+    assert (found.total_seconds() if found else None) == expected

@@ -1,0 +1,90 @@
+"""Scheduling an activity so that a lost worker is an infrastructure event, never an outcome.
+
+Every regular activity the workflows schedule gets a heartbeat timeout, and the activity side keeps a
+heartbeat going while it runs (``activities.heartbeat``). A worker that crashes, is killed or loses its
+connection stops heartbeating, so its attempt ends within seconds instead of after the activity's full
+start-to-close timeout.
+
+When the activity's own retries end that way (the last attempt lost its worker), the call is dispatched
+again with fresh attempts: lost workers never spend the attempts that decide a hook's verdict, a tool
+step's failure or a stage's. A call whose dispatches keep losing their worker — a hook that kills every
+worker it runs on — ends after ``max_worker_losses`` dispatches in the infrastructure error
+``WorkerLost``, never in a policy verdict. A hook that overruns its own start-to-close timeout is still a
+``HookTimeout``: the two are told apart by the kind of timeout the server reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+
+WORKER_LOST = "WorkerLost"
+MIN_HEARTBEAT_TIMEOUT = timedelta(seconds=1)
+DEFAULT_HEARTBEAT_CEILING = timedelta(seconds=5)
+DEFAULT_MAX_WORKER_LOSSES = 5
+
+T = TypeVar("T")
+
+
+def heartbeat_timeout(start_to_close: timedelta, ceiling: timedelta = DEFAULT_HEARTBEAT_CEILING) -> timedelta | None:
+    """Half the start-to-close timeout, at most ``ceiling``; none for activities too short for a heartbeat
+    to tell a lost worker from the activity's own timeout (their start-to-close timeout finds both)."""
+    timeout = min(ceiling, start_to_close / 2)
+    return timeout if timeout >= MIN_HEARTBEAT_TIMEOUT else None
+
+
+def lost_worker(err: BaseException) -> bool:
+    """Whether an activity failure means its worker stopped heartbeating (not that the work failed)."""
+    cause = err.cause if isinstance(err, ActivityError) else None
+    return isinstance(cause, TimeoutError) and cause.type is TimeoutType.HEARTBEAT
+
+
+async def execute(
+    activity: str,
+    arg: Any,
+    *,
+    result_type: type[T],
+    start_to_close_timeout: timedelta,
+    retry_policy: RetryPolicy,
+    summary: str,
+    heartbeat_ceiling: timedelta = DEFAULT_HEARTBEAT_CEILING,
+    max_worker_losses: int = DEFAULT_MAX_WORKER_LOSSES,
+    on_worker_lost: Callable[[int], None] | None = None,
+    **options: Any,
+) -> T:
+    """``workflow.execute_activity`` that dispatches the call again when its worker was lost.
+
+    ``on_worker_lost(n)`` is told of the n-th lost dispatch (to record it). Raises the activity's own
+    failure, or ``ApplicationError(type="WorkerLost")`` once ``max_worker_losses`` dispatches were lost.
+    """
+    lost = 0
+    while True:
+        try:
+            return await workflow.execute_activity(
+                activity,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=start_to_close_timeout,
+                heartbeat_timeout=heartbeat_timeout(start_to_close_timeout, heartbeat_ceiling),
+                retry_policy=retry_policy,
+                summary=summary if not lost else f"{summary} · dispatch {lost + 1} (worker lost)",
+                **options,
+            )
+        except ActivityError as err:
+            if not lost_worker(err):
+                raise
+            lost += 1
+            if on_worker_lost is not None:
+                on_worker_lost(lost)
+            if lost >= max_worker_losses:
+                raise ApplicationError(
+                    f"{summary}: the worker was lost on {lost} dispatches in a row",
+                    {"activity": activity, "summary": summary, "dispatches": lost},
+                    type=WORKER_LOST,
+                    non_retryable=True,
+                ) from err
