@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings.from_env()
     except ValidationError as err:
-        problems = "; ".join(f"{Settings.variable(str(e['loc'][0]))}: {e['msg']}" for e in err.errors(include_url=False))
+        problems = "; ".join(
+            f"{Settings.variable(str(e['loc'][0]))}: {e['msg']}" for e in err.errors(include_url=False)
+        )
         print(f"configuration error: {problems}", file=sys.stderr)
         return 2
     try:
@@ -122,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         # Execution order (priority, then registration); the number is the registration index.
         for entry in activities.registry.entries:
-            print(f"{entry.index}: {entry.name} [{', '.join(s.value for s in entry.stages)}]{_entry_options(activities, entry)}")
+            print(
+                f"{entry.index}: {entry.name} [{', '.join(s.value for s in entry.stages)}]{_entry_options(activities, entry)}"
+            )
         print("pipeline ok")
         return 0
     configure_telemetry("agent-lifecycle-worker")

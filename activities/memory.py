@@ -1,10 +1,10 @@
 """Memory stores: conversation memory (the ``remember`` stage) and the shared memory the built-in memory
 and coordination hooks use — episodic events, per-user facts, knowledge fragments and the activity
-coordinator's signal registry (seed 000 §8.2, §10).
+coordinator's signal registry.
 
 The default is one SQLite file that needs no server and is safe for several worker processes at once:
 WAL journal, a busy timeout, one short transaction per call. Writes are idempotent by id, so a retried
-activity never stores a thing twice. The shared-memory facets **fail open** (seed 000 §9): a SQLite error
+activity never stores a thing twice. The shared-memory facets **fail open**: a SQLite error
 is logged and returned as ``read_failed`` / ``provider_call_status="error"``, never raised into a request.
 """
 
@@ -22,14 +22,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from hooks import sqlite
-from hooks.memory import (
-    ActivitySignal,
-    EpisodicEvent,
-    KnowledgeFragment,
-    ReadResult,
-    UserFact,
-    WriteResult,
-)
+from hooks.memory import ActivitySignal, EpisodicEvent, KnowledgeFragment, ReadResult, UserFact, WriteResult
 from workflows.models import MemoryCandidate
 
 logger = logging.getLogger(__name__)
@@ -235,7 +228,11 @@ class SQLiteMemory(SQLiteConversationMemory):
                             "INSERT OR IGNORE INTO episodic_entities VALUES (?, ?)",
                             [(entity, event.event_id) for entity in _entity_keys(event.entities)],
                         )
-            return {"inserted": inserted, "already_stored": len(events) - len(inserted), "recorded_at": _ts(recorded_at).isoformat()}
+            return {
+                "inserted": inserted,
+                "already_stored": len(events) - len(inserted),
+                "recorded_at": _ts(recorded_at).isoformat(),
+            }
 
         return await self._write("record_events", write)
 
@@ -244,8 +241,10 @@ class SQLiteMemory(SQLiteConversationMemory):
     ) -> ReadResult[EpisodicEvent]:
         def read() -> list[EpisodicEvent]:
             keys = _entity_keys(entities)
-            columns = "e.event_id, e.agent_domain, e.request_id, e.step_id, e.tool, e.entities, e.outcome, " \
-                      "e.importance, e.summary, e.occurred_at, e.recorded_at"
+            columns = (
+                "e.event_id, e.agent_domain, e.request_id, e.step_id, e.tool, e.entities, e.outcome, "
+                "e.importance, e.summary, e.occurred_at, e.recorded_at"
+            )
             with self._transaction() as db:
                 related = []
                 if keys:
@@ -264,8 +263,17 @@ class SQLiteMemory(SQLiteConversationMemory):
             rows = list({row[0]: row for row in [*related, *recent]}.values())[:limit]
             return [
                 EpisodicEvent(
-                    event_id=r[0], agent_domain=r[1], request_id=r[2], step_id=r[3], tool=r[4], entities=json.loads(r[5]),
-                    outcome=r[6], importance=r[7], summary=r[8], occurred_at=_ts(r[9]), recorded_at=_ts(r[10]),
+                    event_id=r[0],
+                    agent_domain=r[1],
+                    request_id=r[2],
+                    step_id=r[3],
+                    tool=r[4],
+                    entities=json.loads(r[5]),
+                    outcome=r[6],
+                    importance=r[7],
+                    summary=r[8],
+                    occurred_at=_ts(r[9]),
+                    recorded_at=_ts(r[10]),
                 )
                 for r in rows
             ]
@@ -293,7 +301,10 @@ class SQLiteMemory(SQLiteConversationMemory):
                     "ORDER BY recorded_at DESC LIMIT ?",
                     (user_id, limit),
                 ).fetchall()
-            return [UserFact(user_id=user_id, key=k, value=v, source_request_id=s, recorded_at=_ts(t)) for k, v, s, t in rows]
+            return [
+                UserFact(user_id=user_id, key=k, value=v, source_request_id=s, recorded_at=_ts(t))
+                for k, v, s, t in rows
+            ]
 
         return await self._read("user_facts", read)
 
@@ -339,8 +350,13 @@ class SQLiteMemory(SQLiteConversationMemory):
                 ).fetchall()
             return [
                 KnowledgeFragment(
-                    fragment_id=r[0], agent_domain=agent_domain, title=r[1], text=r[2], entities=json.loads(r[3]),
-                    source_request_id=r[4], recorded_at=_ts(r[5]),
+                    fragment_id=r[0],
+                    agent_domain=agent_domain,
+                    title=r[1],
+                    text=r[2],
+                    entities=json.loads(r[3]),
+                    source_request_id=r[4],
+                    recorded_at=_ts(r[5]),
                 )
                 for r in rows
             ]
@@ -358,8 +374,15 @@ class SQLiteMemory(SQLiteConversationMemory):
                     (agent_domain,),
                 ).fetchall()
             return [
-                KnowledgeFragment(fragment_id=r[0], agent_domain=agent_domain, title=r[1], text=r[2],
-                                  entities=json.loads(r[3]), source_request_id=r[4], recorded_at=_ts(r[5]))
+                KnowledgeFragment(
+                    fragment_id=r[0],
+                    agent_domain=agent_domain,
+                    title=r[1],
+                    text=r[2],
+                    entities=json.loads(r[3]),
+                    source_request_id=r[4],
+                    recorded_at=_ts(r[5]),
+                )
                 for r in rows
             ]
 
@@ -374,7 +397,15 @@ class SQLiteMemory(SQLiteConversationMemory):
             with self._transaction() as db:
                 db.execute(
                     "INSERT OR REPLACE INTO activity_signals VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
-                    (signal.signal_id, signal.agent, signal.activity, json.dumps(signal.entities), signal.request_id, now, expires),
+                    (
+                        signal.signal_id,
+                        signal.agent,
+                        signal.activity,
+                        json.dumps(signal.entities),
+                        signal.request_id,
+                        now,
+                        expires,
+                    ),
                 )
             return {"expires_at": _ts(expires).isoformat()}
 
@@ -430,6 +461,12 @@ class SQLiteMemory(SQLiteConversationMemory):
 
 def _signal(r: tuple) -> ActivitySignal:
     return ActivitySignal(
-        signal_id=r[0], agent=r[1], activity=r[2], entities=json.loads(r[3]), request_id=r[4],
-        announced_at=_ts(r[5]), expires_at=_ts(r[6]), renewals=r[7],
+        signal_id=r[0],
+        agent=r[1],
+        activity=r[2],
+        entities=json.loads(r[3]),
+        request_id=r[4],
+        announced_at=_ts(r[5]),
+        expires_at=_ts(r[6]),
+        renewals=r[7],
     )

@@ -1,4 +1,5 @@
-"""The planner and synthesizer interfaces, and the default planning prompt builder (seed 000 §5.2–5.3)."""
+"""The planner and synthesizer interfaces, and the default planning prompt builder (which renders the
+well-known enrichments in their sections)."""
 
 from __future__ import annotations
 

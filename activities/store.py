@@ -1,4 +1,4 @@
-"""The execution store: versioned execution records (seed 000 §9).
+"""The execution store: versioned execution records, one per request run.
 
 Two kinds of write reach it:
 
@@ -86,9 +86,7 @@ def merge_effects(record: ExecutionRecord, updates: list[PipelineHookEffect]) ->
             effects.append(update)
         else:
             effects[index] = update
-    return record.model_copy(
-        update={"effects": effects, "record_revision": snapshot_revision(record) + len(updates)}
-    )
+    return record.model_copy(update={"effects": effects, "record_revision": snapshot_revision(record) + len(updates)})
 
 
 class SQLiteExecutionStore:

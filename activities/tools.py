@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import pydantic
 from pydantic import BaseModel, JsonValue
@@ -33,7 +33,7 @@ class Tool:
     description: ClassVar[str] = ""
     read_only: ClassVar[bool] = False
     approval_required: ClassVar[bool] = False
-    kind: ClassVar[str] = "tool"
+    kind: ClassVar[Literal["tool", "subagent"]] = "tool"
     Arguments: ClassVar[type[BaseModel]]
 
     async def run(self, arguments: BaseModel, ctx: ToolContext) -> JsonValue:
@@ -65,7 +65,7 @@ class SubAgentTool(Tool):
     ``arguments.request`` as its ask, one level deeper (at most ``MAX_SUBAGENT_DEPTH``), and the child's
     answer becomes the step's result. Subclasses set the identity; ``run`` is never called."""
 
-    kind: ClassVar[str] = "subagent"
+    kind: ClassVar[Literal["tool", "subagent"]] = "subagent"
     Arguments: ClassVar[type[BaseModel]] = SubAgentArguments
 
     async def run(self, arguments: BaseModel, ctx: ToolContext) -> JsonValue:

@@ -29,7 +29,7 @@ import asyncio
 import json
 import sys
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -37,13 +37,11 @@ from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlre
 from temporalio.service import RPCError
 
 from activities.store import SQLiteExecutionStore
-from workflows import WORKFLOW_TYPE, data_converter
-from workflows import search_attributes
+from workflows import WORKFLOW_TYPE, data_converter, search_attributes
 from workflows.decisions import REQUEST_ID_CONFLICT
 from workflows.models import Checkpoint, ExecutionRecord, RequestInput, RequestResult, ReviewAck, ReviewRequest
 
-from . import Settings, connect, exit_process
-from . import declared_hooks
+from . import Settings, connect, declared_hooks, exit_process
 
 
 def workflow_id_for(request_id: str) -> str:
@@ -158,15 +156,21 @@ def format_record(record: ExecutionRecord) -> str:
             lines.append(f"  {effect.effect_id:<34} {effect.status.value:<9} {effect.hook or ''}  {effect.summary}")
     for checkpoint in record.checkpoints:
         decided = f" by {checkpoint.reviewer}: {checkpoint.comment!r}" if checkpoint.reviewer else ""
-        lines.append(f"checkpoint {checkpoint.checkpoint_id} (phase {checkpoint.phase}) {checkpoint.status.value}{decided}")
+        lines.append(
+            f"checkpoint {checkpoint.checkpoint_id} (phase {checkpoint.phase}) {checkpoint.status.value}{decided}"
+        )
     for ignored in record.ignored_reviews:
         lines.append(f"ignored {ignored.via} from {ignored.reviewer!r} for {ignored.checkpoint_id!r}: {ignored.reason}")
     if record.ignored_dropped:
         lines.append(f"ignored {record.ignored_dropped} more message(s) beyond the record's bound")
     for loss in record.worker_losses:
-        lines.append(f"worker lost under {loss.summary} at {loss.at:%H:%M:%S} (dispatch {loss.dispatch}); dispatched again")
+        lines.append(
+            f"worker lost under {loss.summary} at {loss.at:%H:%M:%S} (dispatch {loss.dispatch}); dispatched again"
+        )
     if record.cache is not None and record.status.value == "succeeded":
-        lines.append("cacheable: yes" if record.cache.cacheable else f"cacheable: no ({'; '.join(record.cache.reasons[:3])})")
+        lines.append(
+            "cacheable: yes" if record.cache.cacheable else f"cacheable: no ({'; '.join(record.cache.reasons[:3])})"
+        )
     if record.plans:
         lines.append("accepted plans:")
         for accepted in record.plans:
@@ -176,7 +180,13 @@ def format_record(record: ExecutionRecord) -> str:
         lines.append("steps:")
         for step in record.steps:
             detail = step.result if step.result is not None else step.error or step.skip_reason or ""
-            by = f" (denied by {step.skipped_by})" if step.skipped_by else f" (handled by {step.error_handled_by})" if step.error_handled_by else ""
+            by = (
+                f" (denied by {step.skipped_by})"
+                if step.skipped_by
+                else f" (handled by {step.error_handled_by})"
+                if step.error_handled_by
+                else ""
+            )
             lines.append(f"  {step.step_id:<14} {step.tool:<28} {step.status.value:<9} {detail[:100]}{by}")
     if record.tool_metrics:
         lines.append("tool metrics:")
@@ -186,9 +196,14 @@ def format_record(record: ExecutionRecord) -> str:
                 f"total {m.total_duration_ms:.0f} ms  max {m.max_duration_ms:.0f} ms"
             )
     if record.memory:
-        lines.append(f"memory: {record.memory.action} for {record.memory.conversation_id}" + (f" by {record.memory.by}" if record.memory.by else ""))
+        lines.append(
+            f"memory: {record.memory.action} for {record.memory.conversation_id}"
+            + (f" by {record.memory.by}" if record.memory.by else "")
+        )
     for diagnostic in record.diagnostics:
-        lines.append(f"diagnostic: {diagnostic.extension} at {diagnostic.phase}: {diagnostic.error_type}: {diagnostic.error}")
+        lines.append(
+            f"diagnostic: {diagnostic.extension} at {diagnostic.phase}: {diagnostic.error_type}: {diagnostic.error}"
+        )
     draft = record.model_draft
     if draft is not None and (record.final_response is None or not draft.matches(record.final_response)):
         # Never the draft itself: it is what after_synthesis hooks (redaction) had not yet guarded.
@@ -211,16 +226,29 @@ def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
     ]
     for step in checkpoint.plan.steps:
         deps = step.depends_on + step.implicit_deps
-        lines.append(f"    {step.step_id}: {step.tool} {json.dumps(step.arguments)}" + (f" after {', '.join(deps)}" if deps else ""))
+        lines.append(
+            f"    {step.step_id}: {step.tool} {json.dumps(step.arguments)}"
+            + (f" after {', '.join(deps)}" if deps else "")
+        )
     return "\n".join(lines)
+
+
+_OPTIONAL_CHECKPOINT: Any = Checkpoint | None  # a query result that may be null
 
 
 async def pending_checkpoint(client: Client, workflow_id: str) -> Checkpoint | None:
     handle = client.get_workflow_handle(workflow_id)
-    return await handle.query("pending_checkpoint", result_type=Checkpoint | None)
+    return await handle.query("pending_checkpoint", result_type=_OPTIONAL_CHECKPOINT)
 
 
-async def review(client: Client, workflow_id: str, decision: str, reviewer: str, comment: str, checkpoint_id: str | None) -> ReviewAck:
+async def review(
+    client: Client,
+    workflow_id: str,
+    decision: Literal["approve", "reject"],
+    reviewer: str,
+    comment: str,
+    checkpoint_id: str | None,
+) -> ReviewAck:
     """Decide a checkpoint through the ``review`` update (validated, acknowledged)."""
     if checkpoint_id is None:
         checkpoint = await pending_checkpoint(client, workflow_id)
@@ -266,7 +294,11 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         return await _inbox(client)
     if args.command == "show":
         checkpoint = await pending_checkpoint(client, args.workflow_id)
-        print(format_checkpoint(args.workflow_id, checkpoint) if checkpoint else f"{args.workflow_id} has no pending checkpoint")
+        print(
+            format_checkpoint(args.workflow_id, checkpoint)
+            if checkpoint
+            else f"{args.workflow_id} has no pending checkpoint"
+        )
         return 0 if checkpoint else 1
     if args.command in ("approve", "reject"):
         text = args.comment if args.command == "approve" else args.reason
@@ -287,7 +319,9 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         try:
             handle = await start_request(client, settings, args.text, metadata=metadata, request_id=args.request_id)
         except RequestIdConflict as err:
-            print(json.dumps({"failed": {"type": err.type, "message": err.message, "details": err.details[0]}}, indent=2))
+            print(
+                json.dumps({"failed": {"type": err.type, "message": err.message, "details": err.details[0]}}, indent=2)
+            )
             return 1
         print(f"started {handle.id}  ({settings.ui_url}/workflows/{handle.id})", file=sys.stderr)
         if args.command == "start":
@@ -305,7 +339,9 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="agent-lifecycle", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="agent-lifecycle", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("run", "start a request and wait for its result"), ("start", "start a request")):
         sub = commands.add_parser(name, help=help_text)

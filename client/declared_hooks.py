@@ -54,11 +54,15 @@ def add_parser(commands: Any) -> None:
     p = sub.add_parser("dry-run", help="fire one hook with a sample event; writes no audit row")
     p.add_argument("--file", help="declared-hooks file (default: AGENT_HOOKS_FILE)")
     p.add_argument("--hook", required=True, help="the hook id")
-    p.add_argument("--event-json", default="{}", help='sample event, e.g. {"tool_name": "shell/exec", "tool_input": {...}}')
+    p.add_argument(
+        "--event-json", default="{}", help='sample event, e.g. {"tool_name": "shell/exec", "tool_input": {...}}'
+    )
     p = sub.add_parser("enable", help="re-enable a hook and reset its circuit breaker")
     p.add_argument("hook_id")
     p.add_argument("--actor", default="operator")
-    p = sub.add_parser("encrypt", help="encrypt a header secret for a declared-hooks file (reads stdin without a value)")
+    p = sub.add_parser(
+        "encrypt", help="encrypt a header secret for a declared-hooks file (reads stdin without a value)"
+    )
     p.add_argument("value", nargs="?")
     sub.add_parser("keygen", help="print a new AGENT_HOOK_SECRET_KEY")
     p = sub.add_parser("executions", help="audit rows of hook executions")
@@ -79,7 +83,10 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     if command == "encrypt":
         box = secret_box(settings)
         if box is None:
-            print("error: AGENT_HOOK_SECRET_KEY is not set (make one with `agent-lifecycle hooks keygen`)", file=sys.stderr)
+            print(
+                "error: AGENT_HOOK_SECRET_KEY is not set (make one with `agent-lifecycle hooks keygen`)",
+                file=sys.stderr,
+            )
             return 2
         value = args.value if args.value is not None else sys.stdin.read().rstrip("\n")
         print(box.encrypt_value(value))
@@ -100,9 +107,19 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     if command == "executions":
         for row in runtime.store.executions(hook_label=args.hook, workflow_id=args.workflow_id, limit=args.limit):
             line = {
-                "id": row.id, "hook_id": row.hook_id, "hook": row.hook_label, "version": row.hook_version, "event": row.event,
-                "handler": row.handler_type, "decision": row.decision, "reason": row.reason, "status": row.status,
-                "duration_ms": round(row.duration_ms, 1), "workflow_id": row.workflow_id, "error": row.error, "metadata": row.metadata,
+                "id": row.id,
+                "hook_id": row.hook_id,
+                "hook": row.hook_label,
+                "version": row.hook_version,
+                "event": row.event,
+                "handler": row.handler_type,
+                "decision": row.decision,
+                "reason": row.reason,
+                "status": row.status,
+                "duration_ms": round(row.duration_ms, 1),
+                "workflow_id": row.workflow_id,
+                "error": row.error,
+                "metadata": row.metadata,
             }
             if args.show_errors and row.error_detail is not None:
                 line["error_detail"] = runtime.store.open_error(row)

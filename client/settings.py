@@ -72,7 +72,7 @@ class Settings(BaseModel):
     cache_ttl_seconds: float = Field(default=300.0, gt=0)
     reviewers: list[str] = Field(default_factory=list)
     checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0, le=MAX_CHECKPOINT_EXPIRY_SECONDS)
-    # Declared hooks (seed 004): the file, their store, the AES-256-GCM key, and the loopback switch.
+    # Declared hooks: the file, their store, the AES-256-GCM key, and the loopback switch.
     hooks_file: Path | None = None
     hook_store: Path | None = None
     hook_secret_key: SecretStr | None = None

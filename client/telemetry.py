@@ -21,7 +21,7 @@ def _span_exporter(kind: str):
     if kind == "console":
         return ConsoleSpanExporter()
     if kind == "otlp":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # pyright: ignore[reportMissingImports]
 
         return OTLPSpanExporter()
     return None
@@ -31,7 +31,7 @@ def _metric_exporter(kind: str):
     if kind == "console":
         return ConsoleMetricExporter()
     if kind == "otlp":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter  # pyright: ignore[reportMissingImports]
 
         return OTLPMetricExporter()
     return None

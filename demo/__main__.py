@@ -30,14 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.client import WorkflowFailureError
 
 from client import Settings, connect, exit_process
-from client.cli import (
-    describe_failure,
-    format_checkpoint,
-    format_record,
-    pending_checkpoint,
-    review,
-    start_request,
-)
+from client.cli import describe_failure, format_checkpoint, format_record, pending_checkpoint, review, start_request
 from client.devserver import start_dev_server
 from worker import build_worker, load_activities, prepare
 from workflows import search_attributes
@@ -55,17 +48,23 @@ async def _approve_when_asked(client, workflow_id: str) -> bool:
     listed = False
     for _ in range(300):
         if not listed:
-            listed = any([e.id == workflow_id async for e in client.list_workflows(search_attributes.AWAITING_REVIEW_QUERY)])
+            listed = any(
+                [e.id == workflow_id async for e in client.list_workflows(search_attributes.AWAITING_REVIEW_QUERY)]
+            )
         checkpoint = await pending_checkpoint(client, workflow_id)
         if checkpoint is not None and listed:
             print("\n=== 4a. a checkpoint is waiting for a reviewer (listed by `agent-lifecycle inbox`)")
             print(format_checkpoint(workflow_id, checkpoint))
-            ack = await review(client, workflow_id, "approve", REVIEWER, "recipient and text checked", checkpoint.checkpoint_id)
+            ack = await review(
+                client, workflow_id, "approve", REVIEWER, "recipient and text checked", checkpoint.checkpoint_id
+            )
             print(f"approved by {ack.reviewer} at {ack.accepted_at:%H:%M:%S}")
             return True
         await asyncio.sleep(0.1)
     if checkpoint is not None:  # never listed: approve anyway so the demo ends, and report the failed check
-        await review(client, workflow_id, "approve", REVIEWER, "approved although the inbox missed it", checkpoint.checkpoint_id)
+        await review(
+            client, workflow_id, "approve", REVIEWER, "approved although the inbox missed it", checkpoint.checkpoint_id
+        )
         return False
     raise TimeoutError("no checkpoint opened")
 
@@ -78,8 +77,11 @@ async def _request(client, settings, spans, text: str, metadata: dict | None = N
     except WorkflowFailureError as err:
         result, failure = None, describe_failure(err)
     record = await handle.query("execution_record", result_type=ExecutionRecord)
-    hook_spans = [s.name for s in spans.get_finished_spans() if s.name.startswith("pipeline.hook.")
-                  and s.attributes.get("pipeline.request_id") == record.request_id]
+    hook_spans = [
+        s.name
+        for s in spans.get_finished_spans()
+        if s.name.startswith("pipeline.hook.") and s.attributes.get("pipeline.request_id") == record.request_id
+    ]
     return handle.id, result, failure, record, hook_spans, listed
 
 
@@ -112,7 +114,9 @@ def _show(title: str, settings: Settings, workflow_id: str, result, failure, rec
         print(f"failed with {failure['type']}: {failure['message']}")
     else:
         print(f"response: {result.response}")
-        print(f"confidence {result.confidence}; short_circuit {result.short_circuit.model_dump() if result.short_circuit else None}")
+        print(
+            f"confidence {result.confidence}; short_circuit {result.short_circuit.model_dump() if result.short_circuit else None}"
+        )
     print(format_record(record))
     print(f"spans: {', '.join(hook_spans) or '(none)'}")
     print(f"UI: {settings.ui_url}/workflows/{workflow_id}")
@@ -146,11 +150,19 @@ async def main(hold: bool) -> int:
             first_event = f"{quote[0]}:quote-acme"
             remembered = _memory_context(trade[3])
             read = trade[3].effect("memory_episodic_read")
-            print("\n=== memory: request 2 (the second request about ACME) was planned with this <agent_memory> context")
+            print(
+                "\n=== memory: request 2 (the second request about ACME) was planned with this <agent_memory> context"
+            )
             print(remembered or "(none)")
             print(f"memory_episodic_read: {read.data if read else None}")
-            cleanups = {name: (r[3].effect("activity_signal_cleanup").status.value if r[3].effect("activity_signal_cleanup") else None)
-                        for name, r in (("1 (completed)", quote), ("2 (required rejection)", trade), ("4 (completed)", message))}
+            cleanups = {
+                name: (
+                    r[3].effect("activity_signal_cleanup").status.value
+                    if r[3].effect("activity_signal_cleanup")
+                    else None
+                )
+                for name, r in (("1 (completed)", quote), ("2 (required rejection)", trade), ("4 (completed)", message))
+            }
             print(f"activity_signal_cleanup by request: {cleanups}")
 
             checks = {
@@ -167,7 +179,8 @@ async def main(hold: bool) -> int:
                 and [s.status for s in message[1].steps] == ["succeeded", "succeeded"]
                 and [c.status for c in message[3].checkpoints] == ["approved"]
                 and [p.phase for p in message[3].plans] == [1, 2],
-                "the waiting message request was in the reviewers' inbox (AgentAwaitingReview = true)": message[5] is True,
+                "the waiting message request was in the reviewers' inbox (AgentAwaitingReview = true)": message[5]
+                is True,
                 "audit write detached and completed": audit == "succeeded",
                 "request 2 planned with request 1's outcome in <agent_memory>": read is not None
                 and first_event in read.data["event_ids"]
@@ -189,8 +202,10 @@ async def main(hold: bool) -> int:
                 except asyncio.CancelledError:
                     pass
             else:
-                print("The dev server's database persists in the state directory: `python worker.py --dev` "
-                      "brings these executions back in the UI.")
+                print(
+                    "The dev server's database persists in the state directory: `python worker.py --dev` "
+                    "brings these executions back in the UI."
+                )
             return 0 if all(checks.values()) else 1
     finally:
         await env.shutdown()

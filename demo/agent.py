@@ -64,11 +64,20 @@ class RulePlanner:
                     namespace=NAMESPACE,
                     agent="stock-service",
                     capability="execute_trade",
-                    arguments={"symbol": tickers[0], "side": side, "quantity": int(quantity.group(1)) if quantity else 1},
+                    arguments={
+                        "symbol": tickers[0],
+                        "side": side,
+                        "quantity": int(quantity.group(1)) if quantity else 1,
+                    },
                 )
             )
         if wants_message and steps:
-            return Plan(phase=1, steps=steps, rationale="fetch first; the message is planned from the results", continue_after=True)
+            return Plan(
+                phase=1,
+                steps=steps,
+                rationale="fetch first; the message is planned from the results",
+                continue_after=True,
+            )
         if wants_message:
             steps.append(self._message(text, text[:2000]))
         return Plan(phase=request.phase, steps=steps, rationale=f"{len(steps)} step(s) from keyword rules")
@@ -77,7 +86,9 @@ class RulePlanner:
         quotes = [
             (r, fields)
             for r in request.prior_results
-            if r.tool.endswith("stock_quote") and r.status is StepStatus.SUCCEEDED and (fields := _fields(r)).get("symbol")
+            if r.tool.endswith("stock_quote")
+            and r.status is StepStatus.SUCCEEDED
+            and (fields := _fields(r)).get("symbol")
         ]
         if not quotes:
             return Plan(phase=request.phase, steps=[], rationale="nothing to report")

@@ -84,6 +84,8 @@ def build_activities(settings: Settings) -> LifecycleActivities:
             retention=timedelta(days=settings.record_retention_days),
             error_retention=timedelta(days=settings.error_retention_days),
         ),
-        review=ReviewSettings(reviewers=settings.reviewers, checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds),
+        review=ReviewSettings(
+            reviewers=settings.reviewers, checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds
+        ),
         memory=memory,
     )

@@ -1,8 +1,9 @@
-"""The hook contracts: one per stage, in the seed's words (seed 000 §2, §4, §6).
+"""The hook contracts: one Protocol per stage method, each saying what the stage may do.
 
 A hook is any object with a non-empty ``name`` and at least one stage method. Subclassing
-:class:`PipelineHook` is the easy way to get the run options' defaults; the stage protocols below exist
-to document each contract and to let a type checker hold a hook against it. Stage methods may be
+:class:`PipelineHook` is the easy way to get the run options' defaults; the stage protocols below
+document each contract, let a type checker hold a hook against it, and give the registry each method's
+signature (``STAGE_METHOD_ARITY``). Stage methods may be
 ``async def`` or plain ``def``; plain ones run in a worker thread so they never block the event loop.
 
 Every invocation runs in its own Temporal activity. A hook's state therefore does not carry from one
@@ -12,10 +13,11 @@ invocation to the next unless the hook keeps it in a store of its own: the worke
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -28,26 +30,27 @@ from workflows.models import (
     EffectStatus,
     ExecutionResult,
     FailurePolicy,
+    GateState,
+    LeaseObservation,
+    ManagedLease,
     MemoryCandidate,
+    PipelineHookEffect,
+    Plan,
     RunErrorView,
+    RunMode,
     RunOutcomeView,
     RunPatch,
     RunView,
     SkipMemory,
+    Stage,
     Stop,
     ToolCall,
     ToolDecision,
     ToolErrorResolution,
     ToolOutcomeView,
-    GateState,
-    LeaseObservation,
-    ManagedLease,
-    PipelineHookEffect,
-    Plan,
-    RunMode,
-    Stage,
     bounded_value,
 )
+from workflows.stages import STAGE_METHODS
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +84,8 @@ __all__ = [
 
 
 class ShortCircuitKind:
-    """The provenance kinds a short-circuit decision may declare (seed 000 §6)."""
+    """The provenance kinds a short-circuit decision may declare: ``authoritative`` (a policy answer) or
+    ``cache`` (served only if its variation map still matches)."""
 
     AUTHORITATIVE = "authoritative"  # policy denials, rate limits: valid regardless of cache state
     CACHE = "cache"  # a cache entry: served only if reads are enabled and every reserved dimension matches
@@ -127,12 +131,12 @@ class PipelineGate:
 
 @dataclass
 class PipelineContext:
-    """What every stage method receives (seed 000 §5.1).
+    """What every stage method receives.
 
     ``enrichments`` is written by before_planning hooks, and only their changes reach the planner.
     ``metadata`` is a read-only view of what the caller attached to the request; ``request`` is the ask
     being served (after any before_run rewrite), with its ``instructions`` and ``facts``. ``state`` is
-    this hook's private state for this run (seed 003): a JSON map only this hook sees, carried by the
+    this hook's private state for this run: a JSON map only this hook sees, carried by the
     workflow from one of its invocations to the next, never shown to other hooks or to prompts.
     """
 
@@ -197,14 +201,14 @@ class PipelineContext:
         *,
         name: str,
         status: EffectStatus | str = EffectStatus.SUCCEEDED,
-        data: JsonValue = None,
+        data: Any = None,
         summary: str = "",
         error: str | None = None,
         started_at: datetime | None = None,
         duration_ms: float | None = None,
         schema_version: int = 1,
     ) -> PipelineHookEffect:
-        """Record work this invocation attempted and what it observed (seed 000 §7.5).
+        """Record work this invocation attempted and what it observed.
 
         Reporting the same ``effect_id`` again replaces the earlier report: one effect, one card. Data
         over 32 KiB of JSON is kept by reference (digest, size, preview). A report that cannot be kept
@@ -244,11 +248,11 @@ class PipelineContext:
         effect_id: str,
         *,
         name: str,
-        payload: JsonValue = None,
-        data: JsonValue = None,
+        payload: Any = None,
+        data: Any = None,
         summary: str = "submitted",
     ) -> PipelineHookEffect:
-        """Hand work off so it outlives this invocation and the request (seed 000 §7.5).
+        """Hand work off so it outlives this invocation and the request.
 
         The effect is announced ``pending`` now; once this invocation returns successfully the request
         starts a child workflow ``<workflow id>/effect/<effect_id>`` that runs this hook's
@@ -272,24 +276,24 @@ class PipelineContext:
         *,
         ttl_seconds: float,
         renew_interval_seconds: float | None = None,
-        payload: JsonValue = None,
+        payload: Any = None,
         renewal_effect_id: str,
         renewal_name: str,
         cleanup_effect_id: str,
         cleanup_name: str,
-        data: JsonValue = None,
+        data: Any = None,
     ) -> ManagedLease:
-        """Hand a lease (an announcement with a TTL, a claim) to the request owner (seed 000, opening
-        paragraph): the workflow keeps it alive and releases it, so cleanup never depends on the request
-        reaching a later stage.
+        """Hand a lease (an announcement with a TTL, a claim) to the request owner: the workflow keeps it
+        alive and releases it, so cleanup never depends on the request reaching a later stage.
 
         Both effects are announced ``pending`` now, before the invocation returns. Once it has returned
-        successfully the workflow renews the lease every ``renew_interval_seconds`` (default: a third of
-        the TTL) through this hook's ``renew_lease(lease)``; on every exit — success, failure, rejection,
-        checkpoint rejection or expiry, cancellation, stop — it stops and joins that loop, then calls
-        ``release_lease(lease)``, and brings both effects to a terminal state with submission and error
-        counts. Declaring the same ``lease_id`` again (in a later invocation) renews the latest payload.
-        If this invocation fails instead, no owner takes the lease and both effects are recorded failed.
+        successfully the workflow keeps the lease alive with one ``keep_lease`` activity that calls this
+        hook's ``renew_lease(lease)`` every ``renew_interval_seconds`` (default: a third of the TTL); on
+        every exit — success, failure, rejection, checkpoint rejection or expiry, cancellation, stop — it
+        stops that activity and waits for it, then calls ``release_lease(lease)``, and brings both effects
+        to a terminal state with submission and error counts. Declaring the same ``lease_id`` again (in a
+        later invocation) renews the latest payload. If this invocation fails instead, no owner takes the
+        lease and both effects are recorded failed.
         """
         hook = self._hook
         for method in ("renew_lease", "release_lease"):
@@ -297,7 +301,9 @@ class PipelineContext:
                 raise TypeError(f"hook {self.hook_name!r} manages a lease but implements no {method}(lease)")
         interval = renew_interval_seconds if renew_interval_seconds is not None else ttl_seconds / 3
         if not 0 < interval < ttl_seconds:
-            raise ValueError(f"renew interval {interval:g} s must be positive and shorter than the TTL {ttl_seconds:g} s")
+            raise ValueError(
+                f"renew interval {interval:g} s must be positive and shorter than the TTL {ttl_seconds:g} s"
+            )
         lease = ManagedLease(
             lease_id=lease_id,
             hook=self.hook_name,
@@ -352,7 +358,7 @@ class DetachedContext:
 
     effect_id: str
     name: str
-    payload: JsonValue
+    payload: Any  # the JSON value the hook handed off
     request_id: str
     workflow_id: str
     attempt: int
@@ -367,7 +373,7 @@ class LeaseContext:
     owner counts it. ``exit`` says how the request ended (for the release only)."""
 
     lease_id: str
-    payload: JsonValue
+    payload: Any  # the JSON value the hook declared
     ttl_seconds: float
     request_id: str
     workflow_id: str
@@ -377,7 +383,7 @@ class LeaseContext:
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class PipelineHook:
@@ -390,7 +396,7 @@ class PipelineHook:
         max_attempts: Attempts for a hook that raises an ordinary exception (``HookRejection`` and
             contract violations are never retried).
         priority: Execution order across Python and declared hooks: highest first, then registration
-            order (seed 004).
+            order.
         scope: ``global`` (every request), ``tenant`` (requests whose metadata ``tenant_id`` is
             ``tenant_id``) or ``agent`` (also ``agent_id``); filtered per request by ``resolve_pipeline``.
         matcher: A regex searched in the tool name (``agent/capability``). The tool stages
@@ -525,7 +531,9 @@ class OnToolErrorHook(Protocol):
 
     name: str
 
-    def on_tool_error(self, ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> ToolErrorResolution | None: ...
+    def on_tool_error(
+        self, ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView
+    ) -> ToolErrorResolution | None: ...
 
 
 @runtime_checkable
@@ -542,7 +550,7 @@ class BeforeRunHook(Protocol):
 @runtime_checkable
 class AfterAnswerHook(Protocol):
     """after_answer: once the final answer exists (synthesized or short-circuited). Return new text,
-    ``Stop``, or ``None``. An empty answer is an extension error, not a request to retry."""
+    ``Stop``, or ``None``. An empty answer is an ``ExtensionError`` (the hook failed), not a request to retry."""
 
     name: str
 
@@ -556,7 +564,9 @@ class BeforeRememberHook(Protocol):
 
     name: str
 
-    def before_remember(self, ctx: PipelineContext, candidate: MemoryCandidate) -> MemoryCandidate | SkipMemory | None: ...
+    def before_remember(
+        self, ctx: PipelineContext, candidate: MemoryCandidate
+    ) -> MemoryCandidate | SkipMemory | None: ...
 
 
 @runtime_checkable
@@ -581,37 +591,35 @@ class OnFinishHook(Protocol):
     def on_finish(self, ctx: PipelineContext, outcome: RunOutcomeView) -> None: ...
 
 
-STAGE_METHODS: dict[str, Stage] = {
-    "before_run": Stage.BEFORE_RUN,
-    "before_planning": Stage.BEFORE_PLANNING,
-    "before_planning_decision": Stage.BEFORE_PLANNING,
-    "after_planning": Stage.AFTER_PLANNING,
-    "before_tool": Stage.BEFORE_TOOL,
-    "on_tool_error": Stage.ON_TOOL_ERROR,
-    "after_tool": Stage.AFTER_TOOL,
-    "after_execution": Stage.AFTER_EXECUTION,
-    "after_synthesis": Stage.AFTER_SYNTHESIS,
-    "after_answer": Stage.AFTER_ANSWER,
-    "before_remember": Stage.BEFORE_REMEMBER,
-    "on_error": Stage.ON_ERROR,
-    "on_finish": Stage.ON_FINISH,
+# The Protocol that declares each stage method: the registry checks a hook's method against its arity, so
+# the signature is declared once, here, and the stage table (``workflows.stages``) says which stage it is.
+STAGE_PROTOCOLS: dict[str, type] = {
+    "before_run": BeforeRunHook,
+    "before_planning": BeforePlanningHook,
+    "before_planning_decision": BeforePlanningDecisionHook,
+    "after_planning": AfterPlanningHook,
+    "before_tool": BeforeToolHook,
+    "on_tool_error": OnToolErrorHook,
+    "after_tool": AfterToolHook,
+    "after_execution": AfterExecutionHook,
+    "after_synthesis": AfterSynthesisHook,
+    "after_answer": AfterAnswerHook,
+    "before_remember": BeforeRememberHook,
+    "on_error": OnErrorHook,
+    "on_finish": OnFinishHook,
 }
-# Positional parameters each stage method takes besides ``self``.
-STAGE_METHOD_ARITY: dict[str, int] = {
-    "before_run": 2,
-    "before_planning": 1,
-    "before_planning_decision": 2,
-    "after_planning": 2,
-    "before_tool": 2,
-    "on_tool_error": 3,
-    "after_tool": 3,
-    "after_execution": 2,
-    "after_synthesis": 2,
-    "after_answer": 2,
-    "before_remember": 2,
-    "on_error": 2,
-    "on_finish": 2,
-}
+assert set(STAGE_PROTOCOLS) == set(STAGE_METHODS), "every stage method of the stage table has its Protocol"
+
+
+def _arity(protocol: type, method: str) -> int:
+    return sum(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
+        for p in inspect.signature(getattr(protocol, method)).parameters.values()
+    )
+
+
+# Positional parameters each stage method takes besides ``self``, read from its Protocol.
+STAGE_METHOD_ARITY: dict[str, int] = {method: _arity(protocol, method) for method, protocol in STAGE_PROTOCOLS.items()}
 
 
 def hook_option(hook: Any, option: str) -> Any:

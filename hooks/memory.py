@@ -1,11 +1,11 @@
-"""The memory contracts the built-in memory and coordination hooks are written against (seed 000 §8.2, §10).
+"""The memory contracts the built-in memory and coordination hooks are written against.
 
 A backend implements any of four facets — episodic events, per-user facts, knowledge fragments, the
 activity coordinator's signal registry — and the builders wire the hooks for the facets configured. The
 embedded default, :class:`activities.memory.SQLiteMemory`, implements all four (and conversation memory)
 in one SQLite file.
 
-Backends **fail open** (seed 000 §9): an internal failure is logged and returned as a neutral result —
+Backends **fail open**: an internal failure is logged and returned as a neutral result —
 ``ReadResult(status="read_failed")`` or ``WriteResult(provider_call_status="error")`` — never raised into
 the request. Results say what the provider call returned, not that a write is durably committed.
 """

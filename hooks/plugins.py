@@ -1,4 +1,4 @@
-"""Plugins: named bundles of tool hooks (seed 001), registered in the same registry as any hook.
+"""Plugins: named bundles of tool hooks, registered in the same registry as any hook.
 
 A plugin is a hook whose stage methods are the functions it was built with: ``before_tool(ctx, call)``,
 ``after_tool(ctx, call, outcome)``, ``on_tool_error(ctx, call, outcome)``. Its name is required — it

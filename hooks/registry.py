@@ -1,4 +1,4 @@
-"""The hook registry: validated once, at worker start-up (seed 000 §8, §13).
+"""The hook registry: validated once, at worker start-up.
 
 Registration order is execution order. A misconfigured pipeline raises here, so the worker refuses to
 start rather than serve requests with a silently weakened control.
@@ -11,12 +11,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from workflows.models import POLICY_OVERRIDE_STAGES, FailurePolicy, HookEntry, RunMode, Stage
+from workflows.models import FailurePolicy, HookEntry, RunMode, Stage
+from workflows.stages import OWN_POLICY_STAGES, STAGE_METHODS, TOOL_STAGES
 
-from .contracts import STAGE_METHOD_ARITY, STAGE_METHODS, hook_option
+from .contracts import STAGE_METHOD_ARITY, hook_option
 
 MAX_HOOK_TIMEOUT_SECONDS = 600.0
-TOOL_STAGES = {Stage.BEFORE_TOOL, Stage.ON_TOOL_ERROR, Stage.AFTER_TOOL}
 
 
 class InvalidPipelineConfigError(ValueError):
@@ -46,7 +46,10 @@ def _stage_methods(hook: Any, index: int, name: str) -> list[str]:
             continue
         if not callable(fn):
             raise InvalidPipelineConfigError(
-                f"hook {name!r} (index {index}): {method} is not callable", reason="signature_mismatch", index=index, hook=name
+                f"hook {name!r} (index {index}): {method} is not callable",
+                reason="signature_mismatch",
+                index=index,
+                hook=name,
             )
         try:
             params = [
@@ -84,7 +87,9 @@ def _check_scope(hook: Any, index: int, name: str) -> None:
     elif scope == "agent" and not (tenant and agent):
         problem = "an agent-scoped hook needs tenant_id and agent_id"
     if problem:
-        raise InvalidPipelineConfigError(f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name)
+        raise InvalidPipelineConfigError(
+            f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name
+        )
 
 
 def _tool_filter(hook: Any, index: int, name: str, stages: list[Stage]) -> tuple[str | None, bool]:
@@ -103,7 +108,9 @@ def _tool_filter(hook: Any, index: int, name: str, stages: list[Stage]) -> tuple
     if problem is None and (matcher is not None or subagent_only) and not set(stages) & TOOL_STAGES:
         problem = "matcher and subagent_only apply to tool stages only (before_tool, on_tool_error, after_tool)"
     if problem:
-        raise InvalidPipelineConfigError(f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name)
+        raise InvalidPipelineConfigError(
+            f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name
+        )
     return matcher, subagent_only
 
 
@@ -117,10 +124,12 @@ def _failure_policy(hook: Any, index: int, name: str, stages: list[Stage]) -> Fa
     except ValueError:
         problem = f"failure_policy {value!r} is not one of {[p.value for p in FailurePolicy]}"
     else:
-        if set(stages) & POLICY_OVERRIDE_STAGES:
+        if set(stages) & OWN_POLICY_STAGES:
             return policy
         problem = "failure_policy does not apply to after_planning (use the required marker) or observers"
-    raise InvalidPipelineConfigError(f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name)
+    raise InvalidPipelineConfigError(
+        f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name
+    )
 
 
 def visible_to(hook: Any, tenant_id: str | None, agent_id: str | None) -> bool:
@@ -190,7 +199,7 @@ class HookRegistry:
                 )
             entries.append(self._entry(hook, index, name, methods, required))
             _check_scope(hook, index, name)
-        # One ordering rule for Python and declared hooks (seed 004): priority highest first, then
+        # One ordering rule for Python and declared hooks: priority highest first, then
         # registration order. Validation below runs on the order the hooks will execute in.
         priorities = [hook_option(hook, "priority") for hook in hooks]
         entries.sort(key=lambda e: (-priorities[e.index], e.index))
@@ -208,7 +217,10 @@ class HookRegistry:
         priority = hook_option(hook, "priority")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise InvalidPipelineConfigError(
-                f"hook {name!r} (index {index}): priority must be an integer", reason="invalid_option", index=index, hook=name
+                f"hook {name!r} (index {index}): priority must be an integer",
+                reason="invalid_option",
+                index=index,
+                hook=name,
             )
         try:
             run_mode = RunMode(run_mode)

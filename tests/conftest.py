@@ -19,8 +19,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from client.devserver import temporal_cli_path, time_skipping_server_path
-from workflows import data_converter
-from workflows import search_attributes
+from workflows import data_converter, search_attributes
 
 # OpenTelemetry globals can be set once per process: install in-memory providers for the session.
 SPAN_EXPORTER = InMemorySpanExporter()

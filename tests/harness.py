@@ -15,12 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import (
-    Client,
-    WorkflowFailureError,
-    WorkflowHistory,
-    WorkflowQueryFailedError,
-)
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory, WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
@@ -168,10 +163,21 @@ class Harness:
         for history in self.histories:
             await replayer.replay_workflow(history)
 
-    async def start(self, request: str | dict, metadata: dict | None = None, *, request_id: str | None = None, workflow_id: str | None = None):
+    async def start(
+        self,
+        request: str | dict,
+        metadata: dict | None = None,
+        *,
+        request_id: str | None = None,
+        workflow_id: str | None = None,
+    ):
         """Start a request. A dict is sent as the raw JSON input (to test malformed input)."""
         workflow_id = workflow_id or f"req-{uuid.uuid4()}"
-        arg = request if isinstance(request, dict) else RequestInput(request=request, metadata=metadata or {}, request_id=request_id)
+        arg = (
+            request
+            if isinstance(request, dict)
+            else RequestInput(request=request, metadata=metadata or {}, request_id=request_id)
+        )
         return await self.client.start_workflow(
             "RequestLifecycle", arg, id=workflow_id, task_queue=self.task_queue, result_type=RequestResult
         )
@@ -215,7 +221,9 @@ class Harness:
                     return checkpoint
                 await asyncio.sleep(0.05)
 
-    async def run(self, request: str | dict, metadata: dict | None = None, *, approve_as: str | None = None, **kwargs: Any) -> Outcome:
+    async def run(
+        self, request: str | dict, metadata: dict | None = None, *, approve_as: str | None = None, **kwargs: Any
+    ) -> Outcome:
         return await self.finish(await self.start(request, metadata, **kwargs), approve_as=approve_as)
 
 

@@ -39,7 +39,7 @@ class _Server:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 try:
@@ -97,7 +97,14 @@ class Webhook(_Server):
         return self.replies[min(self.calls - 1, len(self.replies) - 1)]
 
 
-def decide_reply(decision: str = "allow", reason: str = "ok", *, injection: bool = False, updated_input: dict | None = None, tokens: int = 50) -> Reply:
+def decide_reply(
+    decision: str = "allow",
+    reason: str = "ok",
+    *,
+    injection: bool = False,
+    updated_input: dict | None = None,
+    tokens: int = 50,
+) -> Reply:
     """A chat-completions answer that calls ``decide``."""
     arguments = {"decision": decision, "reason": reason, "injection_detected": injection}
     if updated_input is not None:
@@ -114,7 +121,11 @@ def decide_reply(decision: str = "allow", reason: str = "ok", *, injection: bool
                         "role": "assistant",
                         "content": None,
                         "tool_calls": [
-                            {"id": "call_1", "type": "function", "function": {"name": "decide", "arguments": json.dumps(arguments)}}
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "decide", "arguments": json.dumps(arguments)},
+                            }
                         ],
                     },
                 }

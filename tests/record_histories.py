@@ -35,18 +35,18 @@ SCENARIOS = {
         {"cache": "bypass"},
         "history-reviewer",
     ),
-    # Added with the tool-call stages, plugins and memory (issue 4); the ones above predate them and
-    # must keep replaying.
+    # Added with the tool-call stages, plugins and memory; the ones above predate them and must keep
+    # replaying.
     "quote_with_plugins_and_memory": ("What is the price of MSFT?", {"cache": "bypass", "conversation_id": "c1"}, None),
 }
-# Added with the shared-memory hooks (issue 6): the demo pipeline with build_memory_hooks — an announced
+# Added with the shared-memory hooks: the demo pipeline with build_memory_hooks — an announced
 # activity signal handed to the workflow as a managed lease (released after the request), episodic
 # memory and a detached knowledge extraction. Recorded with their own worker (the pipeline differs).
 MEMORY_SCENARIOS = {
     "quote_with_shared_memory_and_managed_lease": ("What is the price of ACME?", {"cache": "bypass"}, None),
 }
 
-# Added with declared hooks and sub-agents (issue 5): a sub-agent step run as a child RequestLifecycle
+# Added with declared hooks and sub-agents: a sub-agent step run as a child RequestLifecycle
 # (which recurses to the depth bound), a declared command hook the workflow's matcher filter applies to
 # the echo step only, and a subagent_stop hook on the sub-agent step only.
 SUBAGENT_SCENARIOS = {
@@ -64,8 +64,13 @@ def subagent_harness(client, state: Path) -> Harness:
     runtime = DeclaredHookRuntime(store=HookStore(state / "hooks.sqlite3"))
     declared = {
         "hooks": [
-            {"id": "echo-guard", "event": "pre_tool_use", "handler_type": "command", "matcher": "^echo/",
-             "config": {"command": "true"}},
+            {
+                "id": "echo-guard",
+                "event": "pre_tool_use",
+                "handler_type": "command",
+                "matcher": "^echo/",
+                "config": {"command": "true"},
+            },
             {"id": "child-done", "event": "subagent_stop", "handler_type": "command", "config": {"command": "true"}},
         ]
     }
@@ -94,12 +99,16 @@ async def main(rewrite_all: bool) -> None:
         with tempfile.TemporaryDirectory() as state:
             settings = Settings(state_dir=Path(state))
             memory = SQLiteMemory(Path(state) / "memory.sqlite3")
-            async with Harness(env.client, Path(state), hooks=demo_hooks(settings, memory), memory=memory, pipeline="demo") as h:
+            async with Harness(
+                env.client, Path(state), hooks=demo_hooks(settings, memory), memory=memory, pipeline="demo"
+            ) as h:
                 for name, (text, metadata, reviewer) in MEMORY_SCENARIOS.items():
                     if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
                         continue
                     out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
-                    assert any(a.activity_type == "release_lease" for a in out.scheduled), "no managed lease was released"
+                    assert any(a.activity_type == "release_lease" for a in out.scheduled), (
+                        "no managed lease was released"
+                    )
                     (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
                     print(f"wrote {name}.json ({len(out.history.events)} events)")
         with tempfile.TemporaryDirectory() as state:

@@ -17,26 +17,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import CancelledError
 
 from activities.memory import SQLiteMemory
-from hooks import (
-    HookRejection,
-    PipelineHook,
-    PipelineShortCircuit,
-    RequiredAfterPlanningHook,
-    ToolDecision,
-)
-from hooks.builtin import (
-    ActivityAnnouncementHook,
-    ActivityCleanupHook,
-    activity_signal_id,
-)
+from hooks import HookRejection, PipelineHook, PipelineShortCircuit, RequiredAfterPlanningHook, ToolDecision
+from hooks.builtin import ActivityAnnouncementHook, ActivityCleanupHook, activity_signal_id
 from hooks.memory import ActivitySignal, ReadResult, WriteResult
-from workflows.models import (
-    EffectStatus,
-    ExecutionRecord,
-    PlanStep,
-    RequestStatus,
-    ReviewSettings,
-)
+from workflows.models import EffectStatus, ExecutionRecord, PlanStep, RequestStatus, ReviewSettings
 
 from .doubles import BlockingTool, CapturingPlanner, FixedPlanner, quote
 from .harness import Harness, Outcome
@@ -72,7 +56,9 @@ def keeper_closed_before_release(out: Outcome) -> bool:
             if e.event_type == kind and scheduled[getattr(e, attrs).scheduled_event_id] == "keep_lease":
                 closed_keepers.append(e.event_id)
     keepers = [i for i, t in scheduled.items() if t == "keep_lease"]
-    return release_at is not None and len(closed_keepers) == len(keepers) and all(c < release_at for c in closed_keepers)
+    return (
+        release_at is not None and len(closed_keepers) == len(keepers) and all(c < release_at for c in closed_keepers)
+    )
 
 
 def assert_released_after_join(out: Outcome, record: ExecutionRecord, exit: str) -> None:
@@ -88,14 +74,20 @@ def assert_released_after_join(out: Outcome, record: ExecutionRecord, exit: str)
     assert renewal.data["keepers"] == 1 and renewal.data["errors"] == 0
     assert cleanup.status is EffectStatus.SUCCEEDED, cleanup
     assert cleanup.data["renewal_joined_first"] is True and cleanup.data["exit"] == exit
-    assert (cleanup.data["submitted"], cleanup.data["errors"], cleanup.data["provider_call_status"]) == (1, 0, "returned")
+    assert (cleanup.data["submitted"], cleanup.data["errors"], cleanup.data["provider_call_status"]) == (
+        1,
+        0,
+        "returned",
+    )
     assert cleanup.data["observed"]["removed"] is True
     assert cleanup.hook == "activity-announcement"  # completed by the owner, not by activity-cleanup
 
 
 async def test_a_managed_request_announces_renews_nothing_quick_and_cleans_up_on_success(client, tmp_path):
     memory = SQLiteMemory(tmp_path / "memory.sqlite3")
-    async with Harness(client, tmp_path, hooks=coordination_hooks(memory), planner=FixedPlanner(quote("q", "ACME"))) as h:
+    async with Harness(
+        client, tmp_path, hooks=coordination_hooks(memory), planner=FixedPlanner(quote("q", "ACME"))
+    ) as h:
         out = await h.run(QUOTE)
 
     assert out.failure is None
@@ -141,8 +133,13 @@ class StopAtTool(PipelineHook):
 
 
 def message(step_id: str = "notify") -> PlanStep:
-    return PlanStep(step_id=step_id, namespace="demo-tools", agent="notify-service", capability="send_message",
-                    arguments={"to": "bob", "text": "hi"})
+    return PlanStep(
+        step_id=step_id,
+        namespace="demo-tools",
+        agent="notify-service",
+        capability="send_message",
+        arguments={"to": "bob", "text": "hi"},
+    )
 
 
 EXITS = {
@@ -191,7 +188,9 @@ async def test_cleanup_runs_when_a_checkpoint_is_rejected(client, tmp_path):
 async def test_cleanup_runs_when_the_request_is_cancelled(client, tmp_path):
     memory = SQLiteMemory(tmp_path / "memory.sqlite3")
     tool = BlockingTool()
-    planner = FixedPlanner(PlanStep(step_id="wait", namespace="test-tools", agent="slow-service", capability="wait_forever"))
+    planner = FixedPlanner(
+        PlanStep(step_id="wait", namespace="test-tools", agent="slow-service", capability="wait_forever")
+    )
     async with Harness(client, tmp_path, hooks=coordination_hooks(memory), tools=[tool], planner=planner) as h:
         handle = await h.start("wait for ACME")
         await asyncio.wait_for(tool.started.wait(), timeout=30)
@@ -235,7 +234,11 @@ async def test_a_checkpoint_wait_renews_the_lease_without_adding_history_and_cle
     coordinator = RecordingCoordinator(SQLiteMemory(tmp_path / "memory.sqlite3"))
     hooks = coordination_hooks(coordinator, ttl_seconds=3.0, renew_interval_seconds=1.0)
     async with Harness(
-        client, tmp_path, hooks=hooks, planner=FixedPlanner(message()), review=ReviewSettings(checkpoint_expiry_seconds=8)
+        client,
+        tmp_path,
+        hooks=hooks,
+        planner=FixedPlanner(message()),
+        review=ReviewSettings(checkpoint_expiry_seconds=8),
     ) as h:
         out = await h.run("Send a message to bob")  # nobody reviews: the checkpoint expires
 
@@ -247,7 +250,11 @@ async def test_a_checkpoint_wait_renews_the_lease_without_adding_history_and_cle
     assert expiries == sorted(expiries)
     # The wait, in history: from the checkpoint's persist to the expiry timer, nothing was scheduled.
     events = out.history.events
-    opened = max(i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED and i < _fired(events))
+    opened = max(
+        i
+        for i, e in enumerate(events)
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED and i < _fired(events)
+    )
     during_wait = events[opened + 1 : _fired(events)]
     assert [e for e in during_wait if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED] == []
     assert len(during_wait) <= 4, [EventType.Name(e.event_type) for e in during_wait]
@@ -265,7 +272,9 @@ def _fired(events) -> int:
 
 async def test_direct_cleanup_hook_removes_the_signal_itself_when_no_owner_holds_it(client, tmp_path):
     memory = SQLiteMemory(tmp_path / "memory.sqlite3")
-    async with Harness(client, tmp_path, hooks=coordination_hooks(memory, managed=False), planner=FixedPlanner(quote("q", "ACME"))) as h:
+    async with Harness(
+        client, tmp_path, hooks=coordination_hooks(memory, managed=False), planner=FixedPlanner(quote("q", "ACME"))
+    ) as h:
         out = await h.run(QUOTE)
 
     assert out.failure is None
@@ -305,12 +314,27 @@ async def test_two_concurrent_requests_of_different_agents_see_each_others_activ
     coordinator = SeeEachOther(SQLiteMemory(tmp_path / "memory.sqlite3"))
     planners = {"research-agent": CapturingPlanner(), "trading-desk": CapturingPlanner()}
     async with (
-        Harness(client, tmp_path / "a", hooks=coordination_hooks(coordinator, "research-agent"), planner=planners["research-agent"]) as a,
-        Harness(client, tmp_path / "b", hooks=coordination_hooks(coordinator, "trading-desk"), planner=planners["trading-desk"]) as b,
+        Harness(
+            client,
+            tmp_path / "a",
+            hooks=coordination_hooks(coordinator, "research-agent"),
+            planner=planners["research-agent"],
+        ) as a,
+        Harness(
+            client,
+            tmp_path / "b",
+            hooks=coordination_hooks(coordinator, "trading-desk"),
+            planner=planners["trading-desk"],
+        ) as b,
     ):
-        out_a, out_b = await asyncio.gather(a.run("What is the price of ACME?"), b.run("Quote ACME and MSFT for the desk"))
+        out_a, out_b = await asyncio.gather(
+            a.run("What is the price of ACME?"), b.run("Quote ACME and MSFT for the desk")
+        )
 
-    for out, other, activity in ((out_a, "trading-desk", "Quote ACME and MSFT"), (out_b, "research-agent", "What is the price of ACME?")):
+    for out, other, activity in (
+        (out_a, "trading-desk", "Quote ACME and MSFT"),
+        (out_b, "research-agent", "What is the price of ACME?"),
+    ):
         assert out.failure is None
         text = out.record.enrichments["activity_coordination"]
         assert f"{other} is working on: {activity}" in text and "ACME" in text
@@ -326,7 +350,9 @@ async def test_an_unreadable_registry_fails_open_and_no_lease_is_declared(client
     path = tmp_path / "memory.sqlite3"
     memory = SQLiteMemory(path)
     path.write_bytes(b"not a database" * 512)
-    async with Harness(client, tmp_path, hooks=coordination_hooks(memory), planner=FixedPlanner(quote("q", "ACME"))) as h:
+    async with Harness(
+        client, tmp_path, hooks=coordination_hooks(memory), planner=FixedPlanner(quote("q", "ACME"))
+    ) as h:
         out = await h.run(QUOTE)
 
     assert out.failure is None and "ACME is trading at" in out.result.response

@@ -1,5 +1,5 @@
 """after_planning: copy-on-write chaining, full plan validation after every mutation, fail-open ordinary
-hooks, and the fail-closed required hook (seed 000 §4.2, §7.4, §9, §13.1)."""
+hooks, and the fail-closed required hook."""
 
 from __future__ import annotations
 
@@ -9,14 +9,7 @@ from collections.abc import Callable
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from hooks import (
-    HookRejection,
-    Plan,
-    PlanStep,
-    RequiredAfterPlanningHook,
-    RunMode,
-    Stage,
-)
+from hooks import HookRejection, Plan, PlanStep, RequiredAfterPlanningHook, RunMode, Stage
 from workflows.models import RequestStatus
 
 from .doubles import FixedPlanner, decision, quote, started_attempts

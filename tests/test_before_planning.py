@@ -1,6 +1,5 @@
 """before_planning against a real Temporal server: enrichment effects, metadata auto-promotion, the
-planning prompt, every short-circuit branch, failures, spans and the short-circuit metric
-(seed 000 §4.1, §5, §6, §9)."""
+planning prompt, every short-circuit branch, failures, spans and the short-circuit metric."""
 
 from __future__ import annotations
 
@@ -15,12 +14,7 @@ import pytest
 from activities.planning import PlanningRequest
 from activities.telemetry import SHORT_CIRCUIT_METRIC
 from demo.agent import RulePlanner
-from hooks import (
-    HookRejection,
-    PipelineHook,
-    PipelineShortCircuit,
-    PipelineShortCircuitDecision,
-)
+from hooks import HookRejection, PipelineHook, PipelineShortCircuit, PipelineShortCircuitDecision
 from hooks.builtin import ResponseCacheHook
 from workflows.models import InvocationOutcome, Plan, RequestStatus, Stage
 
@@ -259,7 +253,11 @@ async def test_enrichment_changes_are_recorded_as_effects_with_exact_values(clie
                 "adder",
                 {"key": "scratch", "operation": "added", "before": None, "after": "temporary notes"},
             ),
-            ("planning_enrichment:topic", "adder", {"key": "topic", "operation": "added", "before": None, "after": topic_v1}),
+            (
+                "planning_enrichment:topic",
+                "adder",
+                {"key": "topic", "operation": "added", "before": None, "after": topic_v1},
+            ),
             (
                 "planning_enrichment:scratch",
                 "updater",
@@ -292,7 +290,7 @@ async def test_a_hook_that_changes_nothing_records_no_enrichment_effect(client, 
 
 
 # --------------------------------------------------------------------------------------------------
-# Metadata auto-promotion (seed 000 §5.4)
+# Metadata auto-promotion: rag_context, conversation_history and conversation_turns become enrichments
 # --------------------------------------------------------------------------------------------------
 
 
@@ -383,7 +381,7 @@ async def test_arbitrary_metadata_is_not_promoted(client, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# The planner's prompt (seed 000 §5.2, §5.3)
+# The planner's prompt: well-known enrichment keys rendered inside their tags
 # --------------------------------------------------------------------------------------------------
 
 
@@ -420,7 +418,9 @@ async def test_planning_prompt_renders_the_well_known_enrichments(client, tmp_pa
 async def test_a_preformatted_user_profile_block_is_kept_exactly(client, tmp_path):
     block = "<user_profile>\nname: Ada\n</user_profile>"
     planner = CapturingPlanner()
-    async with Harness(client, tmp_path, hooks=[Enrich("profile", lambda e: e.update(user_profile=block))], planner=planner) as h:
+    async with Harness(
+        client, tmp_path, hooks=[Enrich("profile", lambda e: e.update(user_profile=block))], planner=planner
+    ) as h:
         out = await h.run(QUOTE)
     assert_planned(out)
     prompt = planner.requests[0].prompt
@@ -429,7 +429,7 @@ async def test_a_preformatted_user_profile_block_is_kept_exactly(client, tmp_pat
 
 
 # --------------------------------------------------------------------------------------------------
-# Short-circuits (seed 000 §6)
+# Short-circuits: authoritative and cache proposals judged against the request's cache gate
 # --------------------------------------------------------------------------------------------------
 
 
@@ -467,17 +467,23 @@ async def test_legacy_short_circuit_is_authoritative_and_the_first_wins(client, 
         "guard",
         {"key": "guard_note", "operation": "added", "before": None, "after": "checked"},
     ) in enrichment_effects(stored)
-    assert delta(before, short_circuit_counts(metric_reader)) == {label("authoritative", "authoritative", "accepted"): 1}
+    assert delta(before, short_circuit_counts(metric_reader)) == {
+        label("authoritative", "authoritative", "accepted"): 1
+    }
 
 
 async def test_a_legacy_short_circuit_under_reserved_dimensions_is_served_with_a_diagnostic(client, tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="activities.lifecycle")
-    async with Harness(client, tmp_path, hooks=[Legacy("old-cache", "old cached text")], reserved_metadata_dimensions=["locale"]) as h:
+    caplog.set_level(logging.WARNING, logger="activities.hook_stages")
+    async with Harness(
+        client, tmp_path, hooks=[Legacy("old-cache", "old cached text")], reserved_metadata_dimensions=["locale"]
+    ) as h:
         out = await h.run(QUOTE, {"locale": "en"})
 
     assert_short_circuited(out, "old-cache")
     assert (out.result.short_circuit.kind, out.result.short_circuit.reason) == ("authoritative", "authoritative")
-    warnings = [r.getMessage() for r in caplog.records if r.name == "activities.lifecycle" and r.levelno == logging.WARNING]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "activities.hook_stages" and r.levelno == logging.WARNING
+    ]
     assert any("old-cache" in w and "legacy short-circuit" in w for w in warnings), warnings
 
 
@@ -519,7 +525,11 @@ async def test_matching_cache_decision_is_served(client, tmp_path, spans, metric
     assert span.attributes["pipeline.hook.decision.action"] == "short_circuit"
     assert span.attributes["pipeline.hook.decision.reason"] == "cache_match"
     [event] = [e for e in span.events if e.name == "pipeline.short_circuit.decision"]
-    assert (event.attributes["kind"], event.attributes["reason"], event.attributes["accepted"]) == ("cache", "cache_match", True)
+    assert (event.attributes["kind"], event.attributes["reason"], event.attributes["accepted"]) == (
+        "cache",
+        "cache_match",
+        True,
+    )
     # Metric: bounded labels only (no hook name, no source).
     changed = delta(before, short_circuit_counts(metric_reader))
     assert changed == {label("cache", "cache_match", "accepted"): 1}
@@ -800,7 +810,10 @@ class _WrongDecision(PipelineHook):
     "hook_cls, message",
     [
         (_WrongLegacy, "before_planning must return PipelineShortCircuit or None, got str"),
-        (_WrongDecision, "before_planning_decision must return PipelineShortCircuitDecision or None, got PipelineShortCircuit"),
+        (
+            _WrongDecision,
+            "before_planning_decision must return PipelineShortCircuitDecision or None, got PipelineShortCircuit",
+        ),
     ],
 )
 async def test_a_wrong_return_type_is_an_invalid_result_and_fails_open(client, tmp_path, hook_cls, message):

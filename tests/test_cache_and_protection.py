@@ -53,11 +53,17 @@ def cache(tmp_path) -> ResponseCacheHook:
 
 
 def served_from_cache(out: Outcome) -> bool:
-    return out.result is not None and out.result.short_circuit is not None and out.result.short_circuit.reason == "cache_match"
+    return (
+        out.result is not None
+        and out.result.short_circuit is not None
+        and out.result.short_circuit.reason == "cache_match"
+    )
 
 
 @pytest.mark.parametrize("mode", ["raises", "timeout"])
-async def test_a_redaction_that_cannot_run_fails_the_request_and_nothing_unredacted_leaves_or_is_cached(client, tmp_path, mode):
+async def test_a_redaction_that_cannot_run_fails_the_request_and_nothing_unredacted_leaves_or_is_cached(
+    client, tmp_path, mode
+):
     hooks = [cache(tmp_path), KnowledgeContextHook(KNOWLEDGE_FILE), BrokenRedaction(mode)]
     async with Harness(client, tmp_path, hooks=hooks) as h:
         first = await h.run(QUOTE)
@@ -65,7 +71,11 @@ async def test_a_redaction_that_cannot_run_fails_the_request_and_nothing_unredac
 
     assert first.result is None and first.failure.type == "ExtensionError" and first.failure.non_retryable
     details = first.failure_details()
-    assert (details["extension"], details["phase"], details["failure_policy"]) == ("secret-redaction", "after_synthesis", "fail_closed")
+    assert (details["extension"], details["phase"], details["failure_policy"]) == (
+        "secret-redaction",
+        "after_synthesis",
+        "fail_closed",
+    )
     [redaction] = first.record.invocations(Stage.AFTER_SYNTHESIS)
     expected_outcome = InvocationOutcome.TIMED_OUT if mode == "timeout" else InvocationOutcome.FAILED
     assert redaction.outcome is expected_outcome

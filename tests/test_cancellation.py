@@ -16,7 +16,9 @@ class OneStepPlanner:
     name = "one-step"
 
     async def plan(self, request) -> Plan:
-        return Plan(steps=[PlanStep(step_id="wait", namespace="test-tools", agent="slow-service", capability="wait_forever")])
+        return Plan(
+            steps=[PlanStep(step_id="wait", namespace="test-tools", agent="slow-service", capability="wait_forever")]
+        )
 
 
 async def test_cancelled_request_persists_a_cancelled_record(client, tmp_path):

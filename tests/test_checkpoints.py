@@ -1,4 +1,4 @@
-"""Human-in-the-loop checkpoints (issue 3, seed 000 §4.2): a plan with a step that needs approval waits for
+"""Human-in-the-loop checkpoints: a plan with a step that needs approval waits for
 a reviewer; the ``approve``/``reject`` signals and the validated ``review`` update decide it; expiry fails
 closed; bad or late reviews change nothing; the reviewer's CLI inbox. All against real Temporal servers."""
 
@@ -14,12 +14,7 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import (
-    Client,
-    WorkflowExecutionStatus,
-    WorkflowHandle,
-    WorkflowUpdateFailedError,
-)
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -27,14 +22,7 @@ from demo.tools import quote_price
 from hooks import HookRejection, Plan, PlanStep, RequiredAfterPlanningHook
 from workflows import data_converter
 from workflows import search_attributes as sa
-from workflows.models import (
-    ApprovalReason,
-    Checkpoint,
-    ExecutionRecord,
-    ReviewAck,
-    ReviewRequest,
-    ReviewSettings,
-)
+from workflows.models import ApprovalReason, Checkpoint, ExecutionRecord, ReviewAck, ReviewRequest, ReviewSettings
 
 from .doubles import FixedPlanner, eventually, quote
 from .harness import Harness, Outcome
@@ -52,7 +40,11 @@ DAY = timedelta(hours=24)
 def message(step_id: str, to: str, text: str) -> PlanStep:
     """A demo ``send_message`` step (its tool is approval-required)."""
     return PlanStep(
-        step_id=step_id, namespace=NS, agent="notify-service", capability="send_message", arguments={"to": to, "text": text}
+        step_id=step_id,
+        namespace=NS,
+        agent="notify-service",
+        capability="send_message",
+        arguments={"to": to, "text": text},
     )
 
 
@@ -138,7 +130,11 @@ async def in_review_inbox(client: Client, workflow_id: str) -> bool:
 async def stored_at(h: Harness, workflow_id: str, boundary: str) -> ExecutionRecord:
     async def check():
         record = await h.store.get(workflow_id)
-        return record if record is not None and record.lifecycle is not None and record.lifecycle.boundary.value == boundary else None
+        return (
+            record
+            if record is not None and record.lifecycle is not None and record.lifecycle.boundary.value == boundary
+            else None
+        )
 
     return await eventually(check, what=f"the stored record at {boundary}")
 
@@ -199,7 +195,9 @@ async def refused_update(handle: WorkflowHandle, **request: Any) -> ApplicationE
 # --------------------------------------------------------------------------------------------------
 
 
-async def test_an_approval_required_tool_opens_a_checkpoint_and_approval_runs_the_plan_once(client, tmp_path, leftovers):
+async def test_an_approval_required_tool_opens_a_checkpoint_and_approval_runs_the_plan_once(
+    client, tmp_path, leftovers
+):
     counter = CountingPlanHook()
     planner = FixedPlanner(quote("quote-acme", "ACME"), message("notify", "bob", "hi bob"))
     async with Harness(client, tmp_path, hooks=[counter], planner=planner) as h:
@@ -225,7 +223,9 @@ async def test_an_approval_required_tool_opens_a_checkpoint_and_approval_runs_th
         stored = await stored_at(h, handle.id, "checkpoint_opened")
         assert stored.status.value == "suspended"
         assert stored.request_completion == "pending"
-        assert [(c.checkpoint_id, c.status.value) for c in stored.checkpoints] == [(checkpoint.checkpoint_id, "pending")]
+        assert [(c.checkpoint_id, c.status.value) for c in stored.checkpoints] == [
+            (checkpoint.checkpoint_id, "pending")
+        ]
         assert stored.steps == []
 
         # Operators can find it: search attributes on the execution, and the inbox's visibility query.
@@ -308,7 +308,9 @@ async def test_an_after_planning_hook_can_mark_a_step_for_approval(client, tmp_p
             return
 
         checkpoint = await h.wait_for_checkpoint(handle)
-        assert checkpoint.reasons == [ApprovalReason(step_id="quote-msft", tool="stock-service/stock_quote", reason=reason)]
+        assert checkpoint.reasons == [
+            ApprovalReason(step_id="quote-msft", tool="stock-service/stock_quote", reason=reason)
+        ]
         assert checkpoint.plan.steps[1].metadata == {"approval_required": mark}
         assert await search_attrs(handle) == ("awaiting_review", True)
         await handle.signal("approve", {"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "risk", "comment": ""})
@@ -330,7 +332,9 @@ async def test_a_required_hook_rejection_stops_before_any_checkpoint_opens(clien
                 raise HookRejection("messages are not allowed here")
             return plan
 
-    async with Harness(client, tmp_path, hooks=[NoMessages()], planner=FixedPlanner(message("notify", "bob", "hi"))) as h:
+    async with Harness(
+        client, tmp_path, hooks=[NoMessages()], planner=FixedPlanner(message("notify", "bob", "hi"))
+    ) as h:
         out = await h.finish(await start(h, leftovers))
 
     assert out.failure is not None and out.failure.type == "RequiredAfterPlanningError"
@@ -549,7 +553,10 @@ async def test_a_signal_with_wrongly_typed_fields_is_recorded_as_ignored_not_dro
 async def test_reviews_before_a_checkpoint_opens_are_ignored_and_the_query_is_null(client, tmp_path, leftovers):
     before_planning, after_execution = HoldBeforePlanning("hold-before"), HoldAfterExecution("hold-after")
     async with Harness(
-        client, tmp_path, hooks=[before_planning, after_execution], planner=FixedPlanner(message("notify", "dan", "hey"))
+        client,
+        tmp_path,
+        hooks=[before_planning, after_execution],
+        planner=FixedPlanner(message("notify", "dan", "hey")),
     ) as h:
         handle = await start(h, leftovers)
         await asyncio.wait_for(before_planning.entered.wait(), 30)
@@ -609,7 +616,9 @@ async def test_the_review_update_refuses_each_bad_case_before_it_is_accepted(cli
         assert await pending(handle) == first  # nothing changed
 
         ack = await handle.execute_update(
-            "review", ReviewRequest(checkpoint_id=cp1, reviewer="alice", decision="approve", comment="go"), result_type=ReviewAck
+            "review",
+            ReviewRequest(checkpoint_id=cp1, reviewer="alice", decision="approve", comment="go"),
+            result_type=ReviewAck,
         )
         assert isinstance(ack, ReviewAck)
         assert (ack.checkpoint_id, ack.decision, ack.reviewer) == (cp1, "approve", "alice")
@@ -718,8 +727,14 @@ async def test_a_two_phase_request_opens_the_checkpoint_in_phase_two_and_sends_t
 async def _cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     # Asynchronous: the in-process worker must keep answering the CLI's queries and updates meanwhile.
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "client.cli", *args, cwd=ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "client.cli",
+        *args,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode, stdout.decode(), stderr.decode()
@@ -762,9 +777,15 @@ async def test_the_reviewer_cli_lists_shows_approves_and_rejects(client, dev_env
         code, stdout, stderr = await _cli(env, "approve", to_approve.id, "--reviewer", "alice", "--comment", "fine")
         assert code == 0, stderr
         ack = json.loads(stdout)
-        assert (ack["checkpoint_id"], ack["decision"], ack["reviewer"]) == (cp_approve.checkpoint_id, "approve", "alice")
+        assert (ack["checkpoint_id"], ack["decision"], ack["reviewer"]) == (
+            cp_approve.checkpoint_id,
+            "approve",
+            "alice",
+        )
 
-        code, stdout, stderr = await _cli(env, "reject", to_reject.id, "--reviewer", "alice", "--reason", "wrong person")
+        code, stdout, stderr = await _cli(
+            env, "reject", to_reject.id, "--reviewer", "alice", "--reason", "wrong person"
+        )
         assert code == 0, stderr
         ack = json.loads(stdout)
         assert (ack["checkpoint_id"], ack["decision"], ack["reviewer"]) == (cp_reject.checkpoint_id, "reject", "alice")

@@ -1,4 +1,4 @@
-"""Declared hooks without a workflow (issue 5, seed 004): the file's validation naming entry and field,
+"""Declared hooks without a workflow: the file's validation naming entry and field,
 the worker refusing a bad file, the registry's one ordering rule, SSRF ranges and address pinning,
 secrets, the audit store's encryption and retention, and the dry run writing no row."""
 
@@ -57,23 +57,64 @@ def command(id: str, **fields) -> dict:
         ([command("x", on_timeout="maybe")], 0, "x", "on_timeout", "block"),
         ([command("x"), command("x")], 1, "x", "id", "already used by entry 0"),
         (
-            [{"id": "p", "event": "pre_tool_use", "handler_type": "prompt",
-              "config": {"prompt_template": "judge", "model": "m", "endpoint": "http://127.0.0.1:1/v1"}}],
-            0, "p", "matcher", "matcher or an if_expr",
+            [
+                {
+                    "id": "p",
+                    "event": "pre_tool_use",
+                    "handler_type": "prompt",
+                    "config": {"prompt_template": "judge", "model": "m", "endpoint": "http://127.0.0.1:1/v1"},
+                }
+            ],
+            0,
+            "p",
+            "matcher",
+            "matcher or an if_expr",
         ),
         (
-            [{"id": "h", "event": "pre_tool_use", "handler_type": "http",
-              "config": {"url": "https://hooks.example/x", "headers": {"Authorization": "Bearer plain"}}}],
-            0, "h", "config.headers", "must be stored encrypted",
+            [
+                {
+                    "id": "h",
+                    "event": "pre_tool_use",
+                    "handler_type": "http",
+                    "config": {"url": "https://hooks.example/x", "headers": {"Authorization": "Bearer plain"}},
+                }
+            ],
+            0,
+            "h",
+            "config.headers",
+            "must be stored encrypted",
         ),
-        ([{"id": "h", "event": "stop", "handler_type": "http", "config": {"url": "ftp://x"}}], 0, "h", "config.url", "http(s)"),
+        (
+            [{"id": "h", "event": "stop", "handler_type": "http", "config": {"url": "ftp://x"}}],
+            0,
+            "h",
+            "config.url",
+            "http(s)",
+        ),
         ([command("x", config={"command": "true", "shell": True})], 0, "x", "config.shell", "Extra inputs"),
-        ([{"id": "s", "event": "stop", "handler_type": "command", "config": {"command": "true"}, "matcher": "x"}], 0, "s", "matcher", "no tool"),
+        (
+            [{"id": "s", "event": "stop", "handler_type": "command", "config": {"command": "true"}, "matcher": "x"}],
+            0,
+            "s",
+            "matcher",
+            "no tool",
+        ),
     ],
     ids=[
-        "timeout-over-max", "unknown-event", "unknown-handler", "bad-regex", "bad-cel", "tenant-without-id",
-        "agent-without-agent-id", "bad-on-timeout", "duplicate-id", "prompt-unguarded", "plaintext-secret-header",
-        "bad-url", "unknown-config-field", "matcher-on-toolless-event",
+        "timeout-over-max",
+        "unknown-event",
+        "unknown-handler",
+        "bad-regex",
+        "bad-cel",
+        "tenant-without-id",
+        "agent-without-agent-id",
+        "bad-on-timeout",
+        "duplicate-id",
+        "prompt-unguarded",
+        "plaintext-secret-header",
+        "bad-url",
+        "unknown-config-field",
+        "matcher-on-toolless-event",
     ],
 )
 def test_a_bad_entry_is_refused_naming_the_entry_and_the_field(entries, index, hook, field, fragment):
@@ -86,6 +127,8 @@ def test_a_bad_entry_is_refused_naming_the_entry_and_the_field(entries, index, h
 
 
 def test_defaults_follow_the_seed():
+    """An entry that sets nothing else gets a 5 s timeout that blocks on a blocking event and allows on an
+    observing one, global scope, priority 0, enabled, version 1."""
     [blocking, observer] = parse_hooks({"hooks": [command("a"), command("b", event="post_tool_use")]})
     assert blocking.timeout_ms == 5000 and blocking.timeout_decision == "block"
     assert observer.timeout_decision == "allow"
@@ -96,16 +139,22 @@ def test_the_worker_refuses_to_start_with_a_bad_hooks_file(tmp_path):
     bad = tmp_path / "hooks.json"
     bad.write_text(json.dumps({"hooks": [command("fine"), command("too-slow", timeout_ms=60_000)]}))
     env = {**os.environ, "AGENT_STATE_DIR": str(tmp_path / "state"), "AGENT_HOOKS_FILE": str(bad)}
-    run = subprocess.run([sys.executable, "worker.py", "--check"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "worker.py", "--check"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 2, run.stdout + run.stderr
     assert "invalid_declared_hook" in run.stderr
     assert "entry 1 ('too-slow'): field timeout_ms" in run.stderr
 
     good = tmp_path / "hooks.toml"
-    good.write_text('[[hooks]]\nid = "audit-tools"\nevent = "post_tool_use"\nhandler_type = "command"\npriority = 5\n'
-                    '[hooks.config]\ncommand = "true"\n')
+    good.write_text(
+        '[[hooks]]\nid = "audit-tools"\nevent = "post_tool_use"\nhandler_type = "command"\npriority = 5\n'
+        '[hooks.config]\ncommand = "true"\n'
+    )
     env["AGENT_HOOKS_FILE"] = str(good)
-    run = subprocess.run([sys.executable, "worker.py", "--check"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "worker.py", "--check"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 0, run.stderr
     # Listed in execution order: priority 5 runs before the demo's priority-0 hooks.
     assert run.stdout.splitlines()[0].endswith(": audit-tools [after_tool] priority 5"), run.stdout
@@ -129,7 +178,8 @@ class PyTool(PipelineHook):
 def test_python_and_declared_hooks_order_by_priority_then_registration(tmp_path):
     runtime = DeclaredHookRuntime(store=HookStore(tmp_path / "h.sqlite3"))
     declared = declared_hooks(
-        parse_hooks({"hooks": [command("d-low", priority=-1), command("d-high", priority=10), command("d-zero")]}), runtime
+        parse_hooks({"hooks": [command("d-low", priority=-1), command("d-high", priority=10), command("d-zero")]}),
+        runtime,
     )
     registry = HookRegistry([PyTool("py-first"), *declared, PyTool("py-urgent", priority=10)])
     assert [e.name for e in registry.entries] == ["d-high", "py-urgent", "py-first", "d-zero", "d-low"]
@@ -238,7 +288,11 @@ async def test_the_request_is_pinned_to_the_checked_address_keeping_host_and_ser
 
     monkeypatch.setattr("hooks.declarative.handlers.resolve_target", resolved)
     response = await post_json(
-        "https://hooks.example.org:8443/check?x=1", {"a": 1}, {"X-Test": "1"}, allow_loopback=False, transport=httpx.MockTransport(handler)
+        "https://hooks.example.org:8443/check?x=1",
+        {"a": 1},
+        {"X-Test": "1"},
+        allow_loopback=False,
+        transport=httpx.MockTransport(handler),
     )
     [request] = seen
     assert response.status == 200 and response.address == "93.184.215.14"
@@ -282,8 +336,17 @@ def test_header_secrets_round_trip_and_never_decrypt_under_another_key():
 
 def row(key: str, error: str | None = None, decision: str = "block", hook_id: str = "h") -> ExecutionRow:
     return ExecutionRow(
-        dedup_key=key, hook_id=hook_id, hook_label=hook_id, hook_version=1, event="pre_tool_use", handler_type="command",
-        decision=decision, reason="x", status="error" if error else "completed", duration_ms=1.0, error=error,
+        dedup_key=key,
+        hook_id=hook_id,
+        hook_label=hook_id,
+        hook_version=1,
+        event="pre_tool_use",
+        handler_type="command",
+        decision=decision,
+        reason="x",
+        status="error" if error else "completed",
+        duration_ms=1.0,
+        error=error,
     )
 
 
@@ -333,12 +396,29 @@ def test_the_dry_run_command_prints_the_decision_and_writes_no_row(tmp_path):
     script = tmp_path / "deny.sh"
     script.write_text('read -r event\necho "no rm: $event" >&2\nexit 2\n')
     file = tmp_path / "hooks.json"
-    file.write_text(json.dumps({"hooks": [command("deny-rm", config={"command": f"bash {script}"}, matcher="^shell/")]}))
+    file.write_text(
+        json.dumps({"hooks": [command("deny-rm", config={"command": f"bash {script}"}, matcher="^shell/")]})
+    )
     env = {**os.environ, "AGENT_STATE_DIR": str(tmp_path / "state")}
     run = subprocess.run(
-        [sys.executable, "-m", "client.cli", "hooks", "dry-run", "--file", str(file), "--hook", "deny-rm",
-         "--event-json", json.dumps({"tool_name": "shell/exec", "tool_input": {"cmd": "rm -rf /"}})],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "client.cli",
+            "hooks",
+            "dry-run",
+            "--file",
+            str(file),
+            "--hook",
+            "deny-rm",
+            "--event-json",
+            json.dumps({"tool_name": "shell/exec", "tool_input": {"cmd": "rm -rf /"}}),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert run.returncode == 0, run.stderr
     shown = json.loads(run.stdout)
@@ -354,8 +434,12 @@ async def test_dry_run_shows_updated_input_and_leaves_the_store_untouched(tmp_pa
     try:
         store = HookStore(tmp_path / "h.sqlite3")
         runtime = DeclaredHookRuntime(store=store, allow_loopback=True)
-        [spec] = parse_hooks({"hooks": [{"id": "w", "event": "pre_tool_use", "handler_type": "http", "config": {"url": server.url}}]})
-        result = await dry_run(spec, runtime, {"tool_name": "shell/exec", "tool_input": {"cmd": "rm"}, "tenant_id": "t1"})
+        [spec] = parse_hooks(
+            {"hooks": [{"id": "w", "event": "pre_tool_use", "handler_type": "http", "config": {"url": server.url}}]}
+        )
+        result = await dry_run(
+            spec, runtime, {"tool_name": "shell/exec", "tool_input": {"cmd": "rm"}, "tenant_id": "t1"}
+        )
         assert (result.decision, result.updated_input, result.output["http_status"]) == ("allow", {"cmd": "ls"}, 200)
         assert server.received[0].body["tenant_id"] == "t1" and server.received[0].body["tool_input"] == {"cmd": "rm"}
         assert store.executions() == []

@@ -1,4 +1,4 @@
-"""Sub-agents (issue 5, seed 004): a sub-agent tool step runs a child ``RequestLifecycle``
+"""Sub-agents: a sub-agent tool step runs a child ``RequestLifecycle``
 (``<workflow id>/subagent/<step id>``), the chain is bounded at depth 3 with ``LoopDepthExceeded``, and
 subagent_start / subagent_stop hooks fire on sub-agent steps only, with ``depth`` visible to CEL."""
 
@@ -22,8 +22,13 @@ class Delegate(SubAgentTool):
 
 
 def delegate(step_id: str = "d") -> PlanStep:
-    return PlanStep(step_id=step_id, namespace="test-tools", agent="agents", capability="delegate",
-                    arguments={"request": "look deeper"})
+    return PlanStep(
+        step_id=step_id,
+        namespace="test-tools",
+        agent="agents",
+        capability="delegate",
+        arguments={"request": "look deeper"},
+    )
 
 
 async def child_record(h: Harness, workflow_id: str) -> ExecutionRecord | None:
@@ -76,9 +81,19 @@ async def test_subagent_hooks_fire_on_sub_agent_steps_only_and_see_depth(client,
         parse_hooks(
             {
                 "hooks": [
-                    {"id": "depth-guard", "event": "subagent_start", "handler_type": "command",
-                     "config": {"command": f"bash {deny}"}, "if_expr": "depth >= 1"},
-                    {"id": "child-done", "event": "subagent_stop", "handler_type": "command", "config": {"command": "true"}},
+                    {
+                        "id": "depth-guard",
+                        "event": "subagent_start",
+                        "handler_type": "command",
+                        "config": {"command": f"bash {deny}"},
+                        "if_expr": "depth >= 1",
+                    },
+                    {
+                        "id": "child-done",
+                        "event": "subagent_stop",
+                        "handler_type": "command",
+                        "config": {"command": "true"},
+                    },
                 ]
             }
         ),
@@ -102,7 +117,9 @@ async def test_subagent_hooks_fire_on_sub_agent_steps_only_and_see_depth(client,
     )
     assert {r.metadata["cel_eval_result"] for r in guard_rows} == {False, True}
     done_rows = store.executions(hook_label="child-done")
-    assert sorted((r.workflow_id, r.decision) for r in done_rows) == sorted([(out.workflow_id, "allow"), (level1.workflow_id, "allow")])
+    assert sorted((r.workflow_id, r.decision) for r in done_rows) == sorted(
+        [(out.workflow_id, "allow"), (level1.workflow_id, "allow")]
+    )
     # The workflow applies the sub-agent filter: for the echo step no activity of these hooks is
     # scheduled at all, so no invocation is recorded and no handler runs.
     assert [i.step_id for i in out.record.invocations(hook="depth-guard")] == ["d"]

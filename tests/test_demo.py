@@ -22,7 +22,9 @@ def test_the_demo_passes_its_checks_and_its_reviewer_finds_the_request_in_the_in
         "AGENT_STATE_DIR": str(tmp_path / "state"),
         "PYTHONUNBUFFERED": "1",
     }
-    done = subprocess.run([sys.executable, "-m", "demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
     output = done.stdout + done.stderr
     assert done.returncode == 0, output

@@ -1,4 +1,4 @@
-"""Hook effects and detached work (seed 000 §7.5, §9; issue 3 "Detached effects").
+"""Hook effects and detached work.
 
 An ordinary effect is recorded exactly as the hook reported it. A detached effect is announced pending
 before the hook returns, carried by a real ``DetachedEffect`` child workflow (id
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pytest
@@ -90,7 +90,9 @@ async def stored_terminal(out: Outcome, *effect_ids: str) -> ExecutionRecord:
 
 async def finish_child(h: Harness, client: Client, out: Outcome, effect_id: str) -> PipelineHookEffect:
     """Wait for the effect's child workflow, and replay its history with the request's when the harness closes."""
-    handle = client.get_workflow_handle(detached_workflow_id(out.workflow_id, effect_id), result_type=PipelineHookEffect)
+    handle = client.get_workflow_handle(
+        detached_workflow_id(out.workflow_id, effect_id), result_type=PipelineHookEffect
+    )
     effect = await handle.result()
     h.histories.append(await handle.fetch_history())
     return effect
@@ -147,7 +149,7 @@ class Detacher(PipelineHook):
 
 
 async def test_a_reported_effect_is_recorded_with_every_field(client, tmp_path):
-    started = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=timezone.utc)
+    started = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 
     class Reporter(PipelineHook):
         name = "reporter"
@@ -244,7 +246,7 @@ async def test_effects_of_a_failing_invocation_are_kept_and_a_pending_one_is_fai
 
 
 async def test_an_effect_reporting_error_does_not_change_the_business_outcome(client, tmp_path):
-    """Seed §7.5: effect-reporting errors are diagnostic; here a required hook's effect data is not JSON."""
+    """An error in reporting an effect is a diagnostic, never the business outcome; here a required hook's effect data is not JSON."""
 
     class Governed(RequiredAfterPlanningHook, PipelineHook):
         name = "governed"
@@ -334,7 +336,12 @@ async def test_detached_work_runs_in_an_abandoned_child_and_brings_the_same_effe
     assert live.effect("write").status is EffectStatus.SUCCEEDED
     for record in (live, out.record):
         (effect,) = effects_with_id(record, "write")
-        assert (effect.status, effect.data, effect.summary, effect.error) == ("succeeded", expected, "wrote write", None)
+        assert (effect.status, effect.data, effect.summary, effect.error) == (
+            "succeeded",
+            expected,
+            "wrote write",
+            None,
+        )
         assert (effect.name, effect.hook, effect.stage) == ("Write write", "detacher", Stage.AFTER_EXECUTION)
         assert effect.started_at is not None and effect.duration_ms is not None and effect.duration_ms >= 0
     assert child_effect == out.record.effect("write")
@@ -420,7 +427,7 @@ async def test_an_effect_completing_while_the_request_waits_at_a_checkpoint(clie
 
 
 # --------------------------------------------------------------------------------------------------
-# The seed's §7.5 evidence table, with the demo AuditHook
+# The evidence table — invocation status beside effect status at each point in time — with the demo AuditHook
 # --------------------------------------------------------------------------------------------------
 
 

@@ -39,7 +39,9 @@ def dev_worker(tmp_path):
         "PYTHONUNBUFFERED": "1",
     }
     log = open(tmp_path / "worker.log", "w+")
-    proc = subprocess.Popen([sys.executable, "worker.py", "--dev"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "worker.py", "--dev"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     deadline = time.monotonic() + 60
     while "worker polling" not in (tmp_path / "worker.log").read_text():
         assert proc.poll() is None, (tmp_path / "worker.log").read_text()
@@ -75,15 +77,25 @@ def test_temporal_cli_alone_starts_a_request_and_reads_its_record(dev_worker):
     workflow_id = f"cli-{uuid.uuid4().hex[:8]}"
     started = _temporal(
         env,
-        "workflow", "start", "--type", "RequestLifecycle", "--task-queue", "agent-requests",
-        "--workflow-id", workflow_id, "--input", '{"request": "What is the price of ACME?"}',
+        "workflow",
+        "start",
+        "--type",
+        "RequestLifecycle",
+        "--task-queue",
+        "agent-requests",
+        "--workflow-id",
+        workflow_id,
+        "--input",
+        '{"request": "What is the price of ACME?"}',
     )
     assert started.returncode == 0, started.stderr
     result = _temporal(env, "workflow", "result", "--workflow-id", workflow_id, "--output", "json")
     assert result.returncode == 0, result.stderr
     assert "ACME is trading at" in result.stdout
 
-    queried = _temporal(env, "workflow", "query", "--type", "execution_record", "--workflow-id", workflow_id, "--output", "json")
+    queried = _temporal(
+        env, "workflow", "query", "--type", "execution_record", "--workflow-id", workflow_id, "--output", "json"
+    )
     assert queried.returncode == 0, queried.stderr
     record = json.loads(queried.stdout)["queryResult"][0]
     assert record["status"] == "succeeded"

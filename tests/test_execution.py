@@ -253,7 +253,7 @@ async def test_independent_steps_are_in_flight_at_the_same_time(client, tmp_path
 
 async def test_a_dependent_step_is_not_started_while_its_dependency_runs(client, tmp_path):
     class Overlap(Tool):
-        """"first" waits a moment for any other call to arrive; a correct executor never sends one."""
+        """ "first" waits a moment for any other call to arrive; a correct executor never sends one."""
 
         namespace = "test-tools"
         agent = "sync"
@@ -296,7 +296,7 @@ async def test_a_dependent_step_is_not_started_while_its_dependency_runs(client,
 
 async def test_a_dependent_step_starts_when_its_own_dependencies_finish_not_all_running_steps(client, tmp_path):
     class Handshake(Tool):
-        """"slow" finishes only once "after-fast" has started; "after-fast" depends on "fast" only."""
+        """ "slow" finishes only once "after-fast" has started; "after-fast" depends on "fast" only."""
 
         namespace = "test-tools"
         agent = "sync"
@@ -468,8 +468,16 @@ def lifecycle_activities(tmp_path) -> LifecycleActivities:
 @pytest.mark.parametrize(
     "bad_step, message_start, detail",
     [
-        (quote("q", "acme"), "invalid arguments for demo-tools/stock-service/stock_quote", "String should match pattern"),
-        (step("q", NS, "stock-service", "stock_quote"), "invalid arguments for demo-tools/stock-service/stock_quote", "Field required"),
+        (
+            quote("q", "acme"),
+            "invalid arguments for demo-tools/stock-service/stock_quote",
+            "String should match pattern",
+        ),
+        (
+            step("q", NS, "stock-service", "stock_quote"),
+            "invalid arguments for demo-tools/stock-service/stock_quote",
+            "Field required",
+        ),
         (
             step("t", NS, "stock-service", "execute_trade", symbol="ACME", side="hold", quantity=1),
             "invalid arguments for demo-tools/stock-service/execute_trade",

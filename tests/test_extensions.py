@@ -1,4 +1,4 @@
-"""Run-level lifecycle extensions (issue 4, seed 003): before_run, after_answer, before_remember, on_error,
+"""Run-level lifecycle extensions: before_run, after_answer, before_remember, on_error,
 on_finish, each extension's private state per run, observer failures, and names. Every run goes through
 ``RequestLifecycle`` on the real dev server; every history is replayed when its harness closes."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +40,7 @@ from hooks import (
 )
 from workflows.models import Diagnostic, MemoryOutcome, RequestStatus, StopInfo
 
-from .doubles import (
-    BlockingTool,
-    FixedPlanner,
-    decision,
-    quote,
-    started_attempts,
-)
+from .doubles import BlockingTool, FixedPlanner, decision, quote, started_attempts
 from .harness import Harness, Outcome
 
 ACME_ASK = "What is the price of ACME?"
@@ -154,7 +148,9 @@ class Finisher:
 
 
 class StopAtStart:
-    def __init__(self, name: str = "stopper", text: str = "Cloud processing is disabled.", reason: str = "cloud-disabled"):
+    def __init__(
+        self, name: str = "stopper", text: str = "Cloud processing is disabled.", reason: str = "cloud-disabled"
+    ):
         self.name, self.text, self.reason = name, text, reason
         self.calls = 0
 
@@ -209,7 +205,9 @@ async def test_before_run_rewrites_the_ask_instructions_and_facts_everything_aft
         name = "rewriter"
 
         async def before_run(self, ctx, run: RunView):
-            return RunPatch(ask=MSFT_ASK, instructions="Answer in one sentence.", facts={"timezone": "UTC", "desk": "eu"})
+            return RunPatch(
+                ask=MSFT_ASK, instructions="Answer in one sentence.", facts={"timezone": "UTC", "desk": "eu"}
+            )
 
     class Localizer:
         name = "localizer"
@@ -231,13 +229,17 @@ async def test_before_run_rewrites_the_ask_instructions_and_facts_everything_aft
             return None
 
     planner, synthesizer = RecordingPlanner(), RecordingSynthesizer()
-    async with Harness(client, tmp_path, hooks=[Rewriter(), Localizer(), Keeper()], planner=planner, synthesizer=synthesizer) as h:
+    async with Harness(
+        client, tmp_path, hooks=[Rewriter(), Localizer(), Keeper()], planner=planner, synthesizer=synthesizer
+    ) as h:
         out = await h.run(ACME_ASK)
 
     assert out.failure is None
     merged = {"timezone": "America/New_York", "desk": "eu"}  # facts merge, the later hook winning
     # A later before_run hook sees the earlier rewrite.
-    assert Localizer.seen == [RunView(ask=MSFT_ASK, instructions="Answer in one sentence.", facts={"timezone": "UTC", "desk": "eu"})]
+    assert Localizer.seen == [
+        RunView(ask=MSFT_ASK, instructions="Answer in one sentence.", facts={"timezone": "UTC", "desk": "eu"})
+    ]
 
     # The planner plans the new ask and reads the instructions and facts in its prompt.
     [planned] = planner.requests
@@ -253,7 +255,11 @@ async def test_before_run_rewrites_the_ask_instructions_and_facts_everything_aft
 
     # The synthesizer answers the new ask, with the same instructions and facts.
     [synthesized] = synthesizer.inputs
-    assert (synthesized.request, synthesized.instructions, synthesized.facts) == (MSFT_ASK, "Answer in one sentence.", merged)
+    assert (synthesized.request, synthesized.instructions, synthesized.facts) == (
+        MSFT_ASK,
+        "Answer in one sentence.",
+        merged,
+    )
     assert [s.tool for s in out.record.steps] == ["stock-service/stock_quote"]
     assert out.record.steps[0].arguments == {"symbol": "MSFT"}
     assert out.result.response == MSFT
@@ -406,7 +412,9 @@ class _Raises:
     ],
     ids=["empty-ask", "wrong-type", "rejection", "raise-after-retries"],
 )
-async def test_a_failing_before_run_ends_the_run_with_extension_error(client, tmp_path, hook, cause, cause_type, exception_type, attempts):
+async def test_a_failing_before_run_ends_the_run_with_extension_error(
+    client, tmp_path, hook, cause, cause_type, exception_type, attempts
+):
     watcher = Watcher("watcher")
     planner = RecordingPlanner()
     async with Harness(client, tmp_path, hooks=[hook(), watcher], planner=planner) as h:
@@ -420,12 +428,22 @@ async def test_a_failing_before_run_ends_the_run_with_extension_error(client, tm
     # Nothing of the pipeline ran; the observers did, on_error first.
     assert planner.requests == []
     finalizers = ["on_finish_hook"] * (2 if hook is _Rejects else 1)
-    assert out.activity_types() == ["resolve_pipeline", "before_run_hook", "on_error_hook", *finalizers, "persist_execution_record"]
+    assert out.activity_types() == [
+        "resolve_pipeline",
+        "before_run_hook",
+        "on_error_hook",
+        *finalizers,
+        "persist_execution_record",
+    ]
     if hook is _Rejects:
         assert [status for wid, status in _Rejects.finished if wid == out.workflow_id] == ["error"]
     [error] = watcher.seen("on_error", out.workflow_id)
     assert (error.origin, error.type) == ("extension", "ExtensionError")
-    assert error.details["extension"] == "bad" and error.details["phase"] == "before_run" and error.details["cause"] == cause
+    assert (
+        error.details["extension"] == "bad"
+        and error.details["phase"] == "before_run"
+        and error.details["cause"] == cause
+    )
     [finished] = watcher.seen("on_finish", out.workflow_id)
     assert finished.status == "error" and finished.error == error
     assert watcher.seen("after_answer", out.workflow_id) == []
@@ -479,7 +497,9 @@ async def test_after_answer_rewrites_chain_in_order_and_the_record_keeps_the_mod
     assert out.result.response == final
     [seen] = Check.seen
     assert (seen.text, seen.handled_by) == (f"{ACME} (polished)", "pipeline")
-    assert [(s.step_id, s.tool, s.status) for s in seen.steps] == [("quote-acme", "stock-service/stock_quote", "succeeded")]
+    assert [(s.step_id, s.tool, s.status) for s in seen.steps] == [
+        ("quote-acme", "stock-service/stock_quote", "succeeded")
+    ]
     assert Sign.seen == [f"{ACME} (polished) [checked]"]
     record = out.record
     assert record.model_draft.matches(ACME)  # the synthesizer's own text
@@ -492,7 +512,10 @@ async def test_after_answer_rewrites_chain_in_order_and_the_record_keeps_the_mod
     ]
     types = out.activity_types()
     assert after(types, "after_synthesis_hook", "after_answer_hook")
-    assert types[-1] == "persist_execution_record" and max(i for i, t in enumerate(types) if t == "after_answer_hook") < len(types) - 1
+    assert (
+        types[-1] == "persist_execution_record"
+        and max(i for i, t in enumerate(types) if t == "after_answer_hook") < len(types) - 1
+    )
     stored = await out.stored()
     assert stored.model_draft.matches(ACME) and stored.final_response == final
 
@@ -628,13 +651,17 @@ async def test_a_completed_run_remembers_its_exchange_under_the_conversation(cli
         with_conversation = await h.run(ACME_ASK, {"conversation_id": "conv-1"})
         without = await h.run(ACME_ASK, request_id="req-no-conversation")
 
-    expected = MemoryCandidate(conversation_id="conv-1", request=MSFT_ASK, answer=f"{MSFT} [final]", facts={"timezone": "UTC"})
+    expected = MemoryCandidate(
+        conversation_id="conv-1", request=MSFT_ASK, answer=f"{MSFT} [final]", facts={"timezone": "UTC"}
+    )
     assert with_conversation.failure is None and with_conversation.result.response == f"{MSFT} [final]"
     assert await memory.recent("conv-1") == [expected]
     assert with_conversation.record.memory == MemoryOutcome(action="saved", conversation_id="conv-1")
     # Without a conversation id the request id is the conversation.
     assert without.failure is None
-    assert await memory.recent("req-no-conversation") == [expected.model_copy(update={"conversation_id": "req-no-conversation"})]
+    assert await memory.recent("req-no-conversation") == [
+        expected.model_copy(update={"conversation_id": "req-no-conversation"})
+    ]
     assert without.record.memory == MemoryOutcome(action="saved", conversation_id="req-no-conversation")
     assert Peek.seen == [expected, expected.model_copy(update={"conversation_id": "req-no-conversation"})]
 
@@ -704,7 +731,9 @@ async def test_skip_memory_saves_nothing_and_ends_the_before_remember_chain(clie
     assert Restore.calls == 0 and out.record.invocations(Stage.BEFORE_REMEMBER, "restore") == []
     assert "remember" not in out.activity_types()
     assert await memory.recent("conv-3") == []
-    assert out.record.memory == MemoryOutcome(action="skipped", conversation_id="conv-3", by="private", reason="private conversation")
+    assert out.record.memory == MemoryOutcome(
+        action="skipped", conversation_id="conv-3", by="private", reason="private conversation"
+    )
     [inv] = out.record.invocations(Stage.BEFORE_REMEMBER)
     assert decision(inv) == ("fail_closed", "skip", "memory_skipped")
     assert (await out.stored()).memory.action == "skipped"
@@ -726,7 +755,11 @@ async def test_stopped_and_failed_runs_are_not_remembered(client, tmp_path, endi
         async def before_remember(self, ctx, candidate):
             Peek.calls += 1
 
-    first = {"stopped-before-run": StopAtStart(), "stopped-after-answer": _StopAfterAnswer(), "failed": RefuseAtStart()}[ending]
+    first = {
+        "stopped-before-run": StopAtStart(),
+        "stopped-after-answer": _StopAfterAnswer(),
+        "failed": RefuseAtStart(),
+    }[ending]
     memory = SQLiteConversationMemory(tmp_path / "memory.sqlite3")
     async with Harness(client, tmp_path, hooks=[first, Peek()], memory=memory) as h:
         out = await h.run(ACME_ASK, {"conversation_id": "conv-4"})
@@ -760,11 +793,17 @@ class _RememberWrongType:
     ("hook", "cause", "cause_type"),
     [
         (_RememberRaises, "vector index down", "HookError"),
-        (_RememberWrongType, "before_remember must return MemoryCandidate, SkipMemory or None, got dict", "InvalidHookResult"),
+        (
+            _RememberWrongType,
+            "before_remember must return MemoryCandidate, SkipMemory or None, got dict",
+            "InvalidHookResult",
+        ),
     ],
     ids=["raises", "wrong-type"],
 )
-async def test_a_failing_before_remember_is_an_extension_error_and_saves_nothing(client, tmp_path, hook, cause, cause_type):
+async def test_a_failing_before_remember_is_an_extension_error_and_saves_nothing(
+    client, tmp_path, hook, cause, cause_type
+):
     finisher = Finisher("finisher")
     memory = SQLiteConversationMemory(tmp_path / "memory.sqlite3")
     async with Harness(client, tmp_path, hooks=[hook(), finisher], memory=memory) as h:
@@ -850,7 +889,9 @@ async def drive(case: str, client, tmp_path: Path, observers: list[Any], leftove
         leftovers.append(handle)
         if case == "confirmation":
             checkpoint = await h.wait_for_checkpoint(handle)
-            await handle.signal("reject", {"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "ops", "reason": "no"})
+            await handle.signal(
+                "reject", {"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "ops", "reason": "no"}
+            )
         elif case == "cancelled":
             await asyncio.wait_for(tool.started.wait(), timeout=30)
             await handle.cancel()
@@ -927,7 +968,10 @@ async def test_on_finish_runs_exactly_once_per_extension_for_every_outcome(clien
     assert tracked.status == audited.status == status
     assert tracked == audited
     assert [i.hook for i in out.record.invocations(Stage.ON_FINISH)] == ["tracker", "audit"]
-    assert [a.summary for a in out.scheduled if a.activity_type == "on_finish_hook"] == ["on_finish · tracker", "on_finish · audit"]
+    assert [a.summary for a in out.scheduled if a.activity_type == "on_finish_hook"] == [
+        "on_finish · tracker",
+        "on_finish · audit",
+    ]
     assert out.activity_types()[-3:] == ["on_finish_hook", "on_finish_hook", "persist_execution_record"]
     answered = tracker.seen("after_answer", out.workflow_id)
     if case == "completed":
@@ -962,7 +1006,9 @@ async def test_cancelling_while_a_tool_runs_still_runs_the_finalizers(client, tm
 
     tool = BlockingTool()
     first, finisher = Watcher("watcher"), Finisher("finisher")
-    async with Harness(client, tmp_path, hooks=[BrokenOnError(), first, finisher], tools=[tool], planner=FixedPlanner(BLOCKING_STEP)) as h:
+    async with Harness(
+        client, tmp_path, hooks=[BrokenOnError(), first, finisher], tools=[tool], planner=FixedPlanner(BLOCKING_STEP)
+    ) as h:
         handle = await h.start(ACME_ASK)
         leftovers.append(handle)
         await asyncio.wait_for(tool.started.wait(), timeout=30)
@@ -975,7 +1021,9 @@ async def test_cancelling_while_a_tool_runs_still_runs_the_finalizers(client, tm
     assert (error.origin, error.type) == ("cancelled", "Cancelled")
     [finished] = finisher.seen(out.workflow_id)
     assert finished.status == "cancelled" and finished.error == error
-    assert finished.diagnostics == [Diagnostic(extension="broken", phase="on_error", error="alerting is down", error_type="HookError")]
+    assert finished.diagnostics == [
+        Diagnostic(extension="broken", phase="on_error", error="alerting is down", error_type="HookError")
+    ]
     [watched] = first.seen("on_finish", out.workflow_id)
     assert watched.status == "cancelled"
     types = out.activity_types()
@@ -1156,7 +1204,9 @@ async def test_private_state_grows_across_a_hooks_stages_and_no_other_hook_or_pr
     counter, peer = Counter(), Peer()
     planner, synthesizer = RecordingPlanner(), RecordingSynthesizer()
     memory = SQLiteConversationMemory(tmp_path / "memory.sqlite3")
-    async with Harness(client, tmp_path, hooks=[counter, peer], planner=planner, synthesizer=synthesizer, memory=memory) as h:
+    async with Harness(
+        client, tmp_path, hooks=[counter, peer], planner=planner, synthesizer=synthesizer, memory=memory
+    ) as h:
         out = await h.run(ACME_ASK, {"conversation_id": "conv-state"})
 
     assert out.failure is None and out.result.response == ACME
@@ -1176,7 +1226,11 @@ async def test_private_state_grows_across_a_hooks_stages_and_no_other_hook_or_pr
     ]
     # Never shown to prompts, the planner, the synthesizer, memory, the result or the record.
     [planned] = planner.requests
-    assert SECRET not in planned.prompt and SECRET not in json.dumps(dict(planned.facts)) and SECRET not in planned.instructions
+    assert (
+        SECRET not in planned.prompt
+        and SECRET not in json.dumps(dict(planned.facts))
+        and SECRET not in planned.instructions
+    )
     assert SECRET not in synthesizer.inputs[0].model_dump_json()
     assert SECRET not in out.result.model_dump_json()
     assert SECRET not in out.record.model_dump_json()
@@ -1288,7 +1342,7 @@ async def test_invalid_private_state_at_a_pipeline_stage_fails_open_and_is_not_k
 
         async def before_planning(self, ctx):
             ctx.enrichments["rag_context"] = "should not survive"
-            ctx.state["when"] = datetime.now(timezone.utc)  # not JSON
+            ctx.state["when"] = datetime.now(UTC)  # not JSON
 
         async def after_synthesis(self, ctx, response: str) -> str:
             ctx.state["blob"] = "x" * 70_000  # too large
@@ -1358,7 +1412,11 @@ class _Unnamed(PipelineHook):
         ([_Named("audit", "after_synthesis"), _Named("audit", "on_finish")], "duplicate_name", 1),
         ([_Named("guard", "before_run"), _Named("guard", "after_answer", "on_finish")], "duplicate_name", 1),
         ([_Named("memo", "before_planning"), Plugin("memo", before_tool=lambda ctx, call: None)], "duplicate_name", 1),
-        ([Plugin("redact", after_tool=lambda ctx, call, outcome: None), _Named("redact", "before_remember")], "duplicate_name", 1),
+        (
+            [Plugin("redact", after_tool=lambda ctx, call, outcome: None), _Named("redact", "before_remember")],
+            "duplicate_name",
+            1,
+        ),
         ([_Named("ok", "on_finish"), _Named("", "before_run")], "empty_name", 1),
         ([_Named("   ", "on_error")], "empty_name", 0),
         ([_Named(None, "after_answer")], "empty_name", 0),
@@ -1475,7 +1533,11 @@ class HoldingStore(SQLiteExecutionStore):
         self.holding = asyncio.Event()
 
     async def save(self, record):
-        if record.lifecycle is not None and record.lifecycle.boundary.value == "accepted_plan" and not self.holding.is_set():
+        if (
+            record.lifecycle is not None
+            and record.lifecycle.boundary.value == "accepted_plan"
+            and not self.holding.is_set()
+        ):
             self.holding.set()
             await asyncio.Event().wait()
         return await super().save(record)
@@ -1528,10 +1590,12 @@ class BlockingOnError(BlockingObserver):
         await self._block(ctx, error)
 
 
-async def test_a_cancel_during_an_on_finish_never_stops_later_finalizers_or_the_terminal_record(client, tmp_path, leftovers):
+async def test_a_cancel_during_an_on_finish_never_stops_later_finalizers_or_the_terminal_record(
+    client, tmp_path, leftovers
+):
     """The run completed; a cancel arrives while the first on_finish runs. The later on_finish still runs
-    (once) and the terminal record is still persisted (seed 003: cleanup hooks run after cancellation;
-    observers never prevent later observers)."""
+    (once) and the terminal record is still persisted: cleanup hooks run after cancellation, and an
+    observer never prevents later observers."""
     blocking, last = BlockingOnFinish("slow-finish"), Finisher("last")
     async with Harness(client, tmp_path, hooks=[blocking, last]) as h:
         handle = await h.start(ACME_ASK)

@@ -30,7 +30,10 @@ from .doubles import FixedPlanner, eventually
 from .harness import Harness
 
 MESSAGE = PlanStep(
-    step_id="notify", namespace="demo-tools", agent="notify-service", capability="send_message",
+    step_id="notify",
+    namespace="demo-tools",
+    agent="notify-service",
+    capability="send_message",
     arguments={"to": "alice", "text": "hello"},
 )
 
@@ -60,7 +63,11 @@ def failed_workflow_tasks(history) -> int:
 async def test_a_malformed_workflow_input_fails_the_request_at_once_with_invalid_request(client, tmp_path, case):
     async with Harness(client, tmp_path) as h:
         handle = await client.start_workflow(
-            "RequestLifecycle", args=BAD_INPUTS[case], id=f"bad-{uuid.uuid4()}", task_queue=h.task_queue, result_type=RequestResult
+            "RequestLifecycle",
+            args=BAD_INPUTS[case],
+            id=f"bad-{uuid.uuid4()}",
+            task_queue=h.task_queue,
+            result_type=RequestResult,
         )
         with pytest.raises(WorkflowFailureError) as failed:
             await asyncio.wait_for(handle.result(), timeout=10)
@@ -114,13 +121,17 @@ async def test_malformed_signals_are_ignored_with_their_reason_and_the_request_g
 
     reasons = [i.reason for i in record.ignored_reviews]
     assert "expected one JSON payload, got 0" in reasons[0] and "got 2" in reasons[1]
-    assert "not JSON" in reasons[2] and "not JSON" in reasons[3] and "not JSON" in reasons[4]
+    assert "not JSON" in reasons[2] and "not JSON" in reasons[3] and "not valid JSON" in reasons[4]
     assert "invalid ApproveSignal" in reasons[5] and "reviewer" in reasons[6]
     assert "the limit is 16384" in reasons[7]
     assert "invalid ApproveSignal" in reasons[8]  # ids longer than the model allows
     assert "invalid EffectUpdateSignal" in reasons[9]
     assert record.ignored_reviews[10].via == "no_such_signal" and "no signal named" in reasons[10]
-    assert all(len(getattr(i, f)) <= MAX_IGNORED_FIELD_CHARS for i in record.ignored_reviews for f in ("checkpoint_id", "reviewer", "reason"))
+    assert all(
+        len(getattr(i, f)) <= MAX_IGNORED_FIELD_CHARS
+        for i in record.ignored_reviews
+        for f in ("checkpoint_id", "reviewer", "reason")
+    )
     assert out.failure is None and [c.status.value for c in out.record.checkpoints] == ["approved"]
     assert failed_workflow_tasks(out.history) == 0
     assert (await out.stored()).status is RequestStatus.SUCCEEDED  # the terminal persist fitted
@@ -136,7 +147,10 @@ async def test_a_flood_of_signals_keeps_a_bounded_record_and_the_request_finishe
         handle, cp = await waiting_request(h, leftovers)
         flood = 80
         await asyncio.gather(
-            *(handle.signal("reject", {"checkpoint_id": f"cp-x-{i}", "reviewer": "z" * 120, "reason": "y" * 1900}) for i in range(flood))
+            *(
+                handle.signal("reject", {"checkpoint_id": f"cp-x-{i}", "reviewer": "z" * 120, "reason": "y" * 1900})
+                for i in range(flood)
+            )
         )
 
         async def all_counted() -> ExecutionRecord | None:
@@ -147,7 +161,9 @@ async def test_a_flood_of_signals_keeps_a_bounded_record_and_the_request_finishe
         await handle.signal("approve", {"checkpoint_id": cp, "reviewer": "alice"})
         out = await h.finish(handle)
 
-    assert len(record.ignored_reviews) == MAX_IGNORED_MESSAGES and record.ignored_dropped == flood - MAX_IGNORED_MESSAGES
+    assert (
+        len(record.ignored_reviews) == MAX_IGNORED_MESSAGES and record.ignored_dropped == flood - MAX_IGNORED_MESSAGES
+    )
     assert out.failure is None and failed_workflow_tasks(out.history) == 0
     stored = await out.stored()
     assert stored.status is RequestStatus.SUCCEEDED and stored.ignored_dropped == flood - MAX_IGNORED_MESSAGES
@@ -218,7 +234,9 @@ async def test_only_the_requests_own_detached_child_can_complete_its_effect(clie
 
         effect = (await eventually(announced, what="the audit effect to be announced")).effect("audit-write")
         forged = effect.model_copy(update={"status": EffectStatus.FAILED, "summary": "forged"}).model_dump(mode="json")
-        invented = PipelineHookEffect(effect_id="invented", name="invented", status=EffectStatus.SUCCEEDED).model_dump(mode="json")
+        invented = PipelineHookEffect(effect_id="invented", name="invented", status=EffectStatus.SUCCEEDED).model_dump(
+            mode="json"
+        )
         for payload in (
             {"effect": forged, "token": ""},
             {"effect": forged, "token": "0" * 32},

@@ -1,4 +1,5 @@
-"""The built-in memory hooks (issue 6; seed 000 §5, §8.2, §9, §10, "Event-summary timeout ownership").
+"""The built-in memory hooks; the memory recorder bounds its own summarizer call, within an invocation
+timeout that leaves room for it.
 
 Real requests through ``RequestLifecycle`` with the embedded SQLite backend: what one request records,
 the next one's planner reads under ``<agent_memory>``; the summarizer's timeout falls back to heuristic
@@ -29,12 +30,7 @@ from hooks.builtin import (
 )
 from hooks.memory import MemoryBackends
 from workflows import detached_workflow_id
-from workflows.models import (
-    EffectStatus,
-    PipelineHookEffect,
-    RequestStatus,
-    Stage,
-)
+from workflows.models import EffectStatus, PipelineHookEffect, RequestStatus, Stage
 
 from .doubles import CapturingPlanner
 from .harness import Harness
@@ -57,7 +53,8 @@ class StalledModel(HeuristicMemoryModel):
 
 def memory_hooks(memory: SQLiteMemory, **options) -> list:
     hooks, coordinator = build_memory_hooks(
-        MemoryBackends(episodic=memory, knowledge=None, coordinator=None), options=MemoryOptions(agent_domain=DOMAIN, **options)
+        MemoryBackends(episodic=memory, knowledge=None, coordinator=None),
+        options=MemoryOptions(agent_domain=DOMAIN, **options),
     )
     assert coordinator is None
     return hooks
@@ -114,7 +111,10 @@ async def test_one_event_is_recorded_per_step_with_entities_outcome_and_importan
         assert event.event_id == f"{out.workflow_id}:{step_id}"
         assert event.outcome == "succeeded" and event.importance == 0.5
         assert event.entities == ["ACME", "MSFT"]
-        assert event.summary == f"currency=USD, price={quote_price(event.step_id[-4:].upper())}, symbol={event.step_id[-4:].upper()}"
+        assert (
+            event.summary
+            == f"currency=USD, price={quote_price(event.step_id[-4:].upper())}, symbol={event.step_id[-4:].upper()}"
+        )
         assert event.recorded_at >= event.occurred_at  # kept apart: when it happened, when it was stored
 
 
@@ -155,7 +155,10 @@ async def test_user_memory_does_nothing_without_a_user_id_and_recalls_facts_with
 
     extraction = told.record.effect("user_memory_extraction")
     assert extraction.status is EffectStatus.SUCCEEDED
-    assert extraction.data["submitted_facts"] == [{"key": "name", "value": "Alice"}, {"key": "home_city", "value": "Lyon"}]
+    assert extraction.data["submitted_facts"] == [
+        {"key": "name", "value": "Alice"},
+        {"key": "home_city", "value": "Lyon"},
+    ]
     assert told.record.model_draft.matches(told.record.final_response)  # the response is returned unchanged
     facts = (await memory.user_facts("u-1", limit=10)).items
     assert {(f.key, f.value) for f in facts} == {("name", "Alice"), ("home_city", "Lyon")}
@@ -172,7 +175,9 @@ async def test_knowledge_extraction_finishes_after_the_request_in_a_detached_chi
     hook = KnowledgeExtractionHook(memory, options=MemoryOptions(agent_domain=DOMAIN))
     async with Harness(client, tmp_path, hooks=[hook]) as h:
         out = await h.run("What is the price of ACME?")
-        child = client.get_workflow_handle(detached_workflow_id(out.workflow_id, "knowledge_extraction"), result_type=PipelineHookEffect)
+        child = client.get_workflow_handle(
+            detached_workflow_id(out.workflow_id, "knowledge_extraction"), result_type=PipelineHookEffect
+        )
         effect = await child.result()
         h.histories.append(await child.fetch_history())
 

@@ -1,4 +1,4 @@
-"""Multi-phase planning (seed 000 §4.2, §9; issue 3 "Multi-phase planning").
+"""Multi-phase planning.
 
 The planner asks for another phase with ``continue_after`` and sees the earlier phases' results; a later
 step uses an earlier output through ``{{steps.<id>.output.<field>}}`` and lists the id, exactly, in
@@ -17,14 +17,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import PlanningRequest, Tool
 from demo.tools import quote_price
-from hooks import (
-    HookRejection,
-    PipelineHook,
-    Plan,
-    PlanStep,
-    RequiredAfterPlanningHook,
-    Stage,
-)
+from hooks import HookRejection, PipelineHook, Plan, PlanStep, RequiredAfterPlanningHook, Stage
 from workflows.models import RequestStatus, StageSettings, StepStatus
 
 from .doubles import decision
@@ -90,7 +83,9 @@ def lookup(step_id: str, symbol: str) -> PlanStep:
     return PlanStep(step_id=step_id, namespace=NS, agent="data", capability="lookup", arguments={"symbol": symbol})
 
 
-def echo(step_id: str, *, depends_on: list[str] | None = None, implicit_deps: list[str] | None = None, **arguments) -> PlanStep:
+def echo(
+    step_id: str, *, depends_on: list[str] | None = None, implicit_deps: list[str] | None = None, **arguments
+) -> PlanStep:
     return PlanStep(
         step_id=step_id,
         namespace=NS,
@@ -338,7 +333,11 @@ async def test_an_ordinary_hook_breaking_an_implicit_deps_rule_is_rejected_and_t
     assert out.failure is None
     record = out.record
     first, second = record.invocations(Stage.AFTER_PLANNING, "breaker")
-    assert (first.plan_phase, first.outcome.value, decision(first)) == (1, "succeeded", ("fail_open", "continue", "accepted"))
+    assert (first.plan_phase, first.outcome.value, decision(first)) == (
+        1,
+        "succeeded",
+        ("fail_open", "continue", "accepted"),
+    )
     assert (second.plan_phase, second.outcome.value, second.error_type) == (2, "failed", "InvalidPlan")
     assert problem in second.error
     assert decision(second) == ("fail_open", "continue", "invalid_plan")

@@ -1,4 +1,4 @@
-"""Plugins (issue 4 "Plugins"; seed 001): named bundles of tool hooks, the four shipped plugins through
+"""Plugins: named bundles of tool hooks, the four shipped plugins through
 real requests, how plugins are registered and scheduled, and per-tool metrics in the execution record
 and as OpenTelemetry metrics."""
 
@@ -12,11 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio.api.enums.v1 import EventType
 
 from activities import Tool
-from activities.telemetry import (
-    TOOL_CALLS_METRIC,
-    TOOL_DURATION_METRIC,
-    TOOL_FAILURES_METRIC,
-)
+from activities.telemetry import TOOL_CALLS_METRIC, TOOL_DURATION_METRIC, TOOL_FAILURES_METRIC
 from activities.tools import ToolContext
 from demo.tools import quote_price
 from hooks import (
@@ -96,7 +92,9 @@ class Failing(Tool):
 
 
 def step(step_id: str, tool: type[Tool], **arguments: Any) -> PlanStep:
-    return PlanStep(step_id=step_id, namespace=tool.namespace, agent=tool.agent, capability=tool.capability, arguments=arguments)
+    return PlanStep(
+        step_id=step_id, namespace=tool.namespace, agent=tool.agent, capability=tool.capability, arguments=arguments
+    )
 
 
 def read(step_id: str, path: str | None = None) -> PlanStep:
@@ -146,8 +144,12 @@ def server_scheduled_types(out: Outcome) -> list[str]:
 def test_a_plugin_without_a_name_is_refused(name):
     with pytest.raises(ValueError, match="non-empty name"):
         Plugin(name, before_tool=lambda ctx, call: None)
-    for factory in (lambda: allow_list(["a/b"], name=name), lambda: redact(name=name), lambda: retry_on_error(name=name),
-                    lambda: truncate_results(10, name=name)):
+    for factory in (
+        lambda: allow_list(["a/b"], name=name),
+        lambda: redact(name=name),
+        lambda: retry_on_error(name=name),
+        lambda: truncate_results(10, name=name),
+    ):
         with pytest.raises(ValueError, match="non-empty name"):
             factory()
 
@@ -295,10 +297,15 @@ async def test_redact_masks_secrets_in_a_result_before_the_planner_or_synthesize
     assert (effect.hook, effect.stage, effect.status) == ("redact", Stage.AFTER_TOOL, EffectStatus.SUCCEEDED)
     assert effect.data == {"redactions": 2, "by_pattern": {"api_key_sk": 1, "aws_access_key_id": 1}}
     assert effect.summary == "2 value(s) masked as [REDACTED]"
-    assert SK not in json.dumps(effect.model_dump(mode="json")) and AKIA not in json.dumps(effect.model_dump(mode="json"))
+    assert SK not in json.dumps(effect.model_dump(mode="json")) and AKIA not in json.dumps(
+        effect.model_dump(mode="json")
+    )
     assert out.record.effect("redaction:clean") is None
     by_step = {i.step_id: decision(i) for i in out.record.invocations(Stage.AFTER_TOOL, "redact")}
-    assert by_step == {"leaky": ("fail_closed", "continue", "rewritten"), "clean": ("fail_closed", "continue", "accepted")}
+    assert by_step == {
+        "leaky": ("fail_closed", "continue", "rewritten"),
+        "clean": ("fail_closed", "continue", "accepted"),
+    }
     stored = await out.stored()
     assert stored.effect("redaction:leaky").data["redactions"] == 2
     assert SK not in stored.final_response
@@ -349,7 +356,11 @@ async def test_retry_on_error_reports_a_tool_failure_as_a_readable_result(client
     assert out.failure is None, out.failure
     readable = "The tool broker/place_order failed: broker offline. Try another approach or tell the user."
     order = steps_by_id(out)["order"]
-    assert (order.status, order.error, order.error_handled_by) == (StepStatus.FAILED, "broker offline", "retry-on-error")
+    assert (order.status, order.error, order.error_handled_by) == (
+        StepStatus.FAILED,
+        "broker offline",
+        "retry-on-error",
+    )
     assert order.result == readable
     assert failing.attempts == 2  # the tool's own retries come first
     assert out.result.response == f"broker/place_order (order) failed: {readable}\nfiles/read (ok): fine"
@@ -460,11 +471,27 @@ async def test_plugins_run_as_local_activities_with_summaries(client, tmp_path):
 @pytest.mark.parametrize(
     "plugin, phase, cause, cause_type, exception_type",
     [
-        (lambda: Plugin("exploder", after_tool=lambda ctx, call, outcome: 1 / 0), "after_tool", "division by zero", "HookError", "ZeroDivisionError"),
-        (lambda: Plugin("yes-man", before_tool=lambda ctx, call: True), "before_tool",
-         "before_tool must return ToolDecision or None, got bool", "InvalidHookResult", None),
-        (lambda: Plugin("rewriter", before_tool=lambda ctx, call: ToolDecision.modify({"path": ""})), "before_tool",
-         "rewritten arguments are invalid", "InvalidHookResult", None),
+        (
+            lambda: Plugin("exploder", after_tool=lambda ctx, call, outcome: 1 / 0),
+            "after_tool",
+            "division by zero",
+            "HookError",
+            "ZeroDivisionError",
+        ),
+        (
+            lambda: Plugin("yes-man", before_tool=lambda ctx, call: True),
+            "before_tool",
+            "before_tool must return ToolDecision or None, got bool",
+            "InvalidHookResult",
+            None,
+        ),
+        (
+            lambda: Plugin("rewriter", before_tool=lambda ctx, call: ToolDecision.modify({"path": ""})),
+            "before_tool",
+            "rewritten arguments are invalid",
+            "InvalidHookResult",
+            None,
+        ),
     ],
     ids=["raises", "wrong-type", "invalid-modify"],
 )
@@ -472,7 +499,9 @@ async def test_a_failing_plugin_ends_the_run_with_an_extension_error_naming_it(
     client, tmp_path, plugin, phase, cause, cause_type, exception_type
 ):
     plugin = plugin()
-    async with Harness(client, tmp_path, hooks=[plugin], tools=[Reader({"r": "hello"})], planner=FixedPlanner(read("r"))) as h:
+    async with Harness(
+        client, tmp_path, hooks=[plugin], tools=[Reader({"r": "hello"})], planner=FixedPlanner(read("r"))
+    ) as h:
         out = await h.run("read it")
 
     assert out.failure is not None and out.failure.type == "ExtensionError", out.failure
@@ -553,9 +582,12 @@ def labels(**values: str) -> tuple:
 
 async def test_per_tool_metrics_are_in_the_record_and_exported_as_otel_metrics(client, tmp_path, metric_reader):
     deny_one = Plugin(
-        "deny-one", before_tool=lambda ctx, call: ToolDecision.deny("not this one") if call.step_id == "denied" else None
+        "deny-one",
+        before_tool=lambda ctx, call: ToolDecision.deny("not this one") if call.step_id == "denied" else None,
     )
-    planner = FixedPlanner(step("ok-1", ProbeOk), step("ok-2", ProbeOk), step("denied", ProbeOk), step("fail-1", ProbeFail))
+    planner = FixedPlanner(
+        step("ok-1", ProbeOk), step("ok-2", ProbeOk), step("denied", ProbeOk), step("fail-1", ProbeFail)
+    )
     names = (TOOL_CALLS_METRIC, TOOL_FAILURES_METRIC, TOOL_DURATION_METRIC)
     async with Harness(
         client,

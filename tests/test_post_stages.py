@@ -1,5 +1,5 @@
 """after_execution (observe only) and after_synthesis (chained rewrite), stage filtering, timeouts,
-run modes, sync hooks, and the span per invocation (seed 000 §4.3, §4.4, §9)."""
+run modes, sync hooks, and the span per invocation."""
 
 from __future__ import annotations
 
@@ -62,8 +62,13 @@ async def test_after_execution_observes_every_step_and_cannot_change_results(cli
             return None
 
     planner = FixedPlanner(
-        PlanStep(step_id="quote-acme", namespace="demo-tools", agent="stock-service", capability="stock_quote",
-                 arguments={"symbol": "ACME"}),
+        PlanStep(
+            step_id="quote-acme",
+            namespace="demo-tools",
+            agent="stock-service",
+            capability="stock_quote",
+            arguments={"symbol": "ACME"},
+        ),
         PlanStep(step_id="order", namespace="test-tools", agent="broker", capability="place_order"),
     )
     async with Harness(
@@ -138,7 +143,7 @@ async def test_after_execution_failures_fail_open_and_leave_the_response_alone(c
     assert [(i.hook, i.sequence) for i in invocations] == [("chatty", 1), ("broken", 2), ("rejects", 3), ("quiet", 4)]
     chatty, broken, rejects, quiet = invocations
     assert (chatty.outcome.value, chatty.error_type) == ("failed", "InvalidHookResult")
-    assert chatty.error == "after_execution is observe-only and must return None, got dict"
+    assert chatty.error == "after_execution observes only and must return None, got dict"
     assert decision(chatty) == ("fail_open", "continue", "invalid_result")
     assert (broken.outcome.value, broken.error_type, broken.exception_type) == ("failed", "HookError", "KeyError")
     assert broken.error == "'memory backend'"
@@ -177,7 +182,9 @@ async def test_after_synthesis_hooks_chain_in_registration_order(client, tmp_pat
     assert out.record.model_draft.matches(QUOTES_RESPONSE)
     assert out.record.final_response == QUOTES_RESPONSE + "AB"
     assert out.hook_summaries() == ["after_synthesis · a", "after_synthesis · b"]
-    assert [decision(i) for i in out.record.invocations(Stage.AFTER_SYNTHESIS)] == [("fail_open", "continue", "accepted")] * 2
+    assert [decision(i) for i in out.record.invocations(Stage.AFTER_SYNTHESIS)] == [
+        ("fail_open", "continue", "accepted")
+    ] * 2
     stored = await out.stored()
     assert stored.model_draft.matches(QUOTES_RESPONSE) and stored.final_response == QUOTES_RESPONSE + "AB"
 
@@ -191,7 +198,9 @@ async def test_after_synthesis_hooks_chain_in_registration_order(client, tmp_pat
         (b"bytes", "InvalidHookResult", "after_synthesis must return str, got bytes", "invalid_result"),
     ],
 )
-async def test_a_failing_after_synthesis_hook_keeps_the_previous_text(client, tmp_path, returned, error_type, error, reason):
+async def test_a_failing_after_synthesis_hook_keeps_the_previous_text(
+    client, tmp_path, returned, error_type, error, reason
+):
     class Bad:
         name = "bad"
         max_attempts = 1
@@ -440,7 +449,7 @@ async def test_a_failing_local_activity_hook_fails_open_like_any_other(client, t
     else:
         assert inv.outcome.value == "failed"
         assert (inv.error, inv.error_type) == (
-            "after_execution is observe-only and must return None, got str",
+            "after_execution observes only and must return None, got str",
             "InvalidHookResult",
         )
         assert decision(inv) == ("fail_open", "continue", "invalid_result")
@@ -561,7 +570,11 @@ async def test_one_span_per_invocation_carries_the_recorded_decision(client, tmp
         assert span_decision(span) == decision(inv), span.name
         assert attrs["pipeline.hook.required"] is (hook == "gate")
     by_name = {s.name: s for s in found}
-    assert span_decision(by_name["pipeline.hook.after_planning.wrong-plan"]) == ("fail_open", "continue", "invalid_result")
+    assert span_decision(by_name["pipeline.hook.after_planning.wrong-plan"]) == (
+        "fail_open",
+        "continue",
+        "invalid_result",
+    )
     assert span_decision(by_name["pipeline.hook.after_planning.gate"]) == ("fail_closed", "continue", "accepted")
     assert span_decision(by_name["pipeline.hook.after_execution.observer"]) == ("fail_open", "continue", "hook_error")
     assert by_name["pipeline.hook.after_execution.observer"].status.status_code.name == "ERROR"

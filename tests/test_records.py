@@ -1,4 +1,4 @@
-"""Versioned execution records (seed 000 §9, opening paragraph; issue 3 "Versioned execution records").
+"""Versioned execution records.
 
 Through the workflow: a full snapshot at each lifecycle boundary (accepted plan, checkpoint opened,
 terminal), with ``lifecycle`` evidence and a growing revision. On the store's own: revision-gated
@@ -13,7 +13,7 @@ import asyncio
 import json
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio.exceptions import CancelledError
@@ -41,7 +41,7 @@ from .harness import Harness, Outcome
 # Helpers
 # --------------------------------------------------------------------------------------------------
 
-STARTED = datetime(2026, 1, 1, tzinfo=timezone.utc)
+STARTED = datetime(2026, 1, 1, tzinfo=UTC)
 COMPLETION = {
     RequestStatus.SUCCEEDED: "completed",
     RequestStatus.FAILED: "failed",
@@ -134,7 +134,14 @@ class RecordingStore:
 
 def boundaries(store: RecordingStore) -> list[tuple[str, str, int, int, str, tuple[int, bool]]]:
     return [
-        (r.lifecycle.boundary.value, r.lifecycle.completion, r.lifecycle.snapshot_revision, r.record_revision, r.status.value, res)
+        (
+            r.lifecycle.boundary.value,
+            r.lifecycle.completion,
+            r.lifecycle.snapshot_revision,
+            r.record_revision,
+            r.status.value,
+            res,
+        )
         for r, res in store.saved
     ]
 
@@ -186,7 +193,9 @@ async def test_a_snapshot_is_persisted_at_accepted_plan_and_terminal(client, tmp
         await asyncio.wait_for(hold.entered.wait(), 60)
         # The tool is running: the accepted plan's snapshot is what the store holds.
         accepted = await h.store.get(handle.id)
-        assert accepted.lifecycle == RecordLifecycle(boundary="accepted_plan", completion="pending", snapshot_revision=1)
+        assert accepted.lifecycle == RecordLifecycle(
+            boundary="accepted_plan", completion="pending", snapshot_revision=1
+        )
         assert accepted.record_revision == 1 and accepted.request_completion == "pending"
         assert accepted.status is RequestStatus.RUNNING and accepted.completed_at is None
         assert [p.phase for p in accepted.plans] == [1] and accepted.steps == []
@@ -216,9 +225,13 @@ async def test_a_checkpoint_persists_accepted_plan_checkpoint_opened_and_termina
         handle = await h.start("quote ACME, carefully")
         checkpoint = await h.wait_for_checkpoint(handle)
         opened = await stored_at(h.store, handle.id, "checkpoint_opened")
-        assert opened.lifecycle == RecordLifecycle(boundary="checkpoint_opened", completion="pending", snapshot_revision=2)
+        assert opened.lifecycle == RecordLifecycle(
+            boundary="checkpoint_opened", completion="pending", snapshot_revision=2
+        )
         assert opened.record_revision == 2 and opened.status is RequestStatus.SUSPENDED
-        assert [(c.checkpoint_id, c.status.value) for c in opened.checkpoints] == [(checkpoint.checkpoint_id, "pending")]
+        assert [(c.checkpoint_id, c.status.value) for c in opened.checkpoints] == [
+            (checkpoint.checkpoint_id, "pending")
+        ]
         assert [p.phase for p in opened.plans] == [1] and opened.steps == []
         await handle.signal("approve", ApproveSignal(checkpoint_id=checkpoint.checkpoint_id, reviewer="rita"))
         out = await h.finish(handle)
@@ -248,7 +261,9 @@ async def test_a_rejected_checkpoint_persists_a_failed_terminal_snapshot(client,
         handle = await h.start("quote ACME, carefully")
         checkpoint = await h.wait_for_checkpoint(handle)
         await stored_at(h.store, handle.id, "checkpoint_opened")
-        await handle.signal("reject", RejectSignal(checkpoint_id=checkpoint.checkpoint_id, reviewer="rita", reason="no"))
+        await handle.signal(
+            "reject", RejectSignal(checkpoint_id=checkpoint.checkpoint_id, reviewer="rita", reason="no")
+        )
         out = await h.finish(handle)
 
     assert out.failure is not None and out.failure.type == "CheckpointRejected"
@@ -280,7 +295,9 @@ async def test_concurrent_effect_updates_from_tasks_threads_and_stores_all_survi
 
     async def from_threads(batch: list[str]) -> list[tuple[int, bool]]:
         with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            return list(await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(pool, in_thread, i) for i in batch)))
+            return list(
+                await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(pool, in_thread, i) for i in batch))
+            )
 
     async def from_tasks(batch: list[str]) -> list[tuple[int, bool]]:
         return list(
@@ -321,10 +338,8 @@ async def test_racing_terminal_updates_of_one_effect_accept_exactly_one(tmp_path
     path = tmp_path / "x.sqlite3"
     await SQLiteExecutionStore(path).save(snapshot(1, effects=[pending("write")]))
     updates = [terminal("write", EffectStatus.SUCCEEDED if n % 2 else EffectStatus.FAILED, n=n) for n in range(12)]
-    results = await asyncio.gather(
-        *(SQLiteExecutionStore(path).update_effect("wf-1", "run-1", u) for u in updates)
-    )
-    winners = [u for u, (_, written) in zip(updates, results) if written]
+    results = await asyncio.gather(*(SQLiteExecutionStore(path).update_effect("wf-1", "run-1", u) for u in updates))
+    winners = [u for u, (_, written) in zip(updates, results, strict=True) if written]
     assert len(winners) == 1
     assert [revision for revision, _ in results] == [2] * len(updates)
     record = await SQLiteExecutionStore(path).get("wf-1")
@@ -344,7 +359,10 @@ async def test_a_pending_effect_update_is_refused(tmp_path):
 
 async def test_a_stale_or_equal_snapshot_never_replaces_a_newer_one_or_erases_effect_updates(tmp_path):
     store = SQLiteExecutionStore(tmp_path / "x.sqlite3")
-    assert await store.save(snapshot(2, effects=[pending("write")], response="two", status=RequestStatus.RUNNING)) == (2, True)
+    assert await store.save(snapshot(2, effects=[pending("write")], response="two", status=RequestStatus.RUNNING)) == (
+        2,
+        True,
+    )
     assert await store.update_effect("wf-1", "run-1", terminal("write", n=1)) == (3, True)
 
     # Older and equal snapshots are refused; the update stays merged.
@@ -618,7 +636,11 @@ async def test_a_cancelled_request_persists_a_cancelled_terminal_snapshot_and_ru
         "after_planning_hook": dict(planner=FixedPlanner(quote("quote-acme", "ACME")), hooks=[hook]),
         "synthesize": dict(planner=FixedPlanner(quote("quote-acme", "ACME")), synthesizer=synthesizer),
     }[where]
-    entered = {"execute_tool_step": hold.entered, "after_planning_hook": hook.entered, "synthesize": synthesizer.entered}
+    entered = {
+        "execute_tool_step": hold.entered,
+        "after_planning_hook": hook.entered,
+        "synthesize": synthesizer.entered,
+    }
     async with Harness(client, tmp_path, **kwargs) as h:
         handle = await h.start("cancel me")
         await asyncio.wait_for(entered[where].wait(), 60)

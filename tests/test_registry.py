@@ -1,4 +1,4 @@
-"""Pipeline construction (seed 000 §8, §13): what the registry accepts, what it refuses and why, and how
+"""Pipeline construction: what the registry accepts, what it refuses and why, and how
 ``worker.py --check`` reports it."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def build_error(hooks) -> InvalidPipelineConfigError:
 
 
 # --------------------------------------------------------------------------------------------------
-# None entries and empty lists (seed 000 §8)
+# None entries (named by their index) and empty lists
 # --------------------------------------------------------------------------------------------------
 
 
@@ -127,7 +127,8 @@ def test_duplicate_names_are_rejected_even_across_stages():
 
 
 # --------------------------------------------------------------------------------------------------
-# The required marker (seed 000 §4.2, §9, §13)
+# The required marker: one required hook at most; it implements after_planning and no ordinary
+# after_planning hook follows it
 # --------------------------------------------------------------------------------------------------
 
 

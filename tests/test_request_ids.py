@@ -26,9 +26,13 @@ async def test_starting_a_request_id_again_with_the_same_input_attaches_to_the_o
         settings = Settings(task_queue=h.task_queue, state_dir=tmp_path)
         request_id = uuid.uuid4().hex[:12]
         first = await start_request(client, settings, "Buy 10 ACME", metadata={"desk": "a"}, request_id=request_id)
-        again_while_running = await start_request(client, settings, "Buy 10 ACME", metadata={"desk": "a"}, request_id=request_id)
+        again_while_running = await start_request(
+            client, settings, "Buy 10 ACME", metadata={"desk": "a"}, request_id=request_id
+        )
         result = await first.result()
-        again_when_finished = await start_request(client, settings, "Buy 10 ACME", metadata={"desk": "a"}, request_id=request_id)
+        again_when_finished = await start_request(
+            client, settings, "Buy 10 ACME", metadata={"desk": "a"}, request_id=request_id
+        )
         attached = await again_when_finished.result()
         h.histories.append(await first.fetch_history())
 

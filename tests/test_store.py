@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from activities.store import SQLiteExecutionStore
 from workflows.models import ExecutionRecord, RequestStatus
 
 
-def _record(revision: int, *, status: RequestStatus = RequestStatus.SUCCEEDED, run_id: str = "run-1", response: str = "") -> ExecutionRecord:
+def _record(
+    revision: int, *, status: RequestStatus = RequestStatus.SUCCEEDED, run_id: str = "run-1", response: str = ""
+) -> ExecutionRecord:
     return ExecutionRecord(
         request_id="req-1",
         workflow_id="request-req-1",
@@ -17,7 +19,7 @@ def _record(revision: int, *, status: RequestStatus = RequestStatus.SUCCEEDED, r
         request="What is the price of ACME?",
         status=status,
         record_revision=revision,
-        started_at=datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=int(run_id[-1])),
+        started_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=int(run_id[-1])),
         final_response=response,
     )
 
@@ -62,7 +64,9 @@ async def test_normal_and_error_retention_are_separate(tmp_path):
         tmp_path / "x.sqlite3", retention=timedelta(hours=1), error_retention=timedelta(hours=5), clock=clock
     )
     ok = _record(1, run_id="run-1")
-    failed = _record(1, run_id="run-2", status=RequestStatus.FAILED).model_copy(update={"request_id": "req-2", "workflow_id": "request-req-2"})
+    failed = _record(1, run_id="run-2", status=RequestStatus.FAILED).model_copy(
+        update={"request_id": "req-2", "workflow_id": "request-req-2"}
+    )
     await store.save(ok)
     await store.save(failed)
     clock.now += 2 * 3600

@@ -1,5 +1,4 @@
-"""The tool-call stages (issue 4 "Tool-call stages"; seed 001 hooks, seed 003 beforeTool/afterTool):
-before_tool allow (the zero value) / modify / deny / stop, after_tool on every outcome, on_tool_error,
+"""The tool-call stages: before_tool allow (the zero value) / modify / deny / stop, after_tool on every outcome, on_tool_error,
 the result cap, and the decisions, step ids, summaries and spans each invocation leaves behind."""
 
 from __future__ import annotations
@@ -14,15 +13,7 @@ from temporalio.api.enums.v1 import EventType
 
 from activities import Tool
 from activities.tools import ToolContext
-from hooks import (
-    PlanStep,
-    RunMode,
-    Stage,
-    ToolCall,
-    ToolDecision,
-    ToolErrorResolution,
-    ToolOutcomeView,
-)
+from hooks import PlanStep, RunMode, Stage, ToolCall, ToolDecision, ToolErrorResolution, ToolOutcomeView
 from workflows.models import RequestStatus, StageSettings, StepStatus, StopInfo
 
 from .doubles import FixedPlanner, NoArguments, decision, span_decision
@@ -153,7 +144,9 @@ class BeforeTool:
 
 
 class AfterTool:
-    def __init__(self, name: str, rewrite: Callable[[ToolCall, ToolOutcomeView], Any] = lambda call, outcome: None) -> None:
+    def __init__(
+        self, name: str, rewrite: Callable[[ToolCall, ToolOutcomeView], Any] = lambda call, outcome: None
+    ) -> None:
         self.name = name
         self.rewrite = rewrite
         self.max_attempts = 1
@@ -165,7 +158,9 @@ class AfterTool:
 
 
 class OnToolError:
-    def __init__(self, name: str, resolve: Callable[[ToolCall, ToolOutcomeView], Any] = lambda call, outcome: None) -> None:
+    def __init__(
+        self, name: str, resolve: Callable[[ToolCall, ToolOutcomeView], Any] = lambda call, outcome: None
+    ) -> None:
         self.name = name
         self.resolve = resolve
         self.max_attempts = 1
@@ -186,7 +181,9 @@ def executed_steps(out: Outcome) -> list[str]:
     return [a.summary.rsplit("(", 1)[1].rstrip(")") for a in out.tool_activities]
 
 
-def stage_invocations(out: Outcome, stage: Stage, step_id: str | None = None) -> list[tuple[str, str | None, int, tuple]]:
+def stage_invocations(
+    out: Outcome, stage: Stage, step_id: str | None = None
+) -> list[tuple[str, str | None, int, tuple]]:
     return [
         (i.hook, i.step_id, i.sequence, decision(i))
         for i in out.record.invocations(stage)
@@ -297,7 +294,10 @@ async def test_modify_rewrites_the_arguments_the_tool_receives_chained_in_regist
     assert out.result.response == "echo/say (s1): HI HI\necho/say (s2): calm"
     # The accepted plan keeps what the planner asked for; the step records what ran.
     assert out.record.plans[0].plan.steps[0].arguments == {"text": "hi"}
-    assert stage_invocations(out, Stage.BEFORE_TOOL, "s1") == [("upper", "s1", 1, MODIFIED), ("twice", "s1", 2, MODIFIED)]
+    assert stage_invocations(out, Stage.BEFORE_TOOL, "s1") == [
+        ("upper", "s1", 1, MODIFIED),
+        ("twice", "s1", 2, MODIFIED),
+    ]
     assert stage_invocations(out, Stage.BEFORE_TOOL, "s2") == [("upper", "s2", 1, ALLOWED), ("twice", "s2", 2, ALLOWED)]
 
 
@@ -349,7 +349,7 @@ async def test_a_modify_that_fails_the_tools_parameters_is_an_extension_error_an
 
 
 async def test_before_tool_only_sees_arguments_that_resolved_and_validated(client, tmp_path):
-    """Seed 003: before_tool runs once arguments are available *and validated*; a reference that cannot
+    """before_tool runs once arguments are available *and validated*; a reference that cannot
     resolve skips the step as ``missing`` straight to after_tool, and invalid generated arguments take
     the normal failure path without reaching before_tool (or the tool)."""
     echo = Echo()
@@ -426,7 +426,12 @@ async def test_deny_skips_the_step_with_its_message_for_the_model_and_ends_the_c
 
     steps = steps_by_id(out)
     b = steps["b"]
-    assert (b.status, b.skip_reason, b.skipped_by, b.skip_detail) == (StepStatus.SKIPPED, "policy", "denier", "kill-switch")
+    assert (b.status, b.skip_reason, b.skipped_by, b.skip_detail) == (
+        StepStatus.SKIPPED,
+        "policy",
+        "denier",
+        "kill-switch",
+    )
     assert b.result == "Sending is disabled here."
     assert b.output is None and b.error is None and b.duration_ms is None
     assert (steps["c"].skip_reason, steps["c"].skipped_by) == ("policy", "denier")
@@ -500,7 +505,9 @@ async def test_stop_ends_the_run_with_the_hooks_text_and_cancels_running_steps(c
             return ToolDecision.stop("Cloud processing is disabled.", reason="cloud-disabled")
 
     stopper, watcher = Stopper(), Watcher()
-    planner = FixedPlanner(step("slow", Slow), step("halt", Echo, text="hi"), step("after", Echo, text="later", depends_on=["halt"]))
+    planner = FixedPlanner(
+        step("slow", Slow), step("halt", Echo, text="hi"), step("after", Echo, text="later", depends_on=["halt"])
+    )
     async with Harness(client, tmp_path, hooks=[stopper, watcher], tools=[echo, slow], planner=planner) as h:
         out = await h.run("do everything")
         assert not slow.finished  # the request did not wait for the running step
@@ -559,7 +566,11 @@ def _raise(*_: Any) -> Any:
 FAILURES = {
     # (stage, failure): (the hook's callable, cause, cause_type)
     ("before_tool", "raise"): (_raise, "hook exploded", "HookError"),
-    ("before_tool", "wrong_type"): (lambda *_: "deny", "before_tool must return ToolDecision or None, got str", "InvalidHookResult"),
+    ("before_tool", "wrong_type"): (
+        lambda *_: "deny",
+        "before_tool must return ToolDecision or None, got str",
+        "InvalidHookResult",
+    ),
     ("after_tool", "raise"): (_raise, "hook exploded", "HookError"),
     ("after_tool", "wrong_type"): (lambda *_: 42, "after_tool must return str or None, got int", "InvalidHookResult"),
     ("on_tool_error", "raise"): (_raise, "hook exploded", "HookError"),
@@ -572,7 +583,9 @@ FAILURES = {
 
 @pytest.mark.parametrize("run_mode", [RunMode.ACTIVITY, RunMode.LOCAL_ACTIVITY])
 @pytest.mark.parametrize("stage, failure", list(FAILURES), ids=[f"{s}-{f}" for s, f in FAILURES])
-async def test_a_failing_tool_stage_hook_ends_the_run_with_an_extension_error(client, tmp_path, stage, failure, run_mode):
+async def test_a_failing_tool_stage_hook_ends_the_run_with_an_extension_error(
+    client, tmp_path, stage, failure, run_mode
+):
     fn, cause, cause_type = FAILURES[(stage, failure)]
     echo, broken = Echo(), Broken()
     faulty = {
@@ -599,7 +612,12 @@ async def test_a_failing_tool_stage_hook_ends_the_run_with_an_extension_error(cl
     assert out.failure is not None and out.failure.type == "ExtensionError", out.failure
     assert out.failure.non_retryable
     details = out.failure_details()
-    assert (details["extension"], details["phase"], details["cause"], details["cause_type"]) == ("faulty", stage, cause, cause_type)
+    assert (details["extension"], details["phase"], details["cause"], details["cause_type"]) == (
+        "faulty",
+        stage,
+        cause,
+        cause_type,
+    )
     if failure == "raise":
         assert details["exception_type"] == "RuntimeError"
     assert out.failure.message == f"extension 'faulty' failed at {stage}: {cause}"
@@ -656,8 +674,19 @@ async def test_after_tool_sees_every_outcome_and_rewrites_the_text_but_never_the
     assert out.failure is None, out.failure
     ok, denied, failed, missing = (first.seen[s] for s in ("ok", "denied", "broken", "blocked"))
     assert (ok.status, ok.output, ok.result, ok.reason, ok.error) == ("executed", "hi", "hi", None, None)
-    assert (denied.status, denied.reason, denied.extension, denied.result, denied.output) == ("skipped", "policy", "denier", "No.", None)
-    assert (failed.status, failed.error, failed.result, failed.output) == ("failed", "broker offline", "error: broker offline", None)
+    assert (denied.status, denied.reason, denied.extension, denied.result, denied.output) == (
+        "skipped",
+        "policy",
+        "denier",
+        "No.",
+        None,
+    )
+    assert (failed.status, failed.error, failed.result, failed.output) == (
+        "failed",
+        "broker offline",
+        "error: broker offline",
+        None,
+    )
     assert (missing.status, missing.reason, missing.extension, missing.output) == ("skipped", "missing", None, None)
     assert missing.result == "dependency_not_succeeded: broken"
     # Rewrites chain in registration order.
@@ -680,7 +709,9 @@ async def test_after_tool_sees_every_outcome_and_rewrites_the_text_but_never_the
         "blocked": ("skipped", "[2][1]dependency_not_succeeded: broken"),
     }
     assert steps["ok"].output == "hi"  # the raw output is the tool's, not the hook's
-    assert steps["blocked"].skip_reason == "missing" and steps["blocked"].skip_detail == "dependency_not_succeeded: broken"
+    assert (
+        steps["blocked"].skip_reason == "missing" and steps["blocked"].skip_detail == "dependency_not_succeeded: broken"
+    )
     assert steps["broken"].error == "broker offline" and steps["broken"].error_handled_by is None
     assert out.result.response == (
         "echo/say (ok): [2][1]hi\n"
@@ -705,7 +736,9 @@ async def test_after_tool_sees_every_outcome_and_rewrites_the_text_but_never_the
 async def test_a_handled_tool_error_substitutes_the_result_and_the_first_handled_wins(client, tmp_path):
     echo, broken = Echo(), Broken()
     passes = OnToolError("passes")
-    handler = OnToolError("handler", lambda call, outcome: ToolErrorResolution(handled=True, result="The broker is down; try later."))
+    handler = OnToolError(
+        "handler", lambda call, outcome: ToolErrorResolution(handled=True, result="The broker is down; try later.")
+    )
     late = OnToolError("late", lambda call, outcome: ToolErrorResolution(handled=True, result="late"))
     observer = AfterTool("observer")
     planner = FixedPlanner(step("order", Broken), step("ok", Echo, text="hi"))
@@ -757,7 +790,10 @@ async def test_an_unhandled_tool_error_stays_the_steps_error(client, tmp_path):
     assert (order.status, order.error, order.error_handled_by) == (StepStatus.FAILED, "broker offline", None)
     assert order.result == "error: broker offline"
     assert out.result.response == "I could not complete broker/place_order (order): error: broker offline"
-    assert stage_invocations(out, Stage.ON_TOOL_ERROR) == [("passes", "order", 1, ACCEPTED), ("silent", "order", 2, ACCEPTED)]
+    assert stage_invocations(out, Stage.ON_TOOL_ERROR) == [
+        ("passes", "order", 1, ACCEPTED),
+        ("silent", "order", 2, ACCEPTED),
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -776,7 +812,9 @@ async def test_a_long_result_is_capped_after_the_hooks_have_seen_it_in_full(clie
         step("rewritten", Long, size=10),
     )
     settings = StageSettings(max_tool_result_chars=cap) if cap else None
-    async with Harness(client, tmp_path, hooks=[measure, expand], tools=[Long()], planner=planner, settings=settings) as h:
+    async with Harness(
+        client, tmp_path, hooks=[measure, expand], tools=[Long()], planner=planner, settings=settings
+    ) as h:
         out = await h.run("dump it")
 
     assert out.failure is None, out.failure
@@ -867,8 +905,12 @@ async def test_every_tool_stage_invocation_is_recorded_with_its_step_summary_and
     assert steps_by_id(out)["modified"].result == "CHANGED"
     # One span per invocation, carrying the recorded decision.
     for (stage, hook, _), (_, _, _, expected) in recorded.items():
-        assert expected in [span_decision(s) for s in hook_spans(spans, out.workflow_id, f"pipeline.hook.{stage}.{hook}")]
+        assert expected in [
+            span_decision(s) for s in hook_spans(spans, out.workflow_id, f"pipeline.hook.{stage}.{hook}")
+        ]
     for stage, count in (("before_tool", 4), ("after_tool", 4), ("on_tool_error", 1)):
-        found = hook_spans(spans, out.workflow_id, f"pipeline.hook.{stage}.{'gate' if stage == 'before_tool' else 'rewriter'}")
+        found = hook_spans(
+            spans, out.workflow_id, f"pipeline.hook.{stage}.{'gate' if stage == 'before_tool' else 'rewriter'}"
+        )
         assert len(found) == count
         assert all(s.attributes["pipeline.hook.stage"] == stage for s in found)

@@ -47,8 +47,13 @@ async def supervised_workers(client: Client, state: Path, queue: str, **env: str
     async def supervise() -> None:
         while True:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "worker.py", cwd=ROOT, env=environment,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+                sys.executable,
+                "worker.py",
+                cwd=ROOT,
+                env=environment,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
             )
             current[:] = [process]
             pids.append(process.pid)
@@ -67,7 +72,9 @@ async def supervised_workers(client: Client, state: Path, queue: str, **env: str
                 await process.wait()
 
 
-async def run_request(client: Client, queue: str) -> tuple[RequestResult | None, BaseException | None, ExecutionRecord, object]:
+async def run_request(
+    client: Client, queue: str
+) -> tuple[RequestResult | None, BaseException | None, ExecutionRecord, object]:
     handle = await client.start_workflow(
         "RequestLifecycle",
         RequestInput(request="What is the price of ACME?"),
@@ -82,14 +89,18 @@ async def run_request(client: Client, queue: str) -> tuple[RequestResult | None,
         failure = err.cause
     history = await handle.fetch_history()
     record = await handle.query("execution_record", result_type=ExecutionRecord)
-    replayed = await Replayer(workflows=WORKFLOWS, data_converter=data_converter).replay_workflow(history, raise_on_replay_failure=False)
+    replayed = await Replayer(workflows=WORKFLOWS, data_converter=data_converter).replay_workflow(
+        history, raise_on_replay_failure=False
+    )
     assert replayed.replay_failure is None
     return result, failure, record, history
 
 
 async def test_three_workers_dying_under_the_required_hook_do_not_decide_the_request(client, tmp_path):
     queue = f"crash-{uuid.uuid4()}"
-    async with supervised_workers(client, tmp_path, queue, AGENT_TEST_CRASHES="3", AGENT_TEST_GATE_ATTEMPTS="3") as pids:
+    async with supervised_workers(
+        client, tmp_path, queue, AGENT_TEST_CRASHES="3", AGENT_TEST_GATE_ATTEMPTS="3"
+    ) as pids:
         result, failure, record, _ = await run_request(client, queue)
 
     assert failure is None, failure
@@ -119,7 +130,9 @@ async def test_a_hook_that_kills_every_worker_ends_in_worker_lost_not_in_a_polic
 
 
 @pytest.mark.parametrize("start_to_close,ceiling,expected", [(20.0, 5.0, 5.0), (4.0, 5.0, 2.0), (1.5, 5.0, None)])
-def test_the_heartbeat_timeout_is_short_enough_to_tell_a_lost_worker_from_a_slow_hook(start_to_close, ceiling, expected):
+def test_the_heartbeat_timeout_is_short_enough_to_tell_a_lost_worker_from_a_slow_hook(
+    start_to_close, ceiling, expected
+):
     from datetime import timedelta
 
     from workflows.dispatch import heartbeat_timeout

@@ -1,5 +1,5 @@
 """A worker killed while a request waits at a checkpoint: the request survives on the server, and a fresh
-worker finishes it after approval, sending the message exactly once (issue 3, "Done when")."""
+worker finishes it after approval, sending the message exactly once."""
 
 from __future__ import annotations
 
@@ -50,8 +50,13 @@ async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_
         "PYTHONUNBUFFERED": "1",
     }
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "worker.py", cwd=ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        sys.executable,
+        "worker.py",
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
     )
     output: list[str] = []
 
@@ -62,6 +67,7 @@ async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_
     reader = asyncio.create_task(read_output())
     handle = None
     try:
+
         async def polling() -> bool:
             assert worker.returncode is None, "".join(output)
             return any("worker polling" in line for line in output)
@@ -89,7 +95,11 @@ async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_
 
         async def persisted_suspended():
             record = await store.get(workflow_id)
-            return record if record is not None and record.lifecycle and record.lifecycle.boundary.value == "checkpoint_opened" else None
+            return (
+                record
+                if record is not None and record.lifecycle and record.lifecycle.boundary.value == "checkpoint_opened"
+                else None
+            )
 
         suspended = await eventually(persisted_suspended, timeout=30, what="the suspended record")
         assert suspended.status.value == "suspended" and suspended.request_completion == "pending"
@@ -100,7 +110,13 @@ async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_
         assert not (state / "outbox.jsonl").exists()
 
         # A fresh worker (in-process, the demo pipeline on the same state) on the same task queue.
-        async with Harness(client, state, hooks=demo_hooks(Settings(state_dir=state), demo_memory(Settings(state_dir=state))), pipeline="demo", task_queue=queue) as h:
+        async with Harness(
+            client,
+            state,
+            hooks=demo_hooks(Settings(state_dir=state), demo_memory(Settings(state_dir=state))),
+            pipeline="demo",
+            task_queue=queue,
+        ) as h:
             await handle.signal(
                 "approve", {"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "ops-lead", "comment": "go ahead"}
             )
@@ -134,7 +150,11 @@ async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_
     assert sent_by.startswith(f"{os.getpid()}@")
 
     [decided] = out.record.checkpoints
-    assert (decided.checkpoint_id, decided.status.value, decided.reviewer) == (checkpoint.checkpoint_id, "approved", "ops-lead")
+    assert (decided.checkpoint_id, decided.status.value, decided.reviewer) == (
+        checkpoint.checkpoint_id,
+        "approved",
+        "ops-lead",
+    )
     stored = await out.stored()
     assert stored.status.value == "succeeded" and stored.request_completion == "completed"
     assert stored.checkpoints[0].status.value == "approved"

@@ -49,7 +49,7 @@ class DriftedGoverned(RequiredAfterPlanningHook, PipelineHook):
 
     name = "drifted-gate"
 
-    def after_planing(self, ctx, plan):  # noqa: D401 - the typo is the point
+    def after_planing(self, ctx, plan):
         return plan
 
 
@@ -123,7 +123,9 @@ def crashing_gate(settings: Settings) -> LifecycleActivities:
     """``AGENT_TEST_CRASHES`` crashes under the required gate (``AGENT_TEST_GATE_ATTEMPTS`` attempts per
     dispatch), heartbeat timeout 2 s, at most ``AGENT_TEST_WORKER_LOSSES`` lost dispatches."""
     gate = CrashingGate(
-        settings.state_dir / "crashes", int(os.environ["AGENT_TEST_CRASHES"]), int(os.environ.get("AGENT_TEST_GATE_ATTEMPTS", "3"))
+        settings.state_dir / "crashes",
+        int(os.environ["AGENT_TEST_CRASHES"]),
+        int(os.environ.get("AGENT_TEST_GATE_ATTEMPTS", "3")),
     )
     return LifecycleActivities(
         registry=HookRegistry([gate], pipeline="crashing"),
@@ -131,5 +133,7 @@ def crashing_gate(settings: Settings) -> LifecycleActivities:
         planner=RulePlanner(),
         synthesizer=TemplateSynthesizer(),
         store=SQLiteExecutionStore(settings.execution_store_path),
-        settings=StageSettings(heartbeat_timeout_seconds=2.0, max_worker_losses=int(os.environ.get("AGENT_TEST_WORKER_LOSSES", "5"))),
+        settings=StageSettings(
+            heartbeat_timeout_seconds=2.0, max_worker_losses=int(os.environ.get("AGENT_TEST_WORKER_LOSSES", "5"))
+        ),
     )

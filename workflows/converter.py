@@ -19,7 +19,12 @@ import pydantic
 import temporalio.api.common.v1
 from temporalio.common import RawValue
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
-from temporalio.converter import CompositePayloadConverter, DataConverter, DefaultPayloadConverter, JSONPlainPayloadConverter
+from temporalio.converter import (
+    CompositePayloadConverter,
+    DataConverter,
+    DefaultPayloadConverter,
+    JSONPlainPayloadConverter,
+)
 from temporalio.exceptions import ApplicationError
 
 MAX_REPORTED_ERRORS = 5
@@ -57,7 +62,7 @@ class LifecyclePayloadConverter(CompositePayloadConverter):
     ) -> list[Any]:
         hints: list[type | None] = list(type_hints or [])
         hints += [None] * (len(payloads) - len(hints))
-        return [self._from_payload(payload, hint) for payload, hint in zip(payloads, hints)]
+        return [self._from_payload(payload, hint) for payload, hint in zip(payloads, hints, strict=True)]
 
     def _from_payload(self, payload: temporalio.api.common.v1.Payload, hint: type | None) -> Any:
         try:

@@ -1,4 +1,4 @@
-"""The decision table (seed 000 §9) and the cache gate (seed 000 §6), as pure functions.
+"""The decision table (what the framework did with each hook outcome) and the cache gate, as pure functions.
 
 Both the hook activities (for span attributes and metrics) and the workflow (for the execution record)
 decide with these functions, so the trace and the record can never disagree.
@@ -11,10 +11,7 @@ from collections.abc import Mapping
 from pydantic import JsonValue
 
 from .models import (
-    DECISION_STAGES,
     METADATA_CACHE,
-    OBSERVER_STAGES,
-    POLICY_OVERRIDE_STAGES,
     DecisionAction,
     FailurePolicy,
     GateState,
@@ -23,6 +20,7 @@ from .models import (
     ShortCircuitProposal,
     Stage,
 )
+from .stages import STAGES
 
 # Stable error type names. Anything that ends a request is an ApplicationError with one of these.
 INVALID_REQUEST = "InvalidRequest"
@@ -79,17 +77,20 @@ def failure_policy(hook: HookEntry, stage: Stage) -> FailurePolicy:
     before_remember) fail closed. A hook's own ``failure_policy`` replaces the default at every stage
     but after_planning (governed by the required marker) and the observers (which never change the
     outcome): a redaction hook fails closed at after_synthesis, say."""
-    if hook.failure_policy is not None and stage in POLICY_OVERRIDE_STAGES:
+    spec = STAGES[stage]
+    if hook.failure_policy is not None and spec.own_policy:
         return hook.failure_policy
-    if stage in DECISION_STAGES or (hook.required and stage is Stage.AFTER_PLANNING):
+    if hook.required and stage is Stage.AFTER_PLANNING:
         return FailurePolicy.FAIL_CLOSED
-    return FailurePolicy.FAIL_OPEN
+    return spec.failure_policy
 
 
-def success_decision(hook: HookEntry, stage: Stage, reason: str | None = None, action: DecisionAction = DecisionAction.CONTINUE) -> HookDecision:
+def success_decision(
+    hook: HookEntry, stage: Stage, reason: str | None = None, action: DecisionAction = DecisionAction.CONTINUE
+) -> HookDecision:
     """The decision for an invocation that returned a valid result. ``reason`` defaults to ``accepted``
     (``observed`` for observers); deciding stages pass what they decided."""
-    default = REASON_OBSERVED if stage in OBSERVER_STAGES else REASON_ACCEPTED
+    default = REASON_OBSERVED if STAGES[stage].finalizer else REASON_ACCEPTED
     return HookDecision(failure_policy=failure_policy(hook, stage), action=action, reason=reason or default)
 
 
@@ -97,14 +98,15 @@ def failure_decision(hook: HookEntry, stage: Stage, category: str) -> HookDecisi
     """The decision for a failed invocation: terminate when the boundary fails closed, else continue.
 
     A broken short-circuit contract fails the request whatever the hook's policy, and so do lost workers
-    (an infrastructure failure is never read as the hook's verdict, open or closed).
+    (an infrastructure failure is never read as the hook's verdict, open or closed) — except at the
+    finalizer stages, where any failure is a diagnostic.
     """
     reason = _FAILURE_REASONS.get(category, REASON_HOOK_ERROR)
     if category == HOOK_CONTRACT_ERROR:
-        return HookDecision(
-            failure_policy=FailurePolicy.FAIL_CLOSED, action=DecisionAction.TERMINATE, reason=reason
-        )
+        return HookDecision(failure_policy=FailurePolicy.FAIL_CLOSED, action=DecisionAction.TERMINATE, reason=reason)
     policy = failure_policy(hook, stage)
+    if STAGES[stage].finalizer:  # a finalizer's failure is a diagnostic, whatever its cause
+        return HookDecision(failure_policy=policy, action=DecisionAction.CONTINUE, reason=reason)
     terminal = policy is FailurePolicy.FAIL_CLOSED or category == WORKER_LOST
     return HookDecision(
         failure_policy=policy, action=DecisionAction.TERMINATE if terminal else DecisionAction.CONTINUE, reason=reason

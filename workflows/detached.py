@@ -18,6 +18,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from . import dispatch
+    from .effects import elapsed_ms
     from .models import (
         DetachedEffectInput,
         DetachedWorkResult,
@@ -65,7 +66,7 @@ class DetachedEffectWorkflow:
                 effect.data = result.data
             effect.summary = result.summary or "detached work completed"
         if effect.started_at is not None:
-            effect.duration_ms = max(0.0, (workflow.now() - effect.started_at).total_seconds() * 1000.0)
+            effect.duration_ms = elapsed_ms(effect.started_at)
 
         parent = workflow.get_external_workflow_handle(input.parent_workflow_id, run_id=input.parent_run_id)
         try:

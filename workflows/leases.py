@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -27,6 +27,7 @@ from temporalio.workflow import ActivityCancellationType, ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
     from . import dispatch
+    from .effects import elapsed_ms
     from .models import (
         MAX_CHECKPOINT_EXPIRY_SECONDS,
         EffectStatus,
@@ -100,7 +101,12 @@ class ManagedLeases:
             lease = owned.lease
             handle = workflow.start_activity(
                 "keep_lease",
-                LeaseCall(lease=lease, request_id=self._request_id, workflow_id=self._workflow_id, ordinal=owned.report.submitted),
+                LeaseCall(
+                    lease=lease,
+                    request_id=self._request_id,
+                    workflow_id=self._workflow_id,
+                    ordinal=owned.report.submitted,
+                ),
                 result_type=LeaseKeeperReport,
                 start_to_close_timeout=KEEPER_TIMEOUT,
                 heartbeat_timeout=dispatch.heartbeat_timeout(
@@ -111,7 +117,7 @@ class ManagedLeases:
                 summary=f"keep lease · {lease.hook} · {lease.lease_id}",
             )
             owned.handle = handle
-            await workflow.wait_condition(lambda: owned.stopping or owned.replaced or handle.done())
+            await workflow.wait_condition(lambda handle=handle: owned.stopping or owned.replaced or handle.done())
             if not handle.done():
                 handle.cancel()
             try:
@@ -201,19 +207,31 @@ class ManagedLeases:
         }
         return [
             _terminal(
-                announced(lease.renewal_effect_id), lease.renewal_effect_id, lease, renewal,
+                announced(lease.renewal_effect_id),
+                lease.renewal_effect_id,
+                lease,
+                renewal,
                 report.last_error if report.errors else None,
                 f"renewal joined: {report.submitted} submitted, {report.errors} error(s)",
             ),
             _terminal(
-                announced(lease.cleanup_effect_id), lease.cleanup_effect_id, lease, cleanup, error,
+                announced(lease.cleanup_effect_id),
+                lease.cleanup_effect_id,
+                lease,
+                cleanup,
+                error,
                 f"release failed: {error}" if error else (observed.summary or "release call returned"),
             ),
         ]
 
 
 def _terminal(
-    announced: PipelineHookEffect | None, effect_id: str, lease: ManagedLease, data: dict[str, Any], error: str | None, summary: str
+    announced: PipelineHookEffect | None,
+    effect_id: str,
+    lease: ManagedLease,
+    data: dict[str, Any],
+    error: str | None,
+    summary: str,
 ) -> PipelineHookEffect:
     started = announced.started_at if announced is not None else None
     return PipelineHookEffect(
@@ -228,11 +246,6 @@ def _terminal(
         hook=lease.hook,
         stage=lease.stage,
     )
-
-
-def elapsed_ms(started: datetime) -> float:
-    """Milliseconds of workflow time since ``started`` (never negative)."""
-    return max(0.0, (workflow.now() - started).total_seconds() * 1000.0)
 
 
 def _message(err: BaseException) -> str:

@@ -1,7 +1,7 @@
 """Structural plan validation and step references: the part of the gauntlet that needs only the tool catalog.
 
 Argument validation against each tool's parameter model runs beside this in the activities, where the
-tools live. Both run after the planner and after every after_planning mutation (seed 000 §4.2).
+tools live. Both run after the planner and after every after_planning mutation.
 
 A step may use an earlier step's output in a string argument with the canonical reference
 ``{{steps.<step_id>.output}}`` or ``{{steps.<step_id>.output.<field>...}}``. A same-phase reference needs

@@ -19,10 +19,14 @@ from .models import (
     ENRICHMENT_RAG_CONTEXT,
     METADATA_CONVERSATION_TURNS,
     ApprovalReason,
+    CacheVerdict,
+    ExecutionRecord,
     HookDecision,
     HookEntry,
+    InvocationOutcome,
     PipelineHookEffect,
     Plan,
+    StepStatus,
     ToolSpec,
     json_size,
 )
@@ -40,7 +44,7 @@ NON_RETRYABLE_HOOK_FAILURES = [
 APPROVAL_METADATA_KEY = "approval_required"
 
 
-class HookFailure(BaseModel):
+class InvocationFailure(BaseModel):
     """Why a hook invocation did not produce an outcome, and the effects it had announced."""
 
     category: str
@@ -50,13 +54,14 @@ class HookFailure(BaseModel):
     decision: HookDecision | None = None  # what the stage's failure policy made of it
 
     @classmethod
-    def from_error(cls, err: FailureError, hook: HookEntry) -> HookFailure:
+    def from_error(cls, err: FailureError, hook: HookEntry) -> InvocationFailure:
         # A regular activity's failure arrives wrapped in ActivityError; a local activity's arrives bare.
         cause = err.cause if isinstance(err, ActivityError) else err
         if isinstance(cause, TimeoutError):
+            kind = cause.type.name.lower() if cause.type is not None else "timeout"
             return cls(
                 category=decisions.HOOK_TIMEOUT,
-                message=f"hook did not finish within {hook.timeout_seconds:g}s ({cause.type.name.lower()})",
+                message=f"hook did not finish within {hook.timeout_seconds:g}s ({kind})",
             )
         if isinstance(cause, ApplicationError):
             details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
@@ -99,6 +104,8 @@ def single_payload(args: Sequence[Any], *, max_bytes: int | None = None) -> tupl
     value = args[0]
     if isinstance(value, RawValue):
         encoding = value.payload.metadata.get("encoding", b"").decode(errors="replace") or "(none)"
+        if encoding == "json/plain":
+            return None, "payload is not valid JSON"
         return None, f"payload encoding {encoding!r} is not JSON"
     if isinstance(value, (bytes, bytearray)):
         return None, "payload is binary data, not JSON"
@@ -109,7 +116,9 @@ def single_payload(args: Sequence[Any], *, max_bytes: int | None = None) -> tupl
     return value, None
 
 
-def decode_payload(model: type[ModelT], args: Sequence[Any], *, max_bytes: int | None = None) -> tuple[ModelT | None, str | None]:
+def decode_payload(
+    model: type[ModelT], args: Sequence[Any], *, max_bytes: int | None = None
+) -> tuple[ModelT | None, str | None]:
     """``args`` as one ``model``, or why not (never raises: what arrives from outside cannot fail a
     workflow task)."""
     value, problem = single_payload(args, max_bytes=max_bytes)
@@ -125,7 +134,8 @@ def decode_payload(model: type[ModelT], args: Sequence[Any], *, max_bytes: int |
 
 
 def promote_metadata(metadata: dict[str, JsonValue]) -> dict[str, JsonValue]:
-    """Seed 000 §5.4: lift ``rag_context`` and conversation history out of request metadata."""
+    """Lift ``rag_context`` and conversation history (a string, or ``conversation_turns``) out of request
+    metadata into enrichments, before any hook runs: context the caller already holds needs no hook."""
     promoted: dict[str, JsonValue] = {}
     rag = metadata.get(ENRICHMENT_RAG_CONTEXT)
     if isinstance(rag, str) and rag.strip():
@@ -138,7 +148,8 @@ def promote_metadata(metadata: dict[str, JsonValue]) -> dict[str, JsonValue]:
         lines = []
         for turn in turns[-MAX_CONVERSATION_TURNS:]:
             if isinstance(turn, dict) and isinstance(turn.get("content"), str):
-                lines.append(f"{turn.get('role', 'user')}: {turn['content']}")
+                role = turn.get("role")
+                lines.append(f"{role if isinstance(role, str) and role.strip() else 'user'}: {turn['content']}")
         if lines:
             promoted[ENRICHMENT_CONVERSATION_HISTORY] = "\n".join(lines)
     return promoted
@@ -157,3 +168,35 @@ def approval_reasons(plan: Plan, tools: list[ToolSpec]) -> list[ApprovalReason]:
             reason = marked if isinstance(marked, str) else "marked for approval by an after_planning hook"
             reasons.append(ApprovalReason(step_id=step.step_id, tool=step.tool, reason=reason))
     return reasons
+
+
+def cache_verdict(
+    record: ExecutionRecord, tools: list[ToolSpec], outcome: str, synthesized: str | None
+) -> CacheVerdict:
+    """Whether a response cache may store a run's answer (``synthesized``: after after_synthesis). Only a
+    completed run that did nothing but read — its executed steps all succeeded and call ``read_only``
+    tools — with no checkpoint, no stop, no phase cap and every hook invocation succeeded, not itself a
+    short-circuit: a cached answer never stands in for a side effect or for a protection that did not run."""
+    reasons = []
+    if outcome != "completed":
+        reasons.append(f"the run {'was ' if outcome in ('stopped', 'cancelled') else 'ended in '}{outcome}")
+    if record.short_circuit is not None:
+        reasons.append(f"answered by a short-circuit ({record.short_circuit.reason})")
+    if record.checkpoints:
+        reasons.append("a checkpoint was opened")
+    if record.phase_cap_reached:
+        reasons.append("the planning phase cap was reached")
+    read_only = {f"{t.agent}/{t.capability}": t.read_only for t in tools}
+    for step in record.steps:
+        if step.status is not StepStatus.SUCCEEDED:
+            reasons.append(f"step {step.step_id} {step.status.value}")
+        elif not read_only.get(step.tool, False):
+            reasons.append(f"step {step.step_id} calls {step.tool}, which is not read_only")
+    for invocation in record.pipeline_hooks:
+        if invocation.outcome is not InvocationOutcome.SUCCEEDED:
+            reasons.append(f"hook {invocation.hook} {invocation.outcome.value} at {invocation.stage.value}")
+    if synthesized is None:
+        reasons.append("no synthesized answer")
+    if reasons:
+        return CacheVerdict(cacheable=False, reasons=reasons[:10])
+    return CacheVerdict(cacheable=True, response=synthesized)

@@ -5,13 +5,7 @@ from .allowed_operations import AllowedOperationsHook, Operation
 from .audit import AuditHook, AuditWriter, JsonlAuditWriter
 from .conversation_history import ConversationHistoryHook
 from .knowledge_context import KnowledgeContextHook
-from .memory import (
-    KnowledgeExtractionHook,
-    MemoryEnrichmentHook,
-    MemoryOptions,
-    MemoryRecordHook,
-    build_memory_hooks,
-)
+from .memory import KnowledgeExtractionHook, MemoryEnrichmentHook, MemoryOptions, MemoryRecordHook, build_memory_hooks
 from .memory_model import HeuristicMemoryModel, extract_entities
 from .response_cache import ResponseCacheHook
 from .secret_redaction import COMMON_SECRET_PATTERNS, SecretRedactionHook, redact

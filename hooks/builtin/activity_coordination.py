@@ -1,5 +1,4 @@
-"""``activity-announcement`` and ``activity-cleanup``: agents tell each other what they are working on
-(seed 000, opening paragraph; §10).
+"""``activity-announcement`` and ``activity-cleanup``: agents tell each other what they are working on.
 
 Each request announces a signal — this agent, what it is doing, the entities involved — to a shared
 :class:`~hooks.memory.ActivityCoordinator` with a TTL, and reads what *other* agents are doing right now
@@ -129,7 +128,12 @@ class ActivityAnnouncementHook(PipelineHook):
         others = [s for s in active.items if s.agent != self.agent]
         wanted = {e.lower() for e in entities}
         # Signals about the same entities first, then the most recently announced.
-        others.sort(key=lambda s: (-len(wanted & {e.lower() for e in s.entities}), -(s.announced_at or datetime.min).timestamp()))
+        others.sort(
+            key=lambda s: (
+                -len(wanted & {e.lower() for e in s.entities}),
+                -(s.announced_at or datetime.min).timestamp(),
+            )
+        )
         selected = others[: self.max_signals]
         ctx.report_effect(
             "activity_context",
@@ -145,11 +149,13 @@ class ActivityAnnouncementHook(PipelineHook):
         )
         if selected:
             lines = [
-                f"- {s.agent} is working on: {s.activity}" + (f" [entities: {', '.join(s.entities)}]" if s.entities else "")
+                f"- {s.agent} is working on: {s.activity}"
+                + (f" [entities: {', '.join(s.entities)}]" if s.entities else "")
                 for s in selected
             ]
             ctx.enrichments[ENRICHMENT_ACTIVITY_COORDINATION] = (
-                "Other agents are working on these right now; avoid duplicating or contradicting them:\n" + "\n".join(lines)
+                "Other agents are working on these right now; avoid duplicating or contradicting them:\n"
+                + "\n".join(lines)
             )
 
     async def renew_lease(self, lease: LeaseContext) -> LeaseObservation:

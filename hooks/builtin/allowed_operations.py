@@ -1,4 +1,4 @@
-"""``allowed-operations``: the required after-planning hook of seed 000 §7.4.
+"""``allowed-operations``: the pipeline's required after-planning hook.
 
 It allows a plan only if every step's (namespace, agent, capability) is on an allow-list taken from
 trusted application configuration, never from the prompt or planner output. It is the pipeline's

@@ -1,4 +1,4 @@
-"""``application-audit``: an after_execution hook whose write is detached (seed 000 §7.5).
+"""``application-audit``: an after_execution hook whose write is detached and outlives the request.
 
 The hook announces the effect ``audit-write`` as pending, then submits the record to the writer's
 admission check. If admission refuses, the invocation fails (fail open) and the effect is recorded as

@@ -1,9 +1,9 @@
 """``conversation-history``: remembered exchanges of this conversation into ``conversation_history``
-(rendered inside ``<conversation_history>``; seed 000 §5.3, §10).
+(rendered inside ``<conversation_history>`` in the default planning prompt).
 
 Constructed directly and added to the pipeline yourself — the memory builders do not wire it. It reads
 what the ``remember`` stage saved for ``metadata["conversation_id"]``. For turns the caller already
-holds, prefer request metadata (``conversation_turns``), which is promoted without any hook (§5.4).
+holds, prefer request metadata (``conversation_turns``), which is promoted into ``conversation_history`` before any hook runs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ class ConversationHistoryHook(PipelineHook):
     name = "conversation-history"
     timeout_seconds = 10.0
 
-    def __init__(self, source: ConversationHistorySource, *, max_turns: int = 10, max_chars: int = 1000, name: str | None = None) -> None:
+    def __init__(
+        self, source: ConversationHistorySource, *, max_turns: int = 10, max_chars: int = 1000, name: str | None = None
+    ) -> None:
         self.source = source
         self.max_turns = max_turns
         self.max_chars = max_chars
@@ -52,4 +54,6 @@ class ConversationHistoryHook(PipelineHook):
             f"user: {e.request[: self.max_chars]}\nassistant: {e.answer[: self.max_chars]}" for e in exchanges
         )
         existing = ctx.enrichments.get(ENRICHMENT_CONVERSATION_HISTORY)
-        ctx.enrichments[ENRICHMENT_CONVERSATION_HISTORY] = f"{text}\n{existing}" if isinstance(existing, str) and existing else text
+        ctx.enrichments[ENRICHMENT_CONVERSATION_HISTORY] = (
+            f"{text}\n{existing}" if isinstance(existing, str) and existing else text
+        )

@@ -1,6 +1,6 @@
 """``knowledge-context``: before_planning retrieval from a small local knowledge file into ``rag_context``.
 
-The smallest realistic enrichment hook (seed 000 §7.2): read, score, write the well-known key so the
+The smallest realistic enrichment hook: read, score, write the well-known key so the
 default prompt builder renders it inside ``<agent_memory>``. It appends to any ``rag_context`` already
 there (from request metadata or an earlier hook) instead of replacing it.
 """
@@ -63,5 +63,7 @@ class KnowledgeContextHook(PipelineHook):
             return None
         text = "\n".join(f"- {entry.text}" for entry in chosen)
         existing = ctx.enrichments.get(ENRICHMENT_RAG_CONTEXT)
-        ctx.enrichments[ENRICHMENT_RAG_CONTEXT] = f"{existing}\n{text}" if isinstance(existing, str) and existing else text
+        ctx.enrichments[ENRICHMENT_RAG_CONTEXT] = (
+            f"{existing}\n{text}" if isinstance(existing, str) and existing else text
+        )
         return None

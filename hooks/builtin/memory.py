@@ -1,7 +1,7 @@
 """Shared episodic memory: ``memory-enrichment`` reads, ``memory-record`` writes, ``knowledge-extraction``
 distils reusable fragments after the request — and :func:`build_memory_hooks`, which wires them with the
-activity-coordination hooks in the order seed 000 §8.2 gives (announcement → enrichment → record →
-knowledge extraction → cleanup).
+activity-coordination hooks in their required order (announcement → enrichment → record → knowledge
+extraction → cleanup).
 
 The symmetry to notice: the before_planning hook reads and enriches, the after_execution and
 after_synthesis hooks write and record. Every one fails open — a memory outage degrades the answer, it
@@ -20,13 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from workflows.models import (
-    ENRICHMENT_RAG_CONTEXT,
-    DetachedWorkResult,
-    EffectStatus,
-    ExecutionResult,
-    StepStatus,
-)
+from workflows.models import ENRICHMENT_RAG_CONTEXT, DetachedWorkResult, EffectStatus, ExecutionResult, StepStatus
 
 from ..contracts import DetachedContext, PipelineContext, PipelineHook
 from ..memory import (
@@ -66,7 +60,7 @@ class MemoryOptions:
         summarizer_timeout_seconds: Bound on the recorder's one summarizer call; on timeout it falls back
             to heuristic summaries (default 2 min; ``AGENT_MEMORY_SUMMARIZER_TIMEOUT_SECONDS``).
         extraction_timeout_seconds: Bound on the knowledge-extraction model call (in detached work).
-        max_fragments: Knowledge fragments kept per request (0–3 in the seed).
+        max_fragments: Knowledge fragments kept per request: from none up to this many (3 by default).
         activity_ttl_seconds / activity_renew_interval_seconds: The coordination signal's TTL and renewal.
         managed_activity: The request owner renews and cleans up the signal (see activity_coordination).
         entity_extractor: Finds entities in a text.
@@ -94,7 +88,7 @@ class MemoryOptions:
         return cls(**{**values, **overrides})
 
 
-# How the memory section of ``rag_context`` opens: its scope notice comes first (seed 000 §5.4).
+# How the memory section of ``rag_context`` opens: its scope notice comes first, before any memory text.
 MEMORY_SCOPE_NOTICE_PREFIX = "Shared memory of agent domain"
 
 
@@ -138,7 +132,10 @@ class MemoryEnrichmentHook(PipelineHook):
         opts = self.options
         entities = opts.entity_extractor(ctx.request)
         read = await self.memory.recent_events(
-            opts.agent_domain, entities=entities, since=_utcnow() - timedelta(seconds=opts.lookback_seconds), limit=opts.query_limit
+            opts.agent_domain,
+            entities=entities,
+            since=_utcnow() - timedelta(seconds=opts.lookback_seconds),
+            limit=opts.query_limit,
         )
         ctx.report_effect(
             "memory_episodic_read",
@@ -161,7 +158,11 @@ class MemoryEnrichmentHook(PipelineHook):
                 "path": "recent_window",  # built from this read; this backend keeps no digest cache
                 "cache_entry_found": False,
                 "returned_events": len(read.items),
-                "coverage": "unknown" if not read.ok else "limited_window" if len(read.items) >= opts.query_limit else "returned_window",
+                "coverage": "unknown"
+                if not read.ok
+                else "limited_window"
+                if len(read.items) >= opts.query_limit
+                else "returned_window",
             },
         )
         fragments = []
@@ -175,12 +176,19 @@ class MemoryEnrichmentHook(PipelineHook):
         ctx.report_effect(
             "memory_planning_context",
             name="Memory planning context",
-            data={"agent_domain": opts.agent_domain, "entities": entities, "section_count": view["section_count"], "view": view},
+            data={
+                "agent_domain": opts.agent_domain,
+                "entities": entities,
+                "section_count": view["section_count"],
+                "view": view,
+            },
             summary=f"{view['outcome']}: {view['bytes_used']} of {view['byte_budget']} bytes",
         )
         if text:
             existing = ctx.enrichments.get(ENRICHMENT_RAG_CONTEXT)
-            ctx.enrichments[ENRICHMENT_RAG_CONTEXT] = f"{existing}\n{text}" if isinstance(existing, str) and existing else text
+            ctx.enrichments[ENRICHMENT_RAG_CONTEXT] = (
+                f"{existing}\n{text}" if isinstance(existing, str) and existing else text
+            )
 
     def _render(self, events: list[EpisodicEvent], fragments: list[KnowledgeFragment]) -> tuple[str, dict[str, Any]]:
         """Scope notice first, then one line per event, then fragments — all inside the byte budget."""
@@ -358,7 +366,9 @@ class MemoryRecordHook(PipelineHook):
             },
         )
         try:
-            answer = await asyncio.wait_for(self.model.complete(prompt), timeout=self.options.summarizer_timeout_seconds)
+            answer = await asyncio.wait_for(
+                self.model.complete(prompt), timeout=self.options.summarizer_timeout_seconds
+            )
             parsed = parse_json_answer(answer).get("summaries", [])
         except TimeoutError:
             coverage["fallback_cause"] = "timeout"
@@ -442,7 +452,9 @@ class KnowledgeExtractionHook(PipelineHook):
             if not isinstance(item, dict) or not isinstance(item.get("text"), str) or not item["text"].strip():
                 continue
             text = " ".join(item["text"].split())[:1000]
-            entities = [str(e) for e in item.get("entities", []) if isinstance(e, str)][:8] or self.options.entity_extractor(text)
+            entities = [str(e) for e in item.get("entities", []) if isinstance(e, str)][
+                :8
+            ] or self.options.entity_extractor(text)
             fragments.append(
                 KnowledgeFragment(
                     fragment_id=hashlib.sha256(f"{payload['agent_domain']}\n{text}".encode()).hexdigest()[:24],
@@ -484,7 +496,7 @@ def build_memory_hooks(
 ) -> tuple[list[PipelineHook], ActivityCoordinator | None]:
     """The shared-memory hooks for the configured backends, in order, and the activity coordinator.
 
-    Order (seed 000 §8.2): activity announcement → memory enrichment → memory record → knowledge
+    Order: activity announcement → memory enrichment → memory record → knowledge
     extraction → activity cleanup. A facet left unset leaves its hooks out: no coordinator, no
     announcement/cleanup; no episodic memory, no enrichment/record; no knowledge store, no extraction.
     Put a short-circuiting cache hook *before* these so a cached answer skips their work. ``model``

@@ -84,7 +84,7 @@ class ResponseCacheHook(PipelineHook):
             data={"key": key[:16], "found": row is not None, "fresh": fresh},
             summary="hit" if fresh else "stale" if row else "miss",
         )
-        if not fresh:
+        if row is None or not fresh:
             return None
         response, variation, written_at, source_request = row
         return PipelineShortCircuitDecision(

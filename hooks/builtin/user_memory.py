@@ -1,6 +1,6 @@
 """Per-user memory: ``user-memory-enrichment`` recalls what we know about the user before planning,
-``user-memory-extraction`` learns durable facts from the exchange after synthesis (seed 000 §10), and
-:func:`build_user_memory_hooks` wires both (seed 000 §8.2).
+``user-memory-extraction`` learns durable facts the user stated after synthesis, and
+:func:`build_user_memory_hooks` wires both, enrichment first.
 
 Both need ``metadata["user_id"]``; without it they do nothing at all — no read, no write, no effect.
 """
@@ -61,7 +61,12 @@ class UserMemoryEnrichmentHook(PipelineHook):
             "user_memory_read",
             name="User memory read",
             status=EffectStatus.SUCCEEDED if read.ok else EffectStatus.FAILED,
-            data={"status": read.status, "user_id": user_id, "returned_facts": len(read.items), "recalled_keys": [f.key for f in recalled]},
+            data={
+                "status": read.status,
+                "user_id": user_id,
+                "returned_facts": len(read.items),
+                "recalled_keys": [f.key for f in recalled],
+            },
             error=read.error,
         )
         if recalled:
@@ -139,7 +144,11 @@ class UserMemoryExtractionHook(PipelineHook):
 
 
 def build_user_memory_hooks(
-    memory: UserMemory, model: MemoryModel | None = None, *, max_facts: int = 20, extraction_timeout_seconds: float = 30.0
+    memory: UserMemory,
+    model: MemoryModel | None = None,
+    *,
+    max_facts: int = 20,
+    extraction_timeout_seconds: float = 30.0,
 ) -> list[PipelineHook]:
     """The per-user memory hooks, in order: enrichment (before_planning), extraction (after_synthesis)."""
     return [

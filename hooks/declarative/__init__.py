@@ -1,4 +1,4 @@
-"""Declared hooks (seed 004): hooks written in a configuration file — command, http and prompt handlers
+"""Declared hooks: hooks written in a configuration file — command, http and prompt handlers
 with scopes, matchers, CEL filters, fail-closed blocking events, a circuit breaker and an audit table —
 registered in the same :class:`~hooks.registry.HookRegistry` as Python hooks."""
 

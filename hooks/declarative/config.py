@@ -1,4 +1,4 @@
-"""The declared-hooks file (seed 004): pydantic models, validated once at worker start.
+"""The declared-hooks file: pydantic models, validated once at worker start.
 
 A file is JSON (``.json``) or TOML (``.toml``) holding ``{"hooks": [ ... ]}``. Each entry names an event,
 a handler type with its typed config, a scope, a priority, optional filters (``matcher``: a regex on the
@@ -31,7 +31,7 @@ ENCRYPTED_PREFIX = "enc:v1:"
 
 
 class HookEvent(StrEnum):
-    """The seven gateway events (seed 004) and whether each one blocks."""
+    """The seven gateway events a declared hook can subscribe to, and whether each one blocks."""
 
     SESSION_START = "session_start"
     USER_PROMPT_SUBMIT = "user_prompt_submit"
@@ -134,7 +134,9 @@ class PromptConfig(BaseModel):
     @classmethod
     def _api_key_encrypted(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(ENCRYPTED_PREFIX):
-            raise ValueError(f"api_key must be stored encrypted ({ENCRYPTED_PREFIX}...); use `agent-lifecycle hooks encrypt`")
+            raise ValueError(
+                f"api_key must be stored encrypted ({ENCRYPTED_PREFIX}...); use `agent-lifecycle hooks encrypt`"
+            )
         return value
 
 
@@ -173,7 +175,7 @@ class _HookBase(BaseModel):
         if value is not None:
             try:
                 cel.compile(value)
-            except Exception as err:  # the CEL library reports parse errors as ValueError
+            except Exception as err:  # noqa: BLE001 - the CEL library's parse errors have no common type
                 raise ValueError(f"if_expr is not a valid CEL expression: {err}") from None
         return value
 
@@ -241,7 +243,9 @@ class DeclaredHooksFile(BaseModel):
 class DeclaredHookConfigError(InvalidPipelineConfigError):
     """A declared-hooks file cannot be used; ``index`` is the entry, ``field`` the offending field."""
 
-    def __init__(self, message: str, *, index: int | None = None, hook: str | None = None, field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, index: int | None = None, hook: str | None = None, field: str | None = None
+    ) -> None:
         super().__init__(message, reason="invalid_declared_hook", index=index, hook=hook)
         self.field = field
 
@@ -266,7 +270,8 @@ def parse_hooks(data: Any, *, source: str = "declared hooks") -> list[CommandHoo
         if not field and named:
             field, message = named.group(1), named.group(2)
         field = field or "(entry)"
-        entries = data.get("hooks") if isinstance(data.get("hooks"), list) else []
+        listed = data.get("hooks")
+        entries = listed if isinstance(listed, list) else []
         raw = entries[index] if index is not None and index < len(entries) else None
         hook_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
         who = f"entry {index}" + (f" ({hook_id!r})" if hook_id else "") if index is not None else "file"
@@ -296,5 +301,7 @@ def load_hooks_file(path: str | Path) -> list[CommandHook | HttpHook | PromptHoo
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as err:
-        raise DeclaredHookConfigError(f"declared hooks file {path} is not valid {path.suffix.lstrip('.') or 'JSON'}: {err}") from None
+        raise DeclaredHookConfigError(
+            f"declared hooks file {path} is not valid {path.suffix.lstrip('.') or 'JSON'}: {err}"
+        ) from None
     return parse_hooks(data, source=str(path))

@@ -1,5 +1,5 @@
 """Declared hooks as pipeline hooks: the dispatcher (filters, safeguards, audit, span) and the adapters
-that map the seed's events onto our stages.
+that map the gateway events onto the pipeline's stages.
 
 | event | stage | what a decision does |
 | --- | --- | --- |
@@ -124,7 +124,8 @@ def event_data(spec: DeclaredSpec, ctx: PipelineContext | None, **fields: Any) -
     """The JSON a handler receives: the event name, the hook, the request's identity and scope, and the
     event's own fields (``tool_name``/``tool_input``, ``prompt``, ``status``...)."""
     metadata = dict(ctx.metadata) if ctx is not None else {}
-    tenant = metadata.get("tenant_id") if isinstance(metadata.get("tenant_id"), str) else None
+    raw_tenant = metadata.get("tenant_id")
+    tenant = raw_tenant if isinstance(raw_tenant, str) else None
     agent = metadata.get("agent_id") if isinstance(metadata.get("agent_id"), str) else None
     depth = subagent_depth(metadata)
     payload = {
@@ -151,7 +152,9 @@ def _current_identity(ctx: PipelineContext | None) -> InvocationIdentity | None:
         return None
     info = activity.info()
     return InvocationIdentity(
-        workflow_id=info.workflow_id or "", run_id=info.workflow_run_id or "", activity_id=info.activity_id,
+        workflow_id=info.workflow_id or "",
+        run_id=info.workflow_run_id or "",
+        activity_id=info.activity_id,
         request_id=ctx.request_id if ctx else None,
     )
 
@@ -208,7 +211,9 @@ async def _decide(
     blocking: bool,
     turn_key: str | None,
 ) -> DispatchResult:
-    def failed(status: Literal["error", "timeout"], message: str, extra: Mapping[str, Any] | None = None) -> DispatchResult:
+    def failed(
+        status: Literal["error", "timeout"], message: str, extra: Mapping[str, Any] | None = None
+    ) -> DispatchResult:
         if status == "timeout":
             decision = spec.timeout_decision
         else:
@@ -218,11 +223,13 @@ async def _decide(
 
     try:
         hook_state = await asyncio.to_thread(runtime.store.state, spec.id)
-    except Exception as err:  # the store cannot say whether the hook is enabled: fail closed
+    except Exception as err:  # noqa: BLE001 - the store cannot say whether the hook is enabled: fail closed
         logger.warning("security.hook.resolve_error hook=%s: %s", spec.id, err)
         return failed("error", f"hook state unavailable: {err}")
     if not hook_state.enabled:
-        return DispatchResult("block" if blocking else "skip", REASON_CIRCUIT_OPEN, "completed", 0.0, metadata={"circuit_open": True})
+        return DispatchResult(
+            "block" if blocking else "skip", REASON_CIRCUIT_OPEN, "completed", 0.0, metadata={"circuit_open": True}
+        )
     if spec.compiled_matcher is not None:
         matched = spec.compiled_matcher.search(event.tool_name) is not None
         metadata["matcher_matched"] = matched
@@ -230,8 +237,10 @@ async def _decide(
             return DispatchResult("skip", "matcher_not_matched", "completed", 0.0)
     if spec.program is not None:
         try:
-            verdict = spec.program.execute({"tool_name": event.tool_name, "tool_input": event.tool_input, "depth": event.depth})
-        except Exception as err:
+            verdict = spec.program.execute(
+                {"tool_name": event.tool_name, "tool_input": event.tool_input, "depth": event.depth}
+            )
+        except Exception as err:  # noqa: BLE001 - any evaluation error fails closed
             metadata["cel_eval_result"] = "error"
             return failed("error", f"if_expr could not be evaluated: {type(err).__name__}: {err}")
         if not isinstance(verdict, bool):
@@ -249,7 +258,7 @@ async def _decide(
         result = failed("error", str(err), err.metadata)
         result.output = err.output
         return result
-    except Exception as err:  # any unhandled error: fail closed on blocking events
+    except Exception as err:  # noqa: BLE001 - any unhandled error: fail closed on blocking events
         return failed("error", f"{type(err).__name__}: {err}")
     return DispatchResult(
         outcome.decision,
@@ -269,7 +278,9 @@ async def _run_handler(
     if isinstance(spec, CommandHook):
         return await run_command(spec.config, event.payload, environ=runtime.environ)
     if isinstance(spec, HttpHook):
-        return await run_http(spec.config, event.payload, secrets=runtime.secrets, allow_loopback=runtime.allow_loopback)
+        return await run_http(
+            spec.config, event.payload, secrets=runtime.secrets, allow_loopback=runtime.allow_loopback
+        )
     return await run_prompt(
         spec,
         event.tool_name,
@@ -285,7 +296,11 @@ async def _run_handler(
 
 
 async def _audit(
-    spec: DeclaredSpec, runtime: DeclaredHookRuntime, event: HookEventData, identity: InvocationIdentity, result: DispatchResult
+    spec: DeclaredSpec,
+    runtime: DeclaredHookRuntime,
+    event: HookEventData,
+    identity: InvocationIdentity,
+    result: DispatchResult,
 ) -> bool:
     row = ExecutionRow(
         dedup_key=identity.dedup_key(spec.id),
@@ -340,7 +355,11 @@ class DeclaredHook(PipelineHook):
 
     async def fire(self, ctx: PipelineContext, **fields: Any) -> DispatchResult:
         return await dispatch(
-            self.spec, self.runtime, event_data(self.spec, ctx, **fields), state=ctx.state, identity=_current_identity(ctx)
+            self.spec,
+            self.runtime,
+            event_data(self.spec, ctx, **fields),
+            state=ctx.state,
+            identity=_current_identity(ctx),
         )
 
     def block_message(self, result: DispatchResult) -> str:
@@ -440,9 +459,10 @@ def load_declared_hooks(path: str | Path, runtime: DeclaredHookRuntime) -> list[
 
 
 async def dry_run(spec: DeclaredSpec, runtime: DeclaredHookRuntime, sample: Mapping[str, Any]) -> DispatchResult:
-    """Fire one hook with a sample event and write no audit row (the seed's Test panel)."""
+    """Fire one hook with a sample event and write no audit row (what an operator runs to test a hook)."""
     fields = {k: v for k, v in sample.items() if k not in ("event", "hook_id", "metadata")}
-    metadata = sample.get("metadata") if isinstance(sample.get("metadata"), dict) else {}
+    given = sample.get("metadata")
+    metadata: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
     for key in ("tenant_id", "agent_id"):
         if key in sample and key not in metadata:
             metadata = {**metadata, key: sample[key]}

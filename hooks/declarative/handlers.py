@@ -1,4 +1,4 @@
-"""The three handler types of declared hooks (seed 004): command, http, prompt.
+"""The three handler types of declared hooks: command, http, prompt.
 
 Each returns a :class:`HandlerResult` (a decision the hook *made*) or raises :class:`HandlerError` (the
 hook could not decide: the dispatcher fails closed on blocking events). Timeouts are the dispatcher's.
@@ -37,7 +37,22 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Interpreters whose first non-option argument is a script file that must exist before we run them:
 # ``python3 /missing.py`` exits 2, which would otherwise read as a deliberate block.
 INTERPRETERS = {
-    "bash", "sh", "dash", "zsh", "ksh", "fish", "python", "python3", "node", "deno", "bun", "ruby", "perl", "php", "lua", "pwsh",
+    "bash",
+    "sh",
+    "dash",
+    "zsh",
+    "ksh",
+    "fish",
+    "python",
+    "python3",
+    "node",
+    "deno",
+    "bun",
+    "ruby",
+    "perl",
+    "php",
+    "lua",
+    "pwsh",
 }
 # Options after which an interpreter runs inline code or a module, not a script file.
 _INLINE_FLAGS = {"-c", "-m", "-e", "--eval", "-E", "-r", "--command"}
@@ -46,7 +61,9 @@ _INLINE_FLAGS = {"-c", "-m", "-e", "--eval", "-E", "-r", "--command"}
 class HandlerError(Exception):
     """The handler could not reach a decision (not a block)."""
 
-    def __init__(self, message: str, *, metadata: Mapping[str, Any] | None = None, output: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, message: str, *, metadata: Mapping[str, Any] | None = None, output: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.metadata = dict(metadata or {})
         self.output = dict(output or {})
@@ -63,7 +80,7 @@ class HandlerResult:
 
 
 def contract_result(body: Any, **extra: Any) -> HandlerResult:
-    """The seed's response contract: ``decision`` (allow/block), ``continue`` (false blocks),
+    """The gateway response contract of http and command hooks: ``decision`` (allow/block), ``continue`` (false blocks),
     ``additionalContext``, ``updatedInput``. Anything but a JSON object allows."""
     if not isinstance(body, dict):
         return HandlerResult("allow", **extra)
@@ -161,9 +178,13 @@ async def run_command(config: CommandConfig, event: Mapping[str, Any], *, enviro
     metadata = {"exit_code": code, "stdout_len": len(stdout_b), "stderr_len": len(stderr_b)}
     output = {"exit_code": code, "stdout": stdout[:MAX_OUTPUT_CHARS], "stderr": stderr[:MAX_OUTPUT_CHARS]}
     if code == 2:
-        return HandlerResult("block", reason=stderr.strip()[:500] or "blocked (exit 2)", output=output, metadata=metadata)
+        return HandlerResult(
+            "block", reason=stderr.strip()[:500] or "blocked (exit 2)", output=output, metadata=metadata
+        )
     if code != 0:
-        raise HandlerError(f"command exited with status {code}: {stderr.strip()[:1000]}", metadata=metadata, output=output)
+        raise HandlerError(
+            f"command exited with status {code}: {stderr.strip()[:1000]}", metadata=metadata, output=output
+        )
     try:
         body = json.loads(stdout) if stdout.strip() else None
     except ValueError:
@@ -209,7 +230,9 @@ async def post_json(
     async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=None, transport=transport) as client:
         for attempt in (1, 2):
             try:
-                async with client.stream("POST", pinned, content=body, headers=send_headers, extensions=extensions) as response:
+                async with client.stream(
+                    "POST", pinned, content=body, headers=send_headers, extensions=extensions
+                ) as response:
                     chunks, size = [], 0
                     async for chunk in response.aiter_bytes():
                         size += len(chunk)
@@ -244,14 +267,18 @@ def decrypted_headers(headers: Mapping[str, str], secrets: SecretBox | None) -> 
     return result
 
 
-async def run_http(config: HttpConfig, event: Mapping[str, Any], *, secrets: SecretBox | None, allow_loopback: bool) -> HandlerResult:
+async def run_http(
+    config: HttpConfig, event: Mapping[str, Any], *, secrets: SecretBox | None, allow_loopback: bool
+) -> HandlerResult:
     headers = decrypted_headers(config.headers, secrets)
     response = await post_json(config.url, event, headers, allow_loopback=allow_loopback)
     metadata = {"http_status": response.status, "response_bytes": len(response.body)}
     text = response.body[:MAX_OUTPUT_CHARS].decode(errors="replace")
     output = {"http_status": response.status, "body": text}
     if response.status >= 400 or response.status < 200 or 300 <= response.status < 400:
-        raise HandlerError(f"POST {config.url} answered {response.status}: {text[:200]}", metadata=metadata, output=output)
+        raise HandlerError(
+            f"POST {config.url} answered {response.status}: {text[:200]}", metadata=metadata, output=output
+        )
     try:
         body = json.loads(response.body)
     except ValueError:
@@ -316,7 +343,10 @@ def prompt_messages(template: str, tool_input: Any) -> list[dict[str, str]]:
         f"<<<USER INPUT {fence}>>>\n{canonical_json(tool_input)}\n<<<END USER INPUT {fence}>>>\n"
         "Evaluate the tool input above and call decide."
     )
-    return [{"role": "system", "content": f"{ANTI_INJECTION_PREAMBLE}\n\n{template}"}, {"role": "user", "content": user}]
+    return [
+        {"role": "system", "content": f"{ANTI_INJECTION_PREAMBLE}\n\n{template}"},
+        {"role": "user", "content": user},
+    ]
 
 
 def parse_decide(data: Any) -> DecideArguments:
@@ -368,11 +398,17 @@ async def run_prompt(
     cached = await asyncio.to_thread(store.cached_decision, key)
     if cached is not None:
         args = DecideArguments.model_validate(cached)
-        return _decide_result(args, output={"reason": args.reason, "cache_hit": True}, metadata={"cache_hit": True, "prompt_model": config.model})
+        return _decide_result(
+            args,
+            output={"reason": args.reason, "cache_hit": True},
+            metadata={"cache_hit": True, "prompt_model": config.model},
+        )
     remaining, total = await asyncio.to_thread(store.budget_remaining, tenant)
     if remaining <= 0:
         return HandlerResult(
-            "block", reason="budget_exhausted", output={"reason": f"tenant {tenant} has no prompt-token budget left"},
+            "block",
+            reason="budget_exhausted",
+            output={"reason": f"tenant {tenant} has no prompt-token budget left"},
             metadata={"budget_remaining": 0, "budget_total": total},
         )
     cap = config.max_invocations_per_turn
@@ -400,7 +436,9 @@ async def run_prompt(
         "max_tokens": config.max_tokens,
         "temperature": 0,
     }
-    response = await post_json(config.endpoint.rstrip("/") + "/chat/completions", request, headers, allow_loopback=allow_loopback)
+    response = await post_json(
+        config.endpoint.rstrip("/") + "/chat/completions", request, headers, allow_loopback=allow_loopback
+    )
     metadata: dict[str, Any] = {"prompt_model": config.model, "http_status": response.status, "cache_hit": False}
     if response.status != 200:
         raise HandlerError(f"evaluator answered {response.status}", metadata=metadata)

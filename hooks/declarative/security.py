@@ -1,4 +1,4 @@
-"""Security primitives of declared hooks: SSRF address checks and AES-256-GCM secrets (seed 004).
+"""Security primitives of declared hooks: SSRF address checks and AES-256-GCM secrets.
 
 An HTTP or prompt hook's URL is resolved, every resolved address is checked, and the request is sent to
 the checked address (pinned), so a DNS answer that changes between check and connect cannot redirect it
@@ -82,7 +82,7 @@ async def resolve_target(host: str, port: int, *, allow_loopback: bool = False) 
             infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as err:
             raise BlockedAddress(f"{host} does not resolve: {err}") from None
-        addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos))
+        addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos))
         if not addresses:
             raise BlockedAddress(f"{host} does not resolve")
     for ip in addresses:

@@ -1,4 +1,4 @@
-"""The declared hooks' shared state, in one SQLite file used by every worker process (seed 004).
+"""The declared hooks' shared state, in one SQLite file used by every worker process.
 
 Tables:
 
@@ -23,7 +23,7 @@ import logging
 import sqlite3
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +157,8 @@ class HookStore:
     Args:
         path: The database file (its directory is created); may be the execution store's file.
         secrets: Encrypts ``error_detail``; without it the full error is not kept (only the truncated text).
-        breaker_threshold: Consecutive blocks/timeouts that trip a hook (seed: 5) ...
-        breaker_window_seconds: ... within this rolling window (seed: one minute).
+        breaker_threshold: Consecutive blocks/timeouts that trip a hook (default 5) ...
+        breaker_window_seconds: ... within this rolling window (default one minute).
         default_budget: A tenant's monthly prompt-token budget unless set with :meth:`set_budget`.
     """
 
@@ -206,7 +206,17 @@ class HookStore:
                 "event = excluded.event, handler_type = excluded.handler_type, scope = excluded.scope, "
                 "tenant_id = excluded.tenant_id, agent_id = excluded.agent_id, definition = excluded.definition, "
                 "updated_at = excluded.updated_at",
-                (hook.id, hook.version, hook.event.value, hook.handler_type, hook.scope, hook.tenant_id, hook.agent_id, definition, now),
+                (
+                    hook.id,
+                    hook.version,
+                    hook.event.value,
+                    hook.handler_type,
+                    hook.scope,
+                    hook.tenant_id,
+                    hook.agent_id,
+                    definition,
+                    now,
+                ),
             )
 
         self._transaction(work)
@@ -238,12 +248,16 @@ class HookStore:
 
     def delete_hook(self, hook_id: str) -> bool:
         """Remove a hook's definition; its executions stay (their ``hook_id`` becomes NULL)."""
-        return self._transaction(lambda db, now: db.execute("DELETE FROM agent_hooks WHERE id = ?", (hook_id,)).rowcount == 1)
+        return self._transaction(
+            lambda db, now: db.execute("DELETE FROM agent_hooks WHERE id = ?", (hook_id,)).rowcount == 1
+        )
 
     def breaker_events(self, hook_id: str | None = None) -> list[dict[str, Any]]:
         where, params = ("WHERE hook_id = ?", (hook_id,)) if hook_id else ("", ())
-        rows = self._read(f"SELECT hook_id, action, detail, actor, created_at FROM hook_breaker_events {where} ORDER BY id", params)
-        return [dict(zip(("hook_id", "action", "detail", "actor", "created_at"), r)) for r in rows]
+        rows = self._read(
+            f"SELECT hook_id, action, detail, actor, created_at FROM hook_breaker_events {where} ORDER BY id", params
+        )
+        return [dict(zip(("hook_id", "action", "detail", "actor", "created_at"), r, strict=True)) for r in rows]
 
     # ------------------------------------------------------------------------------------------------
     # The audit table and the breaker
@@ -273,7 +287,10 @@ class HookStore:
         error, detail, nonce = self.seal_error(row.error, row.dedup_key)
 
         def work(db: sqlite3.Connection, now: float) -> bool:
-            known = row.hook_id is not None and db.execute("SELECT 1 FROM agent_hooks WHERE id = ?", (row.hook_id,)).fetchone()
+            known = (
+                row.hook_id is not None
+                and db.execute("SELECT 1 FROM agent_hooks WHERE id = ?", (row.hook_id,)).fetchone()
+            )
             inserted = db.execute(
                 "INSERT OR IGNORE INTO hook_executions (dedup_key, hook_id, hook_label, hook_version, event, handler_type, "
                 "tenant_id, workflow_id, run_id, activity_id, request_id, decision, reason, status, duration_ms, error, "
@@ -301,7 +318,7 @@ class HookStore:
                     now,
                 ),
             ).rowcount
-            if inserted != 1 or not known or row.decision == "skip":
+            if inserted != 1 or not known or row.decision == "skip" or row.hook_id is None:
                 return False
             return self._move_breaker(db, now, row.hook_id, counts_as_block)
 
@@ -314,7 +331,9 @@ class HookStore:
         if not enabled:
             return False
         if not counts_as_block:
-            db.execute("UPDATE agent_hooks SET consecutive_blocks = 0, window_started_at = NULL WHERE id = ?", (hook_id,))
+            db.execute(
+                "UPDATE agent_hooks SET consecutive_blocks = 0, window_started_at = NULL WHERE id = ?", (hook_id,)
+            )
             return False
         if window_started is None or now - window_started > self.breaker_window_seconds:
             consecutive, window_started = 0, now
@@ -333,7 +352,9 @@ class HookStore:
             logger.warning("security.hook.circuit_breaker hook=%s %s", hook_id, detail)
         return tripped
 
-    def executions(self, *, hook_label: str | None = None, workflow_id: str | None = None, limit: int = 100) -> list[ExecutionRow]:
+    def executions(
+        self, *, hook_label: str | None = None, workflow_id: str | None = None, limit: int = 100
+    ) -> list[ExecutionRow]:
         clauses, params = [], []
         if hook_label is not None:
             clauses.append("hook_label = ?")
@@ -352,10 +373,27 @@ class HookStore:
         for r in rows:
             result.append(
                 ExecutionRow(
-                    id=r[0], dedup_key=r[1], hook_id=r[2], hook_label=r[3], hook_version=r[4], event=r[5], handler_type=r[6],
-                    tenant_id=r[7], workflow_id=r[8], run_id=r[9], activity_id=r[10], request_id=r[11], decision=r[12],
-                    reason=r[13], status=r[14], duration_ms=r[15], error=r[16], error_detail=r[17], error_nonce=r[18],
-                    metadata=json.loads(r[19]), created_at=r[20],
+                    id=r[0],
+                    dedup_key=r[1],
+                    hook_id=r[2],
+                    hook_label=r[3],
+                    hook_version=r[4],
+                    event=r[5],
+                    handler_type=r[6],
+                    tenant_id=r[7],
+                    workflow_id=r[8],
+                    run_id=r[9],
+                    activity_id=r[10],
+                    request_id=r[11],
+                    decision=r[12],
+                    reason=r[13],
+                    status=r[14],
+                    duration_ms=r[15],
+                    error=r[16],
+                    error_detail=r[17],
+                    error_nonce=r[18],
+                    metadata=json.loads(r[19]),
+                    created_at=r[20],
                 )
             )
         return result
@@ -365,7 +403,9 @@ class HookStore:
     # ------------------------------------------------------------------------------------------------
 
     def cached_decision(self, key: str) -> dict[str, Any] | None:
-        rows = self._read("SELECT decision FROM hook_decision_cache WHERE cache_key = ? AND expires_at > ?", (key, self._clock()))
+        rows = self._read(
+            "SELECT decision FROM hook_decision_cache WHERE cache_key = ? AND expires_at > ?", (key, self._clock())
+        )
         return json.loads(rows[0][0]) if rows else None
 
     def cache_decision(self, key: str, hook_id: str, decision: dict[str, Any], ttl_seconds: float) -> None:
@@ -400,7 +440,7 @@ class HookStore:
         return self._transaction(work)
 
     def _month(self, now: float) -> str:
-        return datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m")
+        return datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
 
     def _ensure_budget(self, db: sqlite3.Connection, tenant: str, month: str) -> None:
         db.execute(
@@ -414,9 +454,14 @@ class HookStore:
         def work(db: sqlite3.Connection, now: float) -> None:
             month = self._month(now)
             self._ensure_budget(db, tenant, month)
-            db.execute("UPDATE tenant_hook_budget SET budget_total = ? WHERE tenant_id = ? AND month = ?", (total, tenant, month))
+            db.execute(
+                "UPDATE tenant_hook_budget SET budget_total = ? WHERE tenant_id = ? AND month = ?",
+                (total, tenant, month),
+            )
             if used is not None:
-                db.execute("UPDATE tenant_hook_budget SET used = ? WHERE tenant_id = ? AND month = ?", (used, tenant, month))
+                db.execute(
+                    "UPDATE tenant_hook_budget SET used = ? WHERE tenant_id = ? AND month = ?", (used, tenant, month)
+                )
 
         self._transaction(work)
 
@@ -440,7 +485,8 @@ class HookStore:
             month = self._month(now)
             self._ensure_budget(db, tenant, month)
             db.execute(
-                "UPDATE tenant_hook_budget SET used = used + ? WHERE tenant_id = ? AND month = ?", (max(0, tokens), tenant, month)
+                "UPDATE tenant_hook_budget SET used = used + ? WHERE tenant_id = ? AND month = ?",
+                (max(0, tokens), tenant, month),
             )
             total, used = db.execute(
                 "SELECT budget_total, used FROM tenant_hook_budget WHERE tenant_id = ? AND month = ?", (tenant, month)

@@ -1,0 +1,386 @@
+"""How the request workflow runs a stage's hooks: one chain runner for every stage, one invocation
+(an activity, or a local activity) per hook, recorded whatever its outcome.
+
+The runner walks a stage's participants in order. Each invocation's outcome is folded in by the stage's
+own ``apply`` (which may end the stage early: a short-circuit, a denial); a failed invocation is acted
+on by the decision the stage table and the hook's policy produced — ``terminate`` ends the request
+with the stage's typed error (``RequiredAfterPlanningError`` for the required gate, ``HookContractError``
+for a broken short-circuit contract, ``ExtensionError`` otherwise), ``continue`` goes on without the
+hook's result, and at a finalizer stage any failure is a diagnostic. Workflow code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError, TimeoutError
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import JsonValue
+
+    from . import decisions, dispatch
+    from .detached import DETACHED_WORKFLOW_TYPE, detached_workflow_id
+    from .effects import elapsed_ms, record_effects
+    from .leases import ManagedLeases
+    from .models import (
+        MAX_IGNORED_MESSAGES,
+        DecisionAction,
+        DetachedEffectInput,
+        DetachedWork,
+        Diagnostic,
+        EffectStatus,
+        EnrichmentChange,
+        EnrichmentOperation,
+        ExecutionRecord,
+        GateState,
+        HookCall,
+        HookEntry,
+        HookInvocation,
+        HookOutcome,
+        HookRequestView,
+        InvocationOutcome,
+        PipelineHookEffect,
+        PipelineManifest,
+        PlanStep,
+        RequestInput,
+        RunMode,
+        Stage,
+        WorkerLoss,
+        bounded_value,
+    )
+    from .stages import STAGES
+    from .support import NON_RETRYABLE_HOOK_FAILURES, InvocationFailure
+
+HOOK_RETRY_INITIAL_INTERVAL = timedelta(milliseconds=200)
+OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
+ResultT = TypeVar("ResultT")
+_INVOCATION_OUTCOMES = {
+    decisions.HOOK_TIMEOUT: InvocationOutcome.TIMED_OUT,
+    decisions.WORKER_LOST: InvocationOutcome.WORKER_LOST,
+}
+
+
+class RunStopped(Exception):
+    """A hook stopped the run with its own answer (caught by the workflow's ``run``)."""
+
+    def __init__(self, extension: str, phase: str, reason: str, text: str) -> None:
+        super().__init__(f"{extension} stopped the run at {phase}: {reason}")
+        self.extension, self.phase, self.reason, self.text = extension, phase, reason, text
+
+
+class HookInvoker:
+    """The request workflow's hook running, effects and activity scheduling (its state is the workflow's)."""
+
+    _input: RequestInput
+    _request_id: str
+    _manifest: PipelineManifest
+    _record: ExecutionRecord
+    _enrichments: dict[str, JsonValue]
+    _gate: GateState
+    _phase: int
+    _ask: str
+    _instructions: str
+    _facts: dict[str, JsonValue]
+    _hook_state: dict[str, dict[str, JsonValue]]
+    _leases: ManagedLeases
+    _detached_tokens: dict[str, str]
+
+    def _set_stage(self, stage: str, detail: str = "") -> None:
+        self._record.lifecycle_stage = str(stage)
+        workflow.set_current_details(f"**stage:** {stage}" + (f" — {detail}" if detail else ""))
+
+    async def _run_stage(
+        self,
+        stage: Stage,
+        make_call: Callable[[HookEntry], HookCall],
+        apply: Callable[[HookEntry, Any], ResultT | None] | None = None,
+        *,
+        hooks: list[HookEntry] | None = None,
+        step: PlanStep | None = None,
+        plan_phase: int | None = None,
+    ) -> ResultT | None:
+        """Run ``stage``'s hooks (``hooks``, or every participant) in order: ``apply(hook, outcome)`` folds
+        each outcome in, and a value it returns ends the stage and is returned. A failed invocation is
+        handled as its decision says (see the module docstring)."""
+        spec = STAGES[stage]
+        for sequence, hook in enumerate(self._manifest.participants(stage) if hooks is None else hooks, start=1):
+            try:
+                outcome, failure = await self._invoke(hook, stage, sequence, make_call(hook), plan_phase, step=step)
+            except (asyncio.CancelledError, ApplicationError) as err:
+                if not spec.finalizer:
+                    raise
+                # A finalizer cancelled with the request, or whose workers kept dying: a diagnostic.
+                message = err.message if isinstance(err, ApplicationError) else "cancelled with the request"
+                category = (err.type or decisions.WORKER_LOST) if isinstance(err, ApplicationError) else "Cancelled"
+                outcome, failure = None, InvocationFailure(category=category, message=message)
+            if outcome is not None:
+                ended = apply(hook, outcome) if apply is not None else None
+                if ended is not None:
+                    return ended
+            elif failure is None:
+                continue
+            elif spec.finalizer:
+                self._record.diagnostics.append(
+                    Diagnostic(
+                        extension=hook.name, phase=stage.value, error=failure.message, error_type=failure.category
+                    )
+                )
+            elif failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
+                raise _stage_error(hook, stage, failure, plan_phase)
+        return None
+
+    async def _invoke(
+        self,
+        hook: HookEntry,
+        stage: Stage,
+        sequence: int,
+        call: HookCall,
+        plan_phase: int | None = None,
+        *,
+        step: PlanStep | None = None,
+    ) -> tuple[Any, None] | tuple[None, InvocationFailure]:
+        """Run one hook invocation as an activity and record it, its decision and its effects, whatever
+        its outcome; start the work it detached once it has succeeded. A lost worker dispatches the
+        invocation again (its attempts stay the hook's own); workers lost on every dispatch end the
+        request with ``WorkerLost``, recorded as such, never as the hook's verdict."""
+        spec = STAGES[stage]
+        started = workflow.now()
+        summary = f"{stage.value} · {hook.name}" + (f" · {step.step_id}" if step else "")
+        retry = RetryPolicy(
+            initial_interval=HOOK_RETRY_INITIAL_INTERVAL,
+            maximum_attempts=hook.max_attempts,
+            non_retryable_error_types=NON_RETRYABLE_HOOK_FAILURES,
+        )
+        invocation = HookInvocation(
+            hook=hook.name,
+            stage=stage,
+            sequence=sequence,
+            plan_phase=self._phase if step is not None else plan_phase,
+            step_id=step.step_id if step else None,
+            started_at=started,
+            duration_ms=0.0,
+            outcome=InvocationOutcome.SUCCEEDED,
+        )
+
+        def lost(n: int) -> None:
+            invocation.worker_losses = n
+
+        try:
+            if hook.run_mode is RunMode.LOCAL_ACTIVITY:
+                outcome = await workflow.execute_local_activity(
+                    spec.activity,
+                    call,
+                    result_type=spec.outcome,
+                    start_to_close_timeout=timedelta(seconds=hook.timeout_seconds),
+                    retry_policy=retry,
+                    summary=summary,
+                )
+            else:
+                outcome = await self._activity(
+                    spec.activity,
+                    call,
+                    result_type=spec.outcome,
+                    timeout=hook.timeout_seconds,
+                    retry_policy=retry,
+                    summary=summary,
+                    on_worker_lost=lost,
+                )
+        except (ActivityError, ApplicationError, TimeoutError) as err:
+            raise_if_cancelled(err)
+            failure = InvocationFailure.from_error(err, hook)
+            invocation.duration_ms = elapsed_ms(started)
+            invocation.outcome = _INVOCATION_OUTCOMES.get(failure.category, InvocationOutcome.FAILED)
+            invocation.error = failure.message
+            invocation.error_type = failure.category
+            invocation.exception_type = failure.exception_type
+            invocation.decision = failure.decision = decisions.failure_decision(hook, stage, failure.category)
+            self._record.pipeline_hooks.append(invocation)
+            record_effects(self._record, failure.effects)
+            if failure.category == decisions.WORKER_LOST:
+                raise
+            return None, failure
+        invocation.duration_ms = elapsed_ms(started)
+        invocation.decision = outcome.decision
+        self._record.pipeline_hooks.append(invocation)
+        if outcome.state is not None:
+            self._hook_state[hook.name] = outcome.state
+        record_effects(self._record, outcome.effects)
+        for lease in outcome.leases:
+            self._leases.adopt(lease, self._manifest.settings)
+        for work in outcome.detached:
+            await self._start_detached(work)
+        return outcome, None
+
+    async def _activity(
+        self,
+        activity: str,
+        arg: Any,
+        *,
+        result_type: type[ResultT],
+        timeout: float,
+        retry_policy: RetryPolicy,
+        summary: str,
+        on_worker_lost: Callable[[int], None] | None = None,
+    ) -> ResultT:
+        """Schedule one of the framework's activities: heartbeated, dispatched again when its worker is
+        lost (each loss kept in the record), ``WorkerLost`` after the pipeline's limit of lost dispatches."""
+        settings = self._manifest.settings
+
+        def lost(n: int) -> None:
+            self._note_worker_lost(activity, summary, n)
+            if on_worker_lost is not None:
+                on_worker_lost(n)
+
+        return await dispatch.execute(
+            activity,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=timedelta(seconds=timeout),
+            retry_policy=retry_policy,
+            summary=summary,
+            heartbeat_ceiling=timedelta(seconds=settings.heartbeat_timeout_seconds),
+            max_worker_losses=settings.max_worker_losses,
+            on_worker_lost=lost,
+        )
+
+    def _note_worker_lost(self, activity: str, summary: str, dispatch_number: int) -> None:
+        workflow.logger.warning("worker lost under %s (dispatch %s); dispatching it again", summary, dispatch_number)
+        if len(self._record.worker_losses) < MAX_IGNORED_MESSAGES:
+            self._record.worker_losses.append(
+                WorkerLoss(activity=activity, summary=summary, at=workflow.now(), dispatch=dispatch_number)
+            )
+
+    async def _start_detached(self, work: DetachedWork) -> None:
+        """Start the child that carries a detached effect to its terminal state; it outlives the request."""
+        effect = self._record.effect(work.effect_id)
+        if effect is None:
+            return
+        info = workflow.info()
+        token = workflow.uuid4().hex
+        self._detached_tokens[work.effect_id] = token  # before the start: the child may report in the same task
+        settings = self._manifest.settings
+        try:
+            await workflow.start_child_workflow(
+                DETACHED_WORKFLOW_TYPE,
+                DetachedEffectInput(
+                    parent_workflow_id=info.workflow_id,
+                    parent_run_id=info.run_id,
+                    request_id=self._request_id,
+                    work=work,
+                    effect=effect,
+                    update_token=token,
+                    heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
+                    max_worker_losses=settings.max_worker_losses,
+                ),
+                id=detached_workflow_id(info.workflow_id, work.effect_id),
+                task_queue=info.task_queue,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                static_summary=f"{work.stage.value} · {work.hook} · {work.effect_id}",
+            )
+        except FailureError as err:  # e.g. an effect id this request already used for detached work
+            failed = {
+                "status": EffectStatus.FAILED,
+                "error": f"could not start detached work: {err}",
+                "summary": "submission failed",
+            }
+            record_effects(self._record, [effect.model_copy(update=failed)])
+            del self._detached_tokens[work.effect_id]
+
+    def _apply_enrichment_changes(self, hook: HookEntry, changes: list[EnrichmentChange]) -> None:
+        """Merge a hook's changes and record each as the effect ``planning_enrichment:<key>``."""
+        now = workflow.now()
+        for change in changes:
+            if change.operation is EnrichmentOperation.REMOVED:
+                self._enrichments.pop(change.key, None)
+            else:
+                self._enrichments[change.key] = change.after
+            self._record.effects.append(
+                PipelineHookEffect(
+                    effect_id=f"planning_enrichment:{change.key}",
+                    name=f"Planning enrichment {change.key}",
+                    status=EffectStatus.SUCCEEDED,
+                    data={
+                        "key": change.key,
+                        "operation": change.operation.value,
+                        "before": bounded_value(change.before),
+                        "after": bounded_value(change.after),
+                    },
+                    started_at=now,
+                    duration_ms=0.0,
+                    summary=f"{change.operation.value} by {hook.name}",
+                    hook=hook.name,
+                    stage=Stage.BEFORE_PLANNING,
+                )
+            )
+        self._record.enrichments = dict(self._enrichments)
+
+    def _view(self, hook: HookEntry, plan_phase: int | None = None) -> HookRequestView:
+        return HookRequestView(
+            request=self._ask,
+            metadata=self._input.metadata,
+            request_id=self._request_id,
+            workflow_id=self._record.workflow_id,
+            enrichments=self._enrichments,
+            gate=self._gate,
+            plan_phase=plan_phase,
+            instructions=self._instructions,
+            facts=self._facts,
+            state=self._hook_state.get(hook.name, {}),
+            leases=self._leases.ids,
+        )
+
+
+def _stage_error(hook: HookEntry, stage: Stage, failure: InvocationFailure, plan_phase: int | None) -> ApplicationError:
+    """The typed, non-retryable error with which a terminating hook failure ends the request."""
+    if failure.category == decisions.HOOK_CONTRACT_ERROR:
+        return ApplicationError(
+            f"{stage.value} hook {hook.name!r} broke the short-circuit contract: {failure.message}",
+            {"hook": hook.name, "stage": stage.value, "cause": failure.message},
+            type=decisions.HOOK_CONTRACT_ERROR,
+            non_retryable=True,
+        )
+    if hook.required and stage is Stage.AFTER_PLANNING:
+        return ApplicationError(
+            f"required after_planning hook {hook.name!r} rejected the plan: {failure.message}",
+            {
+                "hook": hook.name,
+                "cause": failure.message,
+                "cause_type": failure.category,
+                "exception_type": failure.exception_type,
+                "plan_phase": plan_phase,
+            },
+            type=decisions.REQUIRED_AFTER_PLANNING_ERROR,
+            non_retryable=True,
+        )
+    return ApplicationError(
+        f"extension {hook.name!r} failed at {stage.value}: {failure.message}",
+        {
+            "extension": hook.name,
+            "phase": stage.value,
+            "cause": failure.message,
+            "cause_type": failure.category,
+            "exception_type": failure.exception_type,
+            "failure_policy": failure.decision.failure_policy.value if failure.decision else None,
+        },
+        type=decisions.EXTENSION_ERROR,
+        non_retryable=True,
+    )
+
+
+def raise_if_cancelled(err: BaseException) -> None:
+    """An activity cancelled because the request was cancelled ends the request as cancelled, not as a
+    hook error or a failed stage."""
+    if isinstance(err, CancelledError) or isinstance(getattr(err, "cause", None), CancelledError):
+        raise asyncio.CancelledError() from err
+
+
+def error_text(err: BaseException) -> str:
+    """The most specific message an activity or application failure carries."""
+    cause = getattr(err, "cause", None)
+    return str(getattr(cause, "message", None) or getattr(err, "message", None) or cause or err)

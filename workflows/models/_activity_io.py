@@ -1,0 +1,130 @@
+"""Inputs and results of the framework's own activities: planning, tool steps, synthesis, memory,
+detached effects and managed leases."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from ._hook_calls import MemoryCandidate
+from ._pipeline import DetachedWork, ManagedLease, PipelineHookEffect
+from ._plans import ExecutionResult, Plan, PlanStep, StepResult
+from ._record import ModelDraft
+
+
+class RememberInput(BaseModel):
+    request_id: str
+    workflow_id: str
+    candidate: MemoryCandidate
+
+
+class PlanInput(BaseModel):
+    request: str
+    request_id: str
+    workflow_id: str
+    enrichments: dict[str, JsonValue] = Field(default_factory=dict)
+    phase: int = 1
+    prior_results: list[StepResult] = Field(default_factory=list)  # every step of earlier phases
+    instructions: str = ""
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class PlanOutput(BaseModel):
+    plan: Plan
+    prompt: str
+    planner: str
+
+
+class ToolStepInput(BaseModel):
+    step: PlanStep
+    request_id: str
+    idempotency_key: str
+
+
+class ToolStepOutput(BaseModel):
+    output: JsonValue = None
+
+
+class SynthesizeInput(BaseModel):
+    request: str
+    request_id: str
+    plan: Plan
+    execution: ExecutionResult  # step results as a model reads them: result text, no raw output
+    enrichments: dict[str, JsonValue] = Field(default_factory=dict)
+    instructions: str = ""
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class SynthesizeOutput(BaseModel):
+    response: str
+    confidence: float = Field(ge=0.0, le=1.0)
+    draft: ModelDraft | None = None  # set by the synthesize activity: what the record keeps of ``response``
+
+
+class DetachedEffectInput(BaseModel):
+    """The input of a ``DetachedEffect`` child workflow."""
+
+    parent_workflow_id: str
+    parent_run_id: str
+    request_id: str
+    work: DetachedWork
+    effect: PipelineHookEffect  # as announced (pending)
+    timeout_seconds: float = 300.0
+    max_attempts: int = 5
+    # Issued by the request for this effect and sent back with the update, so only this child's update
+    # is taken as the effect's outcome (anyone may send a signal; only the request knows this value).
+    update_token: str = ""
+    heartbeat_timeout_seconds: float = 5.0
+    max_worker_losses: int = 5
+
+
+class DetachedWorkResult(BaseModel):
+    """What a hook's detached work reports back: the effect's new data and summary."""
+
+    data: JsonValue = None
+    summary: str = ""
+
+
+class EffectUpdateInput(BaseModel):
+    workflow_id: str
+    run_id: str
+    effect: PipelineHookEffect
+
+
+class EffectUpdateSignal(BaseModel):
+    """Signal ``effect_update``: a ``DetachedEffect`` child reporting its effect's terminal state."""
+
+    model_config = ConfigDict(extra="forbid")
+    effect: PipelineHookEffect
+    token: str = Field(max_length=64)
+
+
+class LeaseCall(BaseModel):
+    """The input of the ``keep_lease`` and ``release_lease`` activities."""
+
+    lease: ManagedLease
+    request_id: str
+    workflow_id: str
+    ordinal: int = 0  # renewals already submitted for this lease (the keeper continues the count)
+    exit: str | None = None  # for the release: how the request ended (completed, stopped, error, cancelled)
+
+
+class LeaseKeeperReport(BaseModel):
+    """What a ``keep_lease`` activity did until it was stopped: renewals submitted, returned, failed.
+    Also its heartbeat details, so a keeper resumed on another worker continues the counts."""
+
+    submitted: int = 0
+    renewed: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    expires_at: datetime | None = None
+
+
+class LeaseObservation(BaseModel):
+    """What a hook's ``renew_lease`` / ``release_lease`` observed from its provider (not proof of
+    durability). Raise from those methods to report a provider error instead."""
+
+    data: JsonValue = None
+    summary: str = ""
+    expires_at: datetime | None = None  # for a renewal: the expiry the provider reported

@@ -1,0 +1,90 @@
+"""Limits, well-known keys and the enums every part of the lifecycle shares."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from typing import Any
+
+MAX_REQUEST_CHARS = 8_000
+MAX_METADATA_BYTES = 64 * 1024
+MAX_ENRICHMENT_BYTES = 256 * 1024
+MAX_TOOL_OUTPUT_BYTES = 32 * 1024
+# Effect values and the recorded prompt above these sizes are kept by reference (digest, size, preview)
+# so a record stays well under Temporal's 2 MB payload limit.
+MAX_EFFECT_VALUE_BYTES = 32 * 1024
+MAX_RECORDED_PROMPT_CHARS = 64 * 1024
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
+# Well-known enrichment keys: the default planning prompt renders each in its own section.
+ENRICHMENT_RAG_CONTEXT = "rag_context"
+ENRICHMENT_CONVERSATION_HISTORY = "conversation_history"
+ENRICHMENT_ACTIVITY_COORDINATION = "activity_coordination"
+ENRICHMENT_USER_PROFILE = "user_profile"
+# Request metadata carrying raw conversation turns (promoted to conversation_history).
+METADATA_CONVERSATION_TURNS = "conversation_turns"
+# Request metadata switch: {"cache": "bypass"} disables response-cache reads.
+METADATA_CACHE = "cache"
+
+
+def json_size(value: Any) -> int:
+    """Bytes of the compact JSON encoding of ``value`` (the size it has in a payload)."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+def bounded_value(value: Any) -> Any:
+    """``value`` itself if its JSON is small, else a reference: sha256 of the canonical JSON, size, preview."""
+    size = json_size(value)
+    if size <= MAX_EFFECT_VALUE_BYTES:
+        return value
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return {
+        "$truncated": True,
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "bytes": size,
+        "preview": text[:512],
+    }
+
+
+class Stage(StrEnum):
+    """The stages a hook can implement: the pipeline stages (before/after planning, after execution, after
+    synthesis), the tool-call stages and the run-level stages, in one registry (see ``workflows.stages``)."""
+
+    BEFORE_RUN = "before_run"
+    BEFORE_PLANNING = "before_planning"
+    AFTER_PLANNING = "after_planning"
+    BEFORE_TOOL = "before_tool"
+    ON_TOOL_ERROR = "on_tool_error"
+    AFTER_TOOL = "after_tool"
+    AFTER_EXECUTION = "after_execution"
+    AFTER_SYNTHESIS = "after_synthesis"
+    AFTER_ANSWER = "after_answer"
+    BEFORE_REMEMBER = "before_remember"
+    ON_ERROR = "on_error"
+    ON_FINISH = "on_finish"
+
+
+class FailurePolicy(StrEnum):
+    FAIL_OPEN = "fail_open"
+    FAIL_CLOSED = "fail_closed"
+
+
+class DecisionAction(StrEnum):
+    CONTINUE = "continue"
+    TERMINATE = "terminate"
+    SHORT_CIRCUIT = "short_circuit"
+    DENY = "deny"
+    STOP = "stop"
+    SKIP = "skip"
+
+
+class RunMode(StrEnum):
+    """How a hook invocation is scheduled by the workflow.
+
+    ``activity`` (the default) is a regular activity: its own task, visible in the UI with its summary,
+    retried and timed out by the server. ``local_activity`` runs in the workflow's worker without a
+    round trip to the server: cheaper, for hooks that are fast and pure in-process work.
+    """
+
+    ACTIVITY = "activity"
+    LOCAL_ACTIVITY = "local_activity"

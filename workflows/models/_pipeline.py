@@ -1,0 +1,268 @@
+"""The pipeline a request runs (the manifest ``resolve_pipeline`` records), and what every hook
+invocation receives and returns besides its stage's own values: the request view, decisions, effects,
+detached work and managed leases."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, Field, JsonValue
+
+from ._common import DecisionAction, FailurePolicy, RunMode, Stage
+from ._plans import ToolSpec
+
+if TYPE_CHECKING:
+    from ._hook_calls import ToolCall
+
+
+class HookEntry(BaseModel):
+    """One registered hook as the workflow knows it: recorded in history by ``resolve_pipeline``."""
+
+    name: str
+    index: int
+    stages: list[Stage]
+    required: bool = False
+    before_planning_contract: Literal["legacy", "decision"] | None = None
+    run_mode: RunMode = RunMode.ACTIVITY
+    timeout_seconds: float = 10.0
+    max_attempts: int = 3
+    tool_matcher: str | None = None  # tool stages: a regex searched in the tool name (agent/capability)
+    subagent_only: bool = False  # tool stages: sub-agent steps only
+    # The hook's own failure policy where it may differ from the stage's (see ``StageSpec.own_policy``):
+    # a protective hook (redaction, policy) fails closed at a stage that fails open by default.
+    failure_policy: FailurePolicy | None = None
+
+    def implements(self, stage: Stage) -> bool:
+        return stage in self.stages
+
+    def applies_to_tool(self, call: ToolCall) -> bool:
+        """Whether a tool stage invokes this hook for ``call`` (decided in the workflow: deterministic)."""
+        if self.subagent_only and not call.subagent:
+            return False
+        return self.tool_matcher is None or re.search(self.tool_matcher, call.tool) is not None
+
+
+class StageSettings(BaseModel):
+    """Timeouts and retries of the framework's own activities."""
+
+    plan_timeout_seconds: float = 60.0
+    tool_timeout_seconds: float = 30.0
+    tool_max_attempts: int = 3
+    synthesize_timeout_seconds: float = 60.0
+    max_plan_steps: int = 32
+    max_planning_phases: int = 3
+    max_tool_result_chars: int = 600  # the result text a model reads, after after_tool hooks
+    # A worker that stops heartbeating for this long is lost: its activity is dispatched again without
+    # spending the activity's own attempts (a crash is an infrastructure event, never an outcome).
+    heartbeat_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    # Dispatches of one activity that may end in a lost worker before the request fails with the
+    # infrastructure error ``WorkerLost`` (a hook that kills every worker it runs on must not loop forever).
+    max_worker_losses: int = Field(default=5, ge=1)
+
+
+# The longest a checkpoint may wait. A waiting request adds no history while it waits (the timer and
+# the lease keeper are one event each), so the bound is the lease keeper's own start-to-close timeout.
+MAX_CHECKPOINT_EXPIRY_SECONDS = 365 * 24 * 3600.0
+
+
+class ReviewSettings(BaseModel):
+    """Human-in-the-loop checkpoints: who may decide, and how long a checkpoint waits."""
+
+    reviewers: list[str] = Field(default_factory=list)  # empty: any named reviewer may decide
+    checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0, le=MAX_CHECKPOINT_EXPIRY_SECONDS)
+
+
+class PipelineManifest(BaseModel):
+    """The pipeline a request runs with: hook order and stages, tools, cache variation, limits."""
+
+    pipeline: str
+    hooks: list[HookEntry] = Field(default_factory=list)
+    tools: list[ToolSpec] = Field(default_factory=list)
+    cache_variation: dict[str, str] = Field(default_factory=dict)
+    reserved_metadata_dimensions: list[str] = Field(default_factory=list)
+    settings: StageSettings = Field(default_factory=StageSettings)
+    review: ReviewSettings = Field(default_factory=ReviewSettings)
+    memory: bool = False  # a conversation memory store is configured: completed runs are remembered
+    # Whether the lifecycle search attributes are registered on the namespace (checked by the worker).
+    search_attributes: bool = False
+
+    def participants(self, stage: Stage) -> list[HookEntry]:
+        return [h for h in self.hooks if h.implements(stage)]
+
+    def tool_participants(self, stage: Stage, call: ToolCall) -> list[HookEntry]:
+        """The hooks a tool stage invokes for ``call``: those whose matcher and sub-agent filter admit it."""
+        return [h for h in self.participants(stage) if h.applies_to_tool(call)]
+
+
+class ResolvePipelineInput(BaseModel):
+    request_id: str
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class HookDecision(BaseModel):
+    """What the framework did with a hook's outcome, separate from the invocation's own status."""
+
+    failure_policy: FailurePolicy
+    action: DecisionAction
+    reason: str
+
+
+class InvocationOutcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"  # the hook itself overran its timeout
+    WORKER_LOST = "worker_lost"  # workers kept dying under it: an infrastructure failure, not the hook's
+
+
+class HookInvocation(BaseModel):
+    """One hook invocation in the execution record."""
+
+    hook: str
+    stage: Stage
+    sequence: int  # 1-based position among this stage's invocations (per plan phase, per step)
+    plan_phase: int | None = None
+    step_id: str | None = None  # for the tool-call stages
+    started_at: datetime
+    duration_ms: float
+    outcome: InvocationOutcome
+    error: str | None = None  # the exact failure text
+    error_type: str | None = None  # HookError, HookContractError, InvalidHookResult, InvalidPlan, Timeout
+    exception_type: str | None = None  # the hook's own exception class, when it raised
+    decision: HookDecision | None = None
+    worker_losses: int = 0  # dispatches that ended because the worker running it stopped heartbeating
+
+
+class WorkerLoss(BaseModel):
+    """An activity dispatch that ended because its worker stopped heartbeating (crashed, was killed,
+    lost its connection). The activity was dispatched again; its own attempts were not spent."""
+
+    activity: str
+    summary: str
+    at: datetime
+    dispatch: int  # 1 for the first lost dispatch of this call, 2 for the next, ...
+
+
+class EffectStatus(StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class PipelineHookEffect(BaseModel):
+    """A versioned record of work a hook attempted and what it observed; detached work may later bring
+    the same effect from pending to a terminal state."""
+
+    effect_id: str
+    schema_version: int = 1
+    name: str
+    status: EffectStatus
+    data: JsonValue = None
+    started_at: datetime | None = None
+    duration_ms: float | None = None
+    summary: str = ""
+    error: str | None = None
+    hook: str | None = None
+    stage: Stage | None = None
+
+
+class DetachedWork(BaseModel):
+    """Work a hook handed off: run by a child workflow that outlives the request and brings the
+    effect ``effect_id`` from pending to its terminal state."""
+
+    effect_id: str
+    hook: str
+    stage: Stage
+    name: str
+    payload: JsonValue = None
+
+
+class EnrichmentOperation(StrEnum):
+    ADDED = "added"
+    UPDATED = "updated"
+    REMOVED = "removed"
+
+
+class EnrichmentChange(BaseModel):
+    key: str
+    operation: EnrichmentOperation
+    before: JsonValue = None
+    after: JsonValue = None
+
+
+class GateState(BaseModel):
+    """The cache gate a request runs under: whether reads are enabled and the reserved dimensions."""
+
+    cache_read_enabled: bool = True
+    variation: dict[str, str] = Field(default_factory=dict)
+    reserved_dimensions: list[str] = Field(default_factory=list)
+
+
+class ShortCircuitProposal(BaseModel):
+    """A validated short-circuit a before_planning hook returned, before the gate judged it."""
+
+    contract: Literal["legacy", "decision"]
+    kind: Literal["authoritative", "cache"]
+    response: str
+    source: str
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    cached_against: dict[str, str] = Field(default_factory=dict)
+
+
+class ManagedLease(BaseModel):
+    """A lease a hook declared with ``ctx.manage_lease``: the workflow keeps it alive with one
+    long-running ``keep_lease`` activity, which renews it every ``renew_interval_seconds`` (before
+    ``ttl_seconds`` runs out) through the hook's ``renew_lease`` and heartbeats in between; on every exit
+    the workflow cancels that activity and waits for it to stop, then releases the lease through the
+    hook's ``release_lease``. Both effects named here are announced pending by the declaring invocation
+    and brought to a terminal state by the workflow, with submission and error counts."""
+
+    lease_id: str = Field(min_length=1, max_length=256)
+    hook: str
+    stage: Stage
+    ttl_seconds: float = Field(gt=0)
+    renew_interval_seconds: float = Field(gt=0)
+    renewal_effect_id: str
+    cleanup_effect_id: str
+    payload: JsonValue = None  # what renew_lease / release_lease need; copied, small
+
+
+class HookRequestView(BaseModel):
+    """The request as every hook invocation sees it. ``request`` is the ask being served (after any
+    before_run rewrite); ``state`` is this hook's private state for this run, and no other hook's."""
+
+    request: str
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    request_id: str
+    workflow_id: str
+    enrichments: dict[str, JsonValue] = Field(default_factory=dict)
+    gate: GateState = Field(default_factory=GateState)
+    plan_phase: int | None = None
+    instructions: str = ""
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
+    state: dict[str, JsonValue] = Field(default_factory=dict)
+    leases: list[str] = Field(default_factory=list)  # ids of the managed leases the request owner holds
+
+
+class HookCall(BaseModel):
+    """What every hook invocation receives: the hook as the workflow knows it and the request view.
+    Each stage's ``<Stage>Call`` adds the values of its stage."""
+
+    hook: HookEntry
+    view: HookRequestView
+
+
+class HookOutcome(BaseModel):
+    """What every successful invocation returns besides its stage's own result."""
+
+    decision: HookDecision
+    effects: list[PipelineHookEffect] = Field(default_factory=list)
+    detached: list[DetachedWork] = Field(default_factory=list)
+    state: dict[str, JsonValue] | None = None  # the hook's private state after the invocation
+    leases: list[ManagedLease] = Field(default_factory=list)  # handed to the request owner (the workflow)
+
+
+class ObserveOutcome(HookOutcome):
+    """The outcome of an observe-only (after_execution) invocation."""

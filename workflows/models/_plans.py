@@ -1,0 +1,117 @@
+"""Tools, plans and what executing a plan's steps produced."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, Field, JsonValue
+
+
+class ToolSpec(BaseModel):
+    """A tool the planner may choose, as the workflow and validators see it."""
+
+    namespace: str
+    agent: str
+    capability: str
+    description: str = ""
+    parameters: dict[str, JsonValue] = Field(default_factory=dict)  # JSON schema of the arguments
+    read_only: bool = False
+    approval_required: bool = False  # every step calling it waits for a reviewer's approval
+    kind: Literal["tool", "subagent"] = "tool"  # a subagent step runs a child RequestLifecycle
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.agent}/{self.capability}"
+
+
+class PlanStep(BaseModel):
+    """One tool call of a plan."""
+
+    step_id: str
+    namespace: str
+    agent: str
+    capability: str
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    depends_on: list[str] = Field(default_factory=list)
+    # Prior-phase step ids this step's arguments reference ({{steps.<id>.output...}}), exactly.
+    implicit_deps: list[str] = Field(default_factory=list)
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @property
+    def tool_key(self) -> str:
+        return f"{self.namespace}/{self.agent}/{self.capability}"
+
+    @property
+    def tool(self) -> str:
+        return f"{self.agent}/{self.capability}"
+
+
+class Plan(BaseModel):
+    """A routing plan: the steps to run for one planning phase.
+
+    ``continue_after`` asks for another planning phase once this one's steps have run; the planner then
+    sees their results. The pipeline's phase cap bounds the loop.
+    """
+
+    phase: int = 1
+    steps: list[PlanStep] = Field(default_factory=list)
+    rationale: str = ""
+    continue_after: bool = False
+
+
+class StepStatus(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class StepResult(BaseModel):
+    """The outcome of one executed (or skipped) plan step.
+
+    ``output`` is the tool's raw output (kept for references and the record); ``result`` is the text a
+    planner or synthesizer reads: the output rendered, rewritten by after_tool hooks, capped.
+    """
+
+    step_id: str
+    tool: str
+    status: StepStatus
+    output: JsonValue = None
+    result: str | None = None
+    arguments: dict[str, JsonValue] | None = None  # as executed, after references and before_tool rewrites
+    error: str | None = None
+    error_type: str | None = None
+    error_handled_by: str | None = None  # the on_tool_error hook that substituted the result
+    skip_reason: str | None = None  # policy | missing
+    skip_detail: str | None = None
+    skipped_by: str | None = None  # the hook that denied the call
+    modified_by: list[str] = Field(default_factory=list)
+    idempotency_key: str | None = None
+    started_at: datetime | None = None
+    duration_ms: float | None = None
+
+    def model_view(self) -> StepResult:
+        """What a planner or synthesizer sees: the result text (which after_tool hooks such as ``redact``
+        have processed), not the raw output or the raw error."""
+        return self.model_copy(update={"output": None, "error": None})
+
+
+class ExecutionResult(BaseModel):
+    """All step outcomes of a request, in plan order; what after_execution hooks observe."""
+
+    steps: list[StepResult] = Field(default_factory=list)
+
+    @property
+    def succeeded(self) -> list[StepResult]:
+        return [s for s in self.steps if s.status is StepStatus.SUCCEEDED]
+
+
+class ToolMetrics(BaseModel):
+    """Per-tool counts and durations of one request (calls are executions, not skipped steps)."""
+
+    calls: int = 0
+    failures: int = 0
+    skipped: int = 0
+    total_duration_ms: float = 0.0
+    max_duration_ms: float = 0.0

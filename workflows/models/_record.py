@@ -1,0 +1,234 @@
+"""The execution record (what a request did, for operators) and the checkpoint and review messages it
+keeps."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from ._hook_calls import CacheVerdict
+from ._pipeline import HookInvocation, PipelineHookEffect, Stage, WorkerLoss
+from ._plans import Plan, StepResult, ToolMetrics
+from ._request import Diagnostic, RequestError, RequestStatus, ShortCircuitInfo, StopInfo
+
+# --------------------------------------------------------------------------------------------------
+# Human-in-the-loop checkpoints and the reviews they receive
+# --------------------------------------------------------------------------------------------------
+
+
+class CheckpointStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+class ApprovalReason(BaseModel):
+    step_id: str
+    tool: str
+    reason: str
+
+
+class Checkpoint(BaseModel):
+    """A plan waiting for a reviewer. Approval runs exactly this plan; after_planning does not run again."""
+
+    checkpoint_id: str
+    phase: int
+    plan: Plan
+    reasons: list[ApprovalReason]
+    requested_at: datetime
+    expires_at: datetime
+    status: CheckpointStatus = CheckpointStatus.PENDING
+    reviewer: str | None = None
+    comment: str | None = None  # the approval comment or the rejection reason
+    decided_at: datetime | None = None
+
+
+# Bounds on what a review brings into the record from outside.
+MAX_REVIEW_ID_CHARS = 128  # checkpoint ids and reviewer names
+MAX_REVIEW_COMMENT_CHARS = 2_000
+MAX_INBOUND_PAYLOAD_BYTES = 16 * 1024  # a larger signal or update payload is refused before decoding
+MAX_IGNORED_FIELD_CHARS = 200  # each text of an ignored message, as the record keeps it
+MAX_IGNORED_MESSAGES = 50  # ignored messages (and lost workers) the record lists; the rest are counted
+
+
+class ApproveSignal(BaseModel):
+    """Signal ``approve``. The workflow validates it itself, so a malformed review is recorded as ignored,
+    not dropped."""
+
+    model_config = ConfigDict(extra="ignore")
+    checkpoint_id: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
+    reviewer: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
+    comment: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)
+
+
+class RejectSignal(BaseModel):
+    """Signal ``reject``."""
+
+    model_config = ConfigDict(extra="ignore")
+    checkpoint_id: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
+    reviewer: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
+    reason: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)
+
+
+class ReviewRequest(BaseModel):
+    """Update ``review``: the validated, acknowledged twin of the two signals."""
+
+    model_config = ConfigDict(extra="forbid")
+    checkpoint_id: str = Field(max_length=MAX_REVIEW_ID_CHARS)
+    reviewer: str = Field(max_length=MAX_REVIEW_ID_CHARS)
+    decision: Literal["approve", "reject"]
+    comment: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)  # approval comment, or rejection reason
+
+
+class ReviewAck(BaseModel):
+    checkpoint_id: str
+    decision: Literal["approve", "reject"]
+    reviewer: str
+    accepted_at: datetime
+
+
+class IgnoredReview(BaseModel):
+    """A message from outside that changed nothing — a review for an unknown or decided checkpoint, a
+    malformed signal, an effect update the request did not ask for — kept in the record with the reason.
+    Every text is clipped, and the record keeps a bounded number of them."""
+
+    received_at: datetime
+    via: str  # the signal or update name: approve, reject, review, effect_update, or an unknown one
+    checkpoint_id: str  # or the effect id, for effect updates
+    reviewer: str
+    reason: str
+
+    @classmethod
+    def clipped(cls, received_at: datetime, via: str, checkpoint_id: str, reviewer: str, reason: str) -> IgnoredReview:
+        def clip(text: str) -> str:
+            return text if len(text) <= MAX_IGNORED_FIELD_CHARS else text[: MAX_IGNORED_FIELD_CHARS - 1] + "…"
+
+        return cls(
+            received_at=received_at,
+            via=clip(via),
+            checkpoint_id=clip(checkpoint_id),
+            reviewer=clip(reviewer),
+            reason=clip(reason),
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# The execution record
+# --------------------------------------------------------------------------------------------------
+
+
+class ModelDraft(BaseModel):
+    """The synthesizer's answer before after_synthesis hooks, as the record keeps it: by digest, size and
+    a short preview with common secret patterns masked, never whole — guarding the answer is what
+    after_synthesis hooks are for, so the draft is not safe to show or store."""
+
+    sha256: str
+    chars: int
+    preview: str = ""
+
+    @classmethod
+    def of(cls, text: str, preview: str = "") -> ModelDraft:
+        return cls(sha256=hashlib.sha256(text.encode()).hexdigest(), chars=len(text), preview=preview)
+
+    def matches(self, text: str) -> bool:
+        return self.sha256 == hashlib.sha256(text.encode()).hexdigest()
+
+
+class MemoryOutcome(BaseModel):
+    """What happened to the run's memory candidate."""
+
+    action: Literal["saved", "skipped"]
+    conversation_id: str
+    by: str | None = None  # the before_remember hook that skipped or replaced it
+    reason: str = ""
+
+
+class LifecycleBoundary(StrEnum):
+    ACCEPTED_PLAN = "accepted_plan"
+    CHECKPOINT_OPENED = "checkpoint_opened"
+    TERMINAL = "terminal"
+
+
+class RecordLifecycle(BaseModel):
+    """Lifecycle evidence: which boundary the snapshot was taken at and whether the request completed.
+    Records written without it (older writers) read as completion ``unknown``."""
+
+    boundary: LifecycleBoundary
+    completion: Literal["pending", "completed", "stopped", "failed", "cancelled"]
+    snapshot_revision: int
+
+
+class AcceptedPlan(BaseModel):
+    phase: int
+    plan: Plan
+    accepted_at: datetime
+
+
+class ExecutionRecord(BaseModel):
+    """Everything a request did: the authoritative source for troubleshooting which hooks ran."""
+
+    request_id: str
+    workflow_id: str
+    run_id: str
+    pipeline: str | None = None
+    request: str
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    status: RequestStatus = RequestStatus.RUNNING
+    lifecycle_stage: str = "accepted"
+    record_revision: int = 0
+    started_at: datetime
+    completed_at: datetime | None = None
+    promoted_enrichments: list[str] = Field(default_factory=list)
+    enrichments: dict[str, JsonValue] = Field(default_factory=dict)
+    planning_prompt: str | None = None
+    planner: str | None = None
+    plans: list[AcceptedPlan] = Field(default_factory=list)
+    steps: list[StepResult] = Field(default_factory=list)
+    model_draft: ModelDraft | None = None  # the synthesizer's answer before after_synthesis, by digest
+    final_response: str | None = None  # what the client received
+    confidence: float | None = None
+    short_circuit: ShortCircuitInfo | None = None
+    pipeline_hooks: list[HookInvocation] = Field(default_factory=list)
+    effects: list[PipelineHookEffect] = Field(default_factory=list)
+    checkpoints: list[Checkpoint] = Field(default_factory=list)
+    ignored_reviews: list[IgnoredReview] = Field(default_factory=list)  # bounded: see MAX_IGNORED_MESSAGES
+    ignored_dropped: int = 0  # ignored messages beyond the bound, counted only
+    worker_losses: list[WorkerLoss] = Field(default_factory=list)  # bounded like ignored_reviews
+    cache: CacheVerdict | None = None  # whether the answer was cacheable (without the text)
+    phase_cap_reached: bool = False
+    ask: str | None = None  # the ask served, when a before_run hook rewrote the request
+    instructions: str = ""
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
+    stopped: StopInfo | None = None
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+    tool_metrics: dict[str, ToolMetrics] = Field(default_factory=dict)
+    memory: MemoryOutcome | None = None
+    error: RequestError | None = None
+    lifecycle: RecordLifecycle | None = None
+
+    @property
+    def request_completion(self) -> str:
+        """completed / failed / cancelled / pending, or ``unknown`` for a record without lifecycle evidence."""
+        return self.lifecycle.completion if self.lifecycle is not None else "unknown"
+
+    def invocations(self, stage: Stage | None = None, hook: str | None = None) -> list[HookInvocation]:
+        return [
+            i for i in self.pipeline_hooks if (stage is None or i.stage == stage) and (hook is None or i.hook == hook)
+        ]
+
+    def effect(self, effect_id: str) -> PipelineHookEffect | None:
+        return next((e for e in self.effects if e.effect_id == effect_id), None)
+
+
+class PersistRecordInput(BaseModel):
+    record: ExecutionRecord
+
+
+class PersistRecordOutput(BaseModel):
+    stored_revision: int
+    written: bool
