@@ -17,8 +17,9 @@ import importlib
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 from pydantic import ValidationError
 from temporalio.client import Client
@@ -55,15 +56,24 @@ STICKY_SCHEDULE_TO_START = timedelta(seconds=3)
 HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 
-def build_worker(client: Client, task_queue: str, activities: LifecycleActivities, **options) -> Worker:
-    """A worker for the lifecycle workflow, its detached-effect child, and every activity they schedule."""
+def build_worker(
+    client: Client,
+    task_queue: str,
+    activities: LifecycleActivities,
+    *,
+    extra_workflows: Sequence[type] = (),
+    extra_activities: Sequence[Callable[..., Any]] = (),
+    **options: Any,
+) -> Worker:
+    """A worker for the lifecycle workflow, its detached-effect child, and every activity they schedule
+    (plus any workflows and activities of the application's own, on the same task queue)."""
     options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_SCHEDULE_TO_START)
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=WORKFLOWS,
-        activities=activities.activities(),
+        workflows=[*WORKFLOWS, *extra_workflows],
+        activities=[*activities.activities(), *extra_activities],
         **options,
     )
 
@@ -72,6 +82,7 @@ async def prepare(client: Client, settings: Settings, activities: LifecycleActiv
     """What a process does before it serves requests: register the lifecycle search attributes (or
     learn they cannot be), so requests set them and a reviewer's inbox can find waiting requests."""
     activities.manifest.search_attributes = await ensure_search_attributes(client, settings.temporal_namespace)
+    activities.manifest.payload_store = client.data_converter.external_storage is not None
 
 
 @contextlib.asynccontextmanager

@@ -15,7 +15,7 @@ import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 from opentelemetry.trace import Span, Status, StatusCode
@@ -34,6 +34,8 @@ from hooks.registry import HookRegistry
 from workflows import decisions
 from workflows.models import (
     MAX_ENRICHMENT_BYTES,
+    MAX_INLINE_PAYLOAD_BYTES,
+    MAX_STORED_PAYLOAD_BYTES,
     AfterAnswerCall,
     AfterAnswerOutcome,
     AfterExecutionCall,
@@ -63,6 +65,7 @@ from workflows.models import (
     ObserveOutcome,
     OnErrorCall,
     OnFinishCall,
+    PipelineManifest,
     Plan,
     PlanStep,
     RunPatch,
@@ -180,6 +183,7 @@ def _failed_effects(ctx: PipelineContext, error: str) -> list[dict]:
 
 
 Run = Callable[[Any, PipelineContext, Span], Awaitable[HookOutcome]]
+ResultT = TypeVar("ResultT", bound=pydantic.BaseModel)
 
 
 class HookStageActivities(abc.ABC):
@@ -188,6 +192,25 @@ class HookStageActivities(abc.ABC):
 
     registry: HookRegistry
     tools: ToolRegistry
+    manifest: PipelineManifest
+
+    def bounded(self, result: pydantic.BaseModel, what: str) -> None:
+        """Refuse a result Temporal (or the payload store) could not carry — ``PayloadTooLarge``, which
+        ends the request — instead of an activity completion the server would reject on every retry."""
+        limit = MAX_STORED_PAYLOAD_BYTES if self.manifest.payload_store else MAX_INLINE_PAYLOAD_BYTES
+        size = len(result.model_dump_json().encode())
+        if size > limit:
+            raise ResultRejected(
+                decisions.PAYLOAD_TOO_LARGE, f"{what}: its result is {size} bytes; one payload may be at most {limit}"
+            )
+
+    def bounded_result(self, result: ResultT, what: str) -> ResultT:
+        """``result``, checked by :meth:`bounded` (for the framework's own activities)."""
+        try:
+            self.bounded(result, what)
+        except ResultRejected as err:
+            raise ApplicationError(str(err), type=err.category, non_retryable=True) from None
+        return result
 
     @abc.abstractmethod
     def plan_problems(self, plan: Plan, phase: int, prior_step_ids: Sequence[str] = ()) -> list[str]:
@@ -248,6 +271,7 @@ class HookStageActivities(abc.ABC):
                 outcome.detached = ctx.detached
                 outcome.state = _checked_state(entry, ctx.state)
                 outcome.leases = ctx.leases
+                self.bounded(outcome, f"{stage.value} · {entry.name}")
                 self._mark_succeeded(span, outcome.decision)
                 return outcome
             except ResultRejected as err:

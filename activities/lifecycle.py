@@ -241,7 +241,8 @@ class LifecycleActivities(HookStageActivities):
                 type=decisions.INVALID_PLAN,
                 non_retryable=True,
             )
-        return PlanOutput(plan=plan, prompt=prompt, planner=getattr(self.planner, "name", type(self.planner).__name__))
+        planner = getattr(self.planner, "name", type(self.planner).__name__)
+        return self.bounded_result(PlanOutput(plan=plan, prompt=prompt, planner=planner), "plan")
 
     @activity.defn(name="validate_tool_arguments")
     async def validate_tool_arguments(self, step: PlanStep) -> list[str]:
@@ -297,7 +298,9 @@ class LifecycleActivities(HookStageActivities):
             )
         masked, _ = redact(output.response[: DRAFT_PREVIEW_CHARS * 4])
         preview = masked[:DRAFT_PREVIEW_CHARS] + ("…" if len(masked) > DRAFT_PREVIEW_CHARS else "")
-        return output.model_copy(update={"draft": ModelDraft.of(output.response, preview)})
+        return self.bounded_result(
+            output.model_copy(update={"draft": ModelDraft.of(output.response, preview)}), "synthesize"
+        )
 
     @activity.defn(name="persist_execution_record")
     @heartbeating
@@ -333,7 +336,7 @@ class LifecycleActivities(HookStageActivities):
             attributes={"pipeline.hook.name": work.hook, "pipeline.effect_id": work.effect_id},
         ):
             value = await call_hook(hook.run_detached, ctx)
-        return _returned_or_default(value, DetachedWorkResult, "run_detached")
+        return self.bounded_result(_returned_or_default(value, DetachedWorkResult, "run_detached"), "run_detached")
 
     @activity.defn(name="merge_effect_update")
     @heartbeating

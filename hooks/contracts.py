@@ -391,7 +391,11 @@ class PipelineHook:
 
     Attributes:
         name: Non-empty and unique in the pipeline; used in the UI, spans and the record.
-        run_mode: ``RunMode.ACTIVITY`` (default) or ``RunMode.LOCAL_ACTIVITY`` for cheap in-process hooks.
+        run_mode: ``RunMode.LOCAL_ACTIVITY`` (default): the invocation runs in the workflow's worker, in
+            the same workflow task as the stage's other hooks, recorded as a marker with its summary —
+            for in-process work that takes milliseconds. ``RunMode.ACTIVITY`` for a hook that calls
+            something remote or slow (a model, an HTTP service, a subprocess): its own task, retried by
+            the server, heartbeated, and visible as an activity.
         timeout_seconds: Per-attempt limit; a hook that exceeds it is recorded as ``timed_out``.
         max_attempts: Attempts for a hook that raises an ordinary exception (``HookRejection`` and
             contract violations are never retried).
@@ -410,7 +414,7 @@ class PipelineHook:
     """
 
     name: str = ""
-    run_mode: RunMode = RunMode.ACTIVITY
+    run_mode: RunMode = RunMode.LOCAL_ACTIVITY
     timeout_seconds: float = 10.0
     max_attempts: int = 3
     priority: int = 0

@@ -4,6 +4,7 @@ OpenTelemetry providers, and helpers. Nothing here downloads anything."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -18,6 +19,7 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from client import Settings, process_data_converter
 from client.devserver import temporal_cli_path, time_skipping_server_path
 from workflows import data_converter, search_attributes
 
@@ -58,6 +60,17 @@ async def time_env() -> AsyncIterator[WorkflowEnvironment]:
 @pytest.fixture
 def client(dev_env: WorkflowEnvironment) -> Client:
     return dev_env.client
+
+
+def with_payload_store(client: Client, state_dir: Path) -> Client:
+    """``client`` on the same connection, with the payload store a ``worker.py`` on ``state_dir`` uses:
+    what a process needs to read the histories and results of requests those workers ran."""
+    return Client(
+        client.service_client,
+        namespace=client.namespace,
+        data_converter=process_data_converter(Settings(state_dir=state_dir)),
+        interceptors=[TracingInterceptor()],
+    )
 
 
 @pytest.fixture

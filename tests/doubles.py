@@ -12,6 +12,7 @@ from temporalio.api.enums.v1 import EventType
 
 from activities.tools import Tool, ToolContext
 from demo.agent import RulePlanner
+from workflows import data_converter
 from workflows.models import HookInvocation, Plan, PlanStep
 
 from .harness import Outcome
@@ -73,18 +74,25 @@ def decision(invocation: HookInvocation) -> tuple[str, str, str]:
 
 
 def started_attempts(out: Outcome, activity_type: str) -> list[int]:
-    """The attempt of each ActivityTaskStarted of ``activity_type`` (the last attempt the server ran)."""
+    """The attempt of each ActivityTaskStarted of ``activity_type`` (the last attempt the server ran), or,
+    for a local activity, the attempt its marker recorded."""
     types = {
         e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
         for e in out.history.events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     }
-    return [
-        e.activity_task_started_event_attributes.attempt
-        for e in out.history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
-        and types[e.activity_task_started_event_attributes.scheduled_event_id] == activity_type
-    ]
+    attempts = []
+    for e in out.history.events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            if types[e.activity_task_started_event_attributes.scheduled_event_id] == activity_type:
+                attempts.append(e.activity_task_started_event_attributes.attempt)
+        elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            marker = e.marker_recorded_event_attributes
+            if marker.marker_name == "core_local_activity" and "data" in marker.details:
+                data = data_converter.payload_converter.from_payloads(marker.details["data"].payloads)[0]
+                if data.get("activity_type") == activity_type:
+                    attempts.append(data["attempt"])
+    return attempts
 
 
 class CapturingPlanner(RulePlanner):

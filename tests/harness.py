@@ -149,6 +149,7 @@ class Harness:
         self.histories: list[WorkflowHistory] = []
 
     async def __aenter__(self) -> Harness:
+        self.activities.manifest.payload_store = self.client.data_converter.external_storage is not None
         self.worker = build_worker(self.client, self.task_queue, self.activities, **self.worker_options)
         await self.worker.__aenter__()
         return self
@@ -159,7 +160,7 @@ class Harness:
             await self.replay()
 
     async def replay(self) -> None:
-        replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter)
+        replayer = Replayer(workflows=WORKFLOWS, data_converter=self.client.data_converter)
         for history in self.histories:
             await replayer.replay_workflow(history)
 

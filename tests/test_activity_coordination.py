@@ -62,9 +62,11 @@ def keeper_closed_before_release(out: Outcome) -> bool:
 
 
 def assert_released_after_join(out: Outcome, record: ExecutionRecord, exit: str) -> None:
-    """One keeper, stopped before the one release; both effects terminal with counts, in the record."""
+    """One keeper, stopped before the one release; both effects terminal with counts, in the record. (A
+    request that ends in the workflow task that declared the lease cancels its keeper before the server
+    ever sees it: then only the release is in the history.)"""
     order = lease_order(out)
-    assert order == ["keep_lease", "release_lease"], order
+    assert order in (["keep_lease", "release_lease"], ["release_lease"]), order
     assert keeper_closed_before_release(out)
     types = out.activity_types()
     assert types.index("release_lease") < len(types) - 1 and types[-1] == "persist_execution_record"
@@ -248,12 +250,14 @@ async def test_a_checkpoint_wait_renews_the_lease_without_adding_history_and_cle
     assert all(r.ok and r.detail["found"] for r in coordinator.renewals)
     expiries = [r.detail["expires_at"] for r in coordinator.renewals]
     assert expiries == sorted(expiries)
-    # The wait, in history: from the checkpoint's persist to the expiry timer, nothing was scheduled.
+    # The wait, in history: from the checkpoint's persist (a local activity's marker) to the expiry timer,
+    # nothing was scheduled.
     events = out.history.events
     opened = max(
         i
         for i, e in enumerate(events)
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED and i < _fired(events)
+        if e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_MARKER_RECORDED)
+        and i < _fired(events)
     )
     during_wait = events[opened + 1 : _fired(events)]
     assert [e for e in during_wait if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED] == []

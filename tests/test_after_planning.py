@@ -562,6 +562,7 @@ async def test_a_required_hook_failure_fails_the_request_before_any_tool(client,
 
 async def test_a_required_hook_rejection_is_not_retried(client, tmp_path):
     gate = Gate("reject", max_attempts=5)
+    gate.run_mode = RunMode.ACTIVITY  # the server's retry policy is what must not retry it
     async with Harness(client, tmp_path, hooks=[gate], planner=two_quotes()) as h:
         out = await h.run("quotes please")
 

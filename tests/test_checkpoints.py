@@ -19,7 +19,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from demo.tools import quote_price
-from hooks import HookRejection, Plan, PlanStep, RequiredAfterPlanningHook
+from hooks import HookRejection, Plan, PlanStep, RequiredAfterPlanningHook, RunMode
 from workflows import data_converter
 from workflows import search_attributes as sa
 from workflows.models import ApprovalReason, Checkpoint, ExecutionRecord, ReviewAck, ReviewRequest, ReviewSettings
@@ -66,8 +66,12 @@ class CountingPlanHook:
 
 
 class Hold:
-    """Blocks its stage until released, so a test can look at (or signal) the request at that point."""
+    """Blocks its stage until released, so a test can look at (or signal) the request at that point.
 
+    A hook that blocks runs as an activity: while a local activity runs, its workflow task is open, and
+    the request answers queries and updates only when that task heartbeats (every few seconds)."""
+
+    run_mode = RunMode.ACTIVITY
     timeout_seconds = 60.0
     max_attempts = 1
 
@@ -149,11 +153,19 @@ def signal_events(out: Outcome) -> list:
 
 
 def scheduled_ids(out: Outcome, activity_type: str) -> list[int]:
-    return [
-        e.event_id
-        for e in events(out, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
-        if e.activity_task_scheduled_event_attributes.activity_type.name == activity_type
-    ]
+    """Event ids at which ``activity_type`` was scheduled, or recorded as a local activity's marker."""
+    found = []
+    for e in out.history.events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if e.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
+                found.append(e.event_id)
+        elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            marker = e.marker_recorded_event_attributes
+            if marker.marker_name == "core_local_activity" and "data" in marker.details:
+                data = data_converter.payload_converter.from_payloads(marker.details["data"].payloads)[0]
+                if data.get("activity_type") == activity_type:
+                    found.append(e.event_id)
+    return found
 
 
 def tool_step_ids(out: Outcome) -> list[str]:

@@ -395,11 +395,14 @@ def test_manifest_entries_describe_a_valid_pipeline():
     cheap, decider = entries[0], entries[1]
     assert (cheap.run_mode, cheap.timeout_seconds, cheap.max_attempts) == (RunMode.LOCAL_ACTIVITY, 2.0, 1)
     assert (decider.run_mode, decider.timeout_seconds, decider.max_attempts) == (
-        RunMode.ACTIVITY,
+        RunMode.LOCAL_ACTIVITY,
         PipelineHook.timeout_seconds,
         PipelineHook.max_attempts,
     )
-    assert entries[4].run_mode is RunMode.ACTIVITY and entries[4].max_attempts == PipelineHook.max_attempts
+    assert (
+        entries[4].run_mode is PipelineHook.run_mode is RunMode.LOCAL_ACTIVITY
+        and entries[4].max_attempts == PipelineHook.max_attempts
+    )
     assert registry.hook("bare") is hooks[4]
     with pytest.raises(LookupError):
         registry.hook("missing")

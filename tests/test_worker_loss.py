@@ -20,9 +20,10 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Replayer
 
-from workflows import WORKFLOWS, data_converter
+from workflows import WORKFLOWS
 from workflows.models import ExecutionRecord, InvocationOutcome, RequestInput, RequestResult, RequestStatus, Stage
 
+from .conftest import with_payload_store
 from .doubles import decision
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +90,7 @@ async def run_request(
         failure = err.cause
     history = await handle.fetch_history()
     record = await handle.query("execution_record", result_type=ExecutionRecord)
-    replayed = await Replayer(workflows=WORKFLOWS, data_converter=data_converter).replay_workflow(
+    replayed = await Replayer(workflows=WORKFLOWS, data_converter=client.data_converter).replay_workflow(
         history, raise_on_replay_failure=False
     )
     assert replayed.replay_failure is None
@@ -98,6 +99,7 @@ async def run_request(
 
 async def test_three_workers_dying_under_the_required_hook_do_not_decide_the_request(client, tmp_path):
     queue = f"crash-{uuid.uuid4()}"
+    client = with_payload_store(client, tmp_path)
     async with supervised_workers(
         client, tmp_path, queue, AGENT_TEST_CRASHES="3", AGENT_TEST_GATE_ATTEMPTS="3"
     ) as pids:
@@ -117,6 +119,7 @@ async def test_three_workers_dying_under_the_required_hook_do_not_decide_the_req
 async def test_a_hook_that_kills_every_worker_ends_in_worker_lost_not_in_a_policy_verdict(client, tmp_path):
     queue = f"crash-{uuid.uuid4()}"
     env = {"AGENT_TEST_CRASHES": "1000", "AGENT_TEST_GATE_ATTEMPTS": "1", "AGENT_TEST_WORKER_LOSSES": "2"}
+    client = with_payload_store(client, tmp_path)
     async with supervised_workers(client, tmp_path, queue, **env):
         result, failure, record, history = await run_request(client, queue)
 

@@ -19,6 +19,7 @@ from client.settings import Settings
 from demo.pipeline import demo_hooks, demo_memory
 from workflows.models import Checkpoint, RequestInput, RequestResult
 
+from .conftest import with_payload_store
 from .doubles import eventually
 from .harness import Harness
 
@@ -42,6 +43,7 @@ def _started_identities(history, activity_type: str) -> list[str]:
 async def test_a_fresh_worker_finishes_a_request_whose_worker_was_killed_at_its_checkpoint(client, dev_env, tmp_path):
     state = tmp_path / "state"
     queue = f"restart-{uuid.uuid4()}"
+    client = with_payload_store(client, state)  # the worker below sends large payloads by reference there
     env = {
         **os.environ,
         "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,

@@ -15,7 +15,7 @@ from client.settings import Settings
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry, PipelineHook, RequiredAfterPlanningHook
-from workflows.models import StageSettings
+from workflows.models import RunMode, StageSettings
 
 
 class Enrich(PipelineHook):
@@ -105,6 +105,7 @@ class CrashingGate(RequiredAfterPlanningHook, PipelineHook):
     name = "crashing-gate"
     timeout_seconds = 20.0
     max_attempts = 3
+    run_mode = RunMode.ACTIVITY  # heartbeated: a lost worker is found within seconds
 
     def __init__(self, counter: Path, crashes: int, max_attempts: int) -> None:
         self.counter = counter

@@ -30,7 +30,17 @@ from temporalio.exceptions import ApplicationError
 MAX_REPORTED_ERRORS = 5
 
 
+# Payload metadata that marks an activity input or result the payload store may take by reference.
+BY_REFERENCE_METADATA = "agent-by-reference"
+
+
 class _ValidatingJSONConverter(PydanticJSONPlainPayloadConverter):
+    def to_payload(self, value: Any) -> temporalio.api.common.v1.Payload | None:
+        payload = super().to_payload(value)
+        if payload is not None and getattr(value, "travels_by_reference", False):
+            payload.metadata[BY_REFERENCE_METADATA] = b"1"
+        return payload
+
     def from_payload(self, payload: temporalio.api.common.v1.Payload, type_hint: type | None = None) -> Any:
         try:
             return super().from_payload(payload, type_hint)

@@ -31,6 +31,7 @@ SYNTHESIS_FAILED = "SynthesisFailed"
 PIPELINE_UNAVAILABLE = "PipelineUnavailable"
 EXTENSION_ERROR = "ExtensionError"
 WORKER_LOST = "WorkerLost"  # infrastructure: workers kept dying under one activity
+PAYLOAD_TOO_LARGE = "PayloadTooLarge"  # a value the request would send exceeds what Temporal (or the store) carries
 REQUEST_ID_CONFLICT = "RequestIdConflict"
 
 # Failure categories a hook activity reports (ApplicationError.type of the activity failure).
@@ -60,6 +61,7 @@ REASON_MEMORY_SKIPPED = "memory_skipped"
 REASON_MEMORY_REPLACED = "memory_replaced"
 REASON_OBSERVED = "observed"
 REASON_WORKER_LOST = "worker_lost"
+REASON_PAYLOAD_TOO_LARGE = "payload_too_large"
 
 _FAILURE_REASONS = {
     HOOK_ERROR: REASON_HOOK_ERROR,
@@ -68,6 +70,7 @@ _FAILURE_REASONS = {
     INVALID_PLAN: REASON_INVALID_PLAN,
     HOOK_CONTRACT_ERROR: REASON_CONTRACT_ERROR,
     WORKER_LOST: REASON_WORKER_LOST,
+    PAYLOAD_TOO_LARGE: REASON_PAYLOAD_TOO_LARGE,
 }
 
 
@@ -107,7 +110,7 @@ def failure_decision(hook: HookEntry, stage: Stage, category: str) -> HookDecisi
     policy = failure_policy(hook, stage)
     if STAGES[stage].finalizer:  # a finalizer's failure is a diagnostic, whatever its cause
         return HookDecision(failure_policy=policy, action=DecisionAction.CONTINUE, reason=reason)
-    terminal = policy is FailurePolicy.FAIL_CLOSED or category == WORKER_LOST
+    terminal = policy is FailurePolicy.FAIL_CLOSED or category in (WORKER_LOST, PAYLOAD_TOO_LARGE)
     return HookDecision(
         failure_policy=policy, action=DecisionAction.TERMINATE if terminal else DecisionAction.CONTINUE, reason=reason
     )

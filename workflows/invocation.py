@@ -30,6 +30,10 @@ with workflow.unsafe.imports_passed_through():
     from .leases import ManagedLeases
     from .models import (
         MAX_IGNORED_MESSAGES,
+        MAX_INLINE_PAYLOAD_BYTES,
+        MAX_STORED_PAYLOAD_BYTES,
+        STORED_REFERENCE_BYTES,
+        TASK_PAYLOAD_BUDGET_BYTES,
         DecisionAction,
         DetachedEffectInput,
         DetachedWork,
@@ -55,7 +59,7 @@ with workflow.unsafe.imports_passed_through():
         bounded_value,
     )
     from .stages import STAGES
-    from .support import NON_RETRYABLE_HOOK_FAILURES, InvocationFailure
+    from .support import INFRASTRUCTURE_FAILURES, NON_RETRYABLE_HOOK_FAILURES, InvocationFailure, payload_bytes
 
 HOOK_RETRY_INITIAL_INTERVAL = timedelta(milliseconds=200)
 OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
@@ -90,6 +94,8 @@ class HookInvoker:
     _hook_state: dict[str, dict[str, JsonValue]]
     _leases: ManagedLeases
     _detached_tokens: dict[str, str]
+    _local_bookkeeping: bool = False
+    _inflight_bytes: int = 0  # inline input bytes of the activities scheduled and not yet finished
 
     def _set_stage(self, stage: str, detail: str = "") -> None:
         self._record.lifecycle_stage = str(stage)
@@ -202,8 +208,15 @@ class HookInvoker:
             invocation.decision = failure.decision = decisions.failure_decision(hook, stage, failure.category)
             self._record.pipeline_hooks.append(invocation)
             record_effects(self._record, failure.effects)
-            if failure.category == decisions.WORKER_LOST:
-                raise
+            if failure.category in INFRASTRUCTURE_FAILURES:  # not the hook's verdict: the request ends as it is
+                if isinstance(err, ApplicationError) and err.type == failure.category:
+                    raise
+                raise ApplicationError(
+                    failure.message,
+                    {"hook": hook.name, "stage": stage.value},
+                    type=failure.category,
+                    non_retryable=True,
+                ) from None
             return None, failure
         invocation.duration_ms = elapsed_ms(started)
         invocation.decision = outcome.decision
@@ -231,23 +244,89 @@ class HookInvoker:
         """Schedule one of the framework's activities: heartbeated, dispatched again when its worker is
         lost (each loss kept in the record), ``WorkerLost`` after the pipeline's limit of lost dispatches."""
         settings = self._manifest.settings
+        inline = self._inline_bytes(self._check_payload(summary, arg))
 
         def lost(n: int) -> None:
             self._note_worker_lost(activity, summary, n)
             if on_worker_lost is not None:
                 on_worker_lost(n)
 
-        return await dispatch.execute(
-            activity,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=timedelta(seconds=timeout),
-            retry_policy=retry_policy,
-            summary=summary,
-            heartbeat_ceiling=timedelta(seconds=settings.heartbeat_timeout_seconds),
-            max_worker_losses=settings.max_worker_losses,
-            on_worker_lost=lost,
-        )
+        # What is in flight is bounded in bytes, so no workflow task can schedule more than a gRPC message
+        # carries: a large fan-out waits here for earlier activities to finish.
+        if self._inflight_bytes and self._inflight_bytes + inline > TASK_PAYLOAD_BUDGET_BYTES:
+            await workflow.wait_condition(
+                lambda: self._inflight_bytes + inline <= TASK_PAYLOAD_BUDGET_BYTES or not self._inflight_bytes
+            )
+        self._inflight_bytes += inline
+        try:
+            return await dispatch.execute(
+                activity,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=timedelta(seconds=timeout),
+                retry_policy=retry_policy,
+                summary=summary,
+                heartbeat_ceiling=timedelta(seconds=settings.heartbeat_timeout_seconds),
+                max_worker_losses=settings.max_worker_losses,
+                on_worker_lost=lost,
+            )
+        finally:
+            self._inflight_bytes -= inline
+
+    async def _bookkeeping(
+        self,
+        activity: str,
+        arg: Any,
+        *,
+        result_type: type[ResultT],
+        timeout: float,
+        retry_policy: RetryPolicy,
+        summary: str,
+    ) -> ResultT:
+        """The framework's own in-process steps (resolving the pipeline, writing the record): local
+        activities, so they cost no server round trip and their input — the whole record — never enters
+        the history. Executions started before this ran them as activities, and replay the same way."""
+        if not self._local_bookkeeping:
+            return await self._activity(
+                activity, arg, result_type=result_type, timeout=timeout, retry_policy=retry_policy, summary=summary
+            )
+        try:
+            return await workflow.execute_local_activity(
+                activity,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=timedelta(seconds=timeout),
+                retry_policy=retry_policy,
+                summary=summary,
+            )
+        except (ApplicationError, TimeoutError) as err:  # a local activity's failure arrives unwrapped
+            raise ActivityError(
+                str(err),
+                scheduled_event_id=0,
+                started_event_id=0,
+                identity="",
+                activity_type=activity,
+                activity_id="",
+                retry_state=None,
+            ) from err
+
+    def _inline_bytes(self, size: int) -> int:
+        """What a payload of ``size`` bytes adds to a workflow task: itself, or its reference in the store."""
+        return STORED_REFERENCE_BYTES if self._manifest.payload_store and size >= STORED_REFERENCE_BYTES else size
+
+    def _check_payload(self, summary: str, arg: Any) -> int:
+        """Refuse to send what Temporal (or the payload store) cannot carry: a typed failure now, instead of
+        a workflow task that fails on every retry. Returns the payload's size."""
+        size = payload_bytes(arg)
+        limit = MAX_STORED_PAYLOAD_BYTES if self._manifest.payload_store else MAX_INLINE_PAYLOAD_BYTES
+        if size > limit:
+            raise ApplicationError(
+                f"{summary}: its input is {size} bytes; one payload may be at most {limit}",
+                {"summary": summary, "bytes": size, "limit": limit, "payload_store": self._manifest.payload_store},
+                type=decisions.PAYLOAD_TOO_LARGE,
+                non_retryable=True,
+            )
+        return size
 
     def _note_worker_lost(self, activity: str, summary: str, dispatch_number: int) -> None:
         workflow.logger.warning("worker lost under %s (dispatch %s); dispatching it again", summary, dispatch_number)
@@ -262,6 +341,7 @@ class HookInvoker:
         if effect is None:
             return
         info = workflow.info()
+        self._check_payload(f"detached · {work.hook} · {work.effect_id}", work)
         token = workflow.uuid4().hex
         self._detached_tokens[work.effect_id] = token  # before the start: the child may report in the same task
         settings = self._manifest.settings

@@ -100,6 +100,8 @@ CHECKPOINT_REJECTED = "CheckpointRejected"
 CHECKPOINT_EXPIRED = "CheckpointExpired"
 INVALID_REVIEW = "InvalidReview"
 INVALID_QUERY = "InvalidQuery"
+# Executions started from here on resolve the pipeline and write the record as local activities.
+LOCAL_BOOKKEEPING_PATCH = "local-bookkeeping"
 SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal, EffectUpdateSignal)
 
 
@@ -295,6 +297,7 @@ class RequestLifecycleWorkflow(StepExecution):
             self._record.error = RequestError(type=decisions.INVALID_REQUEST, message=self._input_problem)
             self._record.lifecycle_stage = str(RequestStatus.FAILED)
             raise ApplicationError(self._input_problem, type=decisions.INVALID_REQUEST, non_retryable=True)
+        self._local_bookkeeping = workflow.patched(LOCAL_BOOKKEEPING_PATCH)
         try:
             result = await self._lifecycle()
         except RunStopped as stop:
@@ -527,7 +530,7 @@ class RequestLifecycleWorkflow(StepExecution):
     async def _resolve_pipeline(self) -> None:
         self._set_stage("resolve_pipeline")
         try:
-            self._manifest = await self._activity(
+            self._manifest = await self._bookkeeping(
                 "resolve_pipeline",
                 ResolvePipelineInput(request_id=self._request_id, metadata=self._input.metadata),
                 result_type=PipelineManifest,
@@ -602,7 +605,7 @@ class RequestLifecycleWorkflow(StepExecution):
                     workflow_id=self._record.workflow_id,
                     enrichments=self._enrichments,
                     phase=phase,
-                    prior_results=self._record.steps,
+                    prior_results=[s.model_view() for s in self._record.steps],
                     instructions=self._instructions,
                     facts=self._facts,
                 ),
@@ -689,8 +692,11 @@ class RequestLifecycleWorkflow(StepExecution):
         return checkpoint.plan
 
     async def _after_execution(self, execution: ExecutionResult) -> None:
-        """Observers of every step's outcome."""
+        """Observers of every step's outcome: its status, result text (capped) and error, not each raw
+        output, so what every after_execution hook receives stays small however much the tools returned
+        (the record keeps the raw outputs)."""
         self._set_stage(Stage.AFTER_EXECUTION)
+        execution = ExecutionResult(steps=[s.observer_view() for s in execution.steps])
         await self._run_stage(
             Stage.AFTER_EXECUTION,
             lambda hook: AfterExecutionCall(hook=hook, view=self._view(hook), execution=execution),
@@ -774,7 +780,7 @@ class RequestLifecycleWorkflow(StepExecution):
         )
         for attempt in (1, 2):
             try:
-                await self._activity(
+                await self._bookkeeping(
                     "persist_execution_record",
                     PersistRecordInput(record=self._record),
                     result_type=PersistRecordOutput,
@@ -812,6 +818,7 @@ _ERROR_ORIGINS = {
     CHECKPOINT_REJECTED: "confirmation",
     CHECKPOINT_EXPIRED: "confirmation",
     decisions.WORKER_LOST: "infrastructure",
+    decisions.PAYLOAD_TOO_LARGE: "infrastructure",
     "Cancelled": "cancelled",
 }
 

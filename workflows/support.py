@@ -40,6 +40,8 @@ NON_RETRYABLE_HOOK_FAILURES = [
     decisions.INVALID_HOOK_RESULT,
     decisions.INVALID_PLAN,
 ]
+# Failures that are not the hook's doing: recorded on the invocation, then they end the request as they are.
+INFRASTRUCTURE_FAILURES = (decisions.WORKER_LOST, decisions.PAYLOAD_TOO_LARGE)
 # A step's metadata key by which an after_planning hook asks for a reviewer: True or the reason text.
 APPROVAL_METADATA_KEY = "approval_required"
 
@@ -65,7 +67,7 @@ class InvocationFailure(BaseModel):
             )
         if isinstance(cause, ApplicationError):
             details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
-            known = {decisions.HOOK_ERROR, decisions.WORKER_LOST, *NON_RETRYABLE_HOOK_FAILURES}
+            known = {decisions.HOOK_ERROR, *INFRASTRUCTURE_FAILURES, *NON_RETRYABLE_HOOK_FAILURES}
             return cls(
                 category=cause.type if cause.type in known else decisions.HOOK_ERROR,
                 message=cause.message,
@@ -94,6 +96,13 @@ def idempotency_key(workflow_id: str, run_id: str, step_id: str, arguments: Mapp
     canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     digest = hashlib.sha256("\x00".join((workflow_id, run_id, step_id, canonical)).encode()).hexdigest()[:32]
     return f"{step_id}-{digest}"
+
+
+def payload_bytes(value: Any) -> int:
+    """Bytes of ``value`` as the data converter sends it (compact JSON; pydantic models as they dump)."""
+    if isinstance(value, BaseModel):
+        return len(value.model_dump_json().encode())
+    return json_size(value)
 
 
 def single_payload(args: Sequence[Any], *, max_bytes: int | None = None) -> tuple[Any, str | None]:

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from workflows.models import ENRICHMENT_RAG_CONTEXT, DetachedWorkResult, EffectStatus, ExecutionResult, StepStatus
+from workflows.models import (
+    ENRICHMENT_RAG_CONTEXT,
+    DetachedWorkResult,
+    EffectStatus,
+    ExecutionResult,
+    RunMode,
+    StepStatus,
+)
 
 from ..contracts import DetachedContext, PipelineContext, PipelineHook
 from ..memory import (
@@ -250,6 +257,7 @@ class MemoryRecordHook(PipelineHook):
 
     name = "memory-record"
     max_attempts = 2
+    run_mode = RunMode.ACTIVITY  # a model call of up to minutes: its own heartbeated task
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from workflows.models import ENRICHMENT_USER_PROFILE, EffectStatus
+from workflows.models import ENRICHMENT_USER_PROFILE, EffectStatus, RunMode
 
 from ..contracts import PipelineContext, PipelineHook
 from ..memory import MemoryModel, UserFact, UserMemory
@@ -90,6 +90,7 @@ class UserMemoryExtractionHook(PipelineHook):
     """
 
     name = "user-memory-extraction"
+    run_mode = RunMode.ACTIVITY  # a model call: its own heartbeated task
 
     def __init__(
         self,

@@ -33,6 +33,7 @@ from temporalio import activity
 
 from workflows.models import (
     METADATA_SUBAGENT_DEPTH,
+    RunMode,
     RunOutcomeView,
     RunPatch,
     RunView,
@@ -352,6 +353,8 @@ class DeclaredHook(PipelineHook):
         self.subagent_only = spec.event in (HookEvent.SUBAGENT_START, HookEvent.SUBAGENT_STOP)
         self.timeout_seconds = spec.timeout_ms / 1000.0 + ACTIVITY_MARGIN_SECONDS
         self.max_attempts = 3
+        # A subprocess, an HTTP call or a model: its own heartbeated task, not the workflow's.
+        self.run_mode = RunMode.ACTIVITY
 
     async def fire(self, ctx: PipelineContext, **fields: Any) -> DispatchResult:
         return await dispatch(

@@ -7,19 +7,20 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from ._common import ByReference
 from ._hook_calls import MemoryCandidate
 from ._pipeline import DetachedWork, ManagedLease, PipelineHookEffect
 from ._plans import ExecutionResult, Plan, PlanStep, StepResult
 from ._record import ModelDraft
 
 
-class RememberInput(BaseModel):
+class RememberInput(ByReference):
     request_id: str
     workflow_id: str
     candidate: MemoryCandidate
 
 
-class PlanInput(BaseModel):
+class PlanInput(ByReference):
     request: str
     request_id: str
     workflow_id: str
@@ -30,23 +31,23 @@ class PlanInput(BaseModel):
     facts: dict[str, JsonValue] = Field(default_factory=dict)
 
 
-class PlanOutput(BaseModel):
+class PlanOutput(ByReference):
     plan: Plan
     prompt: str
     planner: str
 
 
-class ToolStepInput(BaseModel):
+class ToolStepInput(ByReference):
     step: PlanStep
     request_id: str
     idempotency_key: str
 
 
-class ToolStepOutput(BaseModel):
+class ToolStepOutput(ByReference):
     output: JsonValue = None
 
 
-class SynthesizeInput(BaseModel):
+class SynthesizeInput(ByReference):
     request: str
     request_id: str
     plan: Plan
@@ -56,13 +57,13 @@ class SynthesizeInput(BaseModel):
     facts: dict[str, JsonValue] = Field(default_factory=dict)
 
 
-class SynthesizeOutput(BaseModel):
+class SynthesizeOutput(ByReference):
     response: str
     confidence: float = Field(ge=0.0, le=1.0)
     draft: ModelDraft | None = None  # set by the synthesize activity: what the record keeps of ``response``
 
 
-class DetachedEffectInput(BaseModel):
+class DetachedEffectInput(ByReference):
     """The input of a ``DetachedEffect`` child workflow."""
 
     parent_workflow_id: str
@@ -79,14 +80,14 @@ class DetachedEffectInput(BaseModel):
     max_worker_losses: int = 5
 
 
-class DetachedWorkResult(BaseModel):
+class DetachedWorkResult(ByReference):
     """What a hook's detached work reports back: the effect's new data and summary."""
 
     data: JsonValue = None
     summary: str = ""
 
 
-class EffectUpdateInput(BaseModel):
+class EffectUpdateInput(ByReference):
     workflow_id: str
     run_id: str
     effect: PipelineHookEffect
@@ -100,7 +101,7 @@ class EffectUpdateSignal(BaseModel):
     token: str = Field(max_length=64)
 
 
-class LeaseCall(BaseModel):
+class LeaseCall(ByReference):
     """The input of the ``keep_lease`` and ``release_lease`` activities."""
 
     lease: ManagedLease
@@ -110,7 +111,7 @@ class LeaseCall(BaseModel):
     exit: str | None = None  # for the release: how the request ended (completed, stopped, error, cancelled)
 
 
-class LeaseKeeperReport(BaseModel):
+class LeaseKeeperReport(ByReference):
     """What a ``keep_lease`` activity did until it was stopped: renewals submitted, returned, failed.
     Also its heartbeat details, so a keeper resumed on another worker continues the counts."""
 
@@ -121,7 +122,7 @@ class LeaseKeeperReport(BaseModel):
     expires_at: datetime | None = None
 
 
-class LeaseObservation(BaseModel):
+class LeaseObservation(ByReference):
     """What a hook's ``renew_lease`` / ``release_lease`` observed from its provider (not proof of
     durability). Raise from those methods to report a provider error instead."""
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
 
 MAX_REQUEST_CHARS = 8_000
 MAX_METADATA_BYTES = 64 * 1024
@@ -15,6 +17,15 @@ MAX_TOOL_OUTPUT_BYTES = 32 * 1024
 # so a record stays well under Temporal's 2 MB payload limit.
 MAX_EFFECT_VALUE_BYTES = 32 * 1024
 MAX_RECORDED_PROMPT_CHARS = 64 * 1024
+# What one payload the workflow sends may weigh: inline, under Temporal's 2 MiB limit with room for the
+# event around it; by reference (the payload store configured), what the store takes.
+MAX_INLINE_PAYLOAD_BYTES = 1536 * 1024
+MAX_STORED_PAYLOAD_BYTES = 32 * 1024 * 1024
+# Inline bytes the workflow lets one workflow task schedule (its completion is one gRPC message of at most
+# 4 MiB): a larger fan-out of steps is started in batches as earlier steps finish.
+TASK_PAYLOAD_BUDGET_BYTES = 1024 * 1024
+# What a payload costs in history once the store holds it: the reference.
+STORED_REFERENCE_BYTES = 512
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
 # Well-known enrichment keys: the default planning prompt renders each in its own section.
 ENRICHMENT_RAG_CONTEXT = "rag_context"
@@ -25,6 +36,14 @@ ENRICHMENT_USER_PROFILE = "user_profile"
 METADATA_CONVERSATION_TURNS = "conversation_turns"
 # Request metadata switch: {"cache": "bypass"} disables response-cache reads.
 METADATA_CACHE = "cache"
+
+
+class ByReference(BaseModel):
+    """An activity's input or result. Above the payload store's threshold it travels through Temporal as
+    a reference to the store (see ``activities.payload_store``); what operators read — the request's input
+    and result, signals, queries — stays inline unless it would not fit a payload at all."""
+
+    travels_by_reference: ClassVar[bool] = True
 
 
 def json_size(value: Any) -> int:
@@ -81,9 +100,11 @@ class DecisionAction(StrEnum):
 class RunMode(StrEnum):
     """How a hook invocation is scheduled by the workflow.
 
-    ``activity`` (the default) is a regular activity: its own task, visible in the UI with its summary,
-    retried and timed out by the server. ``local_activity`` runs in the workflow's worker without a
-    round trip to the server: cheaper, for hooks that are fast and pure in-process work.
+    ``local_activity`` (the default for hooks) runs in the workflow's worker without a round trip to the
+    server — the hooks of one stage run in one workflow task — recorded as a marker with its summary:
+    for fast, in-process work. ``activity`` is a regular activity: its own task, visible in the UI with
+    its summary, retried, timed out and heartbeated by the server: for hooks that call something remote
+    or slow.
     """
 
     ACTIVITY = "activity"

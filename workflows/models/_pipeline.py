@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
-from ._common import DecisionAction, FailurePolicy, RunMode, Stage
+from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage
 from ._plans import ToolSpec
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class ReviewSettings(BaseModel):
     checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0, le=MAX_CHECKPOINT_EXPIRY_SECONDS)
 
 
-class PipelineManifest(BaseModel):
+class PipelineManifest(ByReference):
     """The pipeline a request runs with: hook order and stages, tools, cache variation, limits."""
 
     pipeline: str
@@ -88,6 +88,8 @@ class PipelineManifest(BaseModel):
     memory: bool = False  # a conversation memory store is configured: completed runs are remembered
     # Whether the lifecycle search attributes are registered on the namespace (checked by the worker).
     search_attributes: bool = False
+    # Whether the worker's data converter sends large activity payloads to the payload store (by reference).
+    payload_store: bool = False
 
     def participants(self, stage: Stage) -> list[HookEntry]:
         return [h for h in self.hooks if h.implements(stage)]
@@ -97,7 +99,7 @@ class PipelineManifest(BaseModel):
         return [h for h in self.participants(stage) if h.applies_to_tool(call)]
 
 
-class ResolvePipelineInput(BaseModel):
+class ResolvePipelineInput(ByReference):
     request_id: str
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
 
@@ -246,7 +248,7 @@ class HookRequestView(BaseModel):
     leases: list[str] = Field(default_factory=list)  # ids of the managed leases the request owner holds
 
 
-class HookCall(BaseModel):
+class HookCall(ByReference):
     """What every hook invocation receives: the hook as the workflow knows it and the request view.
     Each stage's ``<Stage>Call`` adds the values of its stage."""
 
@@ -254,7 +256,7 @@ class HookCall(BaseModel):
     view: HookRequestView
 
 
-class HookOutcome(BaseModel):
+class HookOutcome(ByReference):
     """What every successful invocation returns besides its stage's own result."""
 
     decision: HookDecision

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
+MAX_OBSERVED_ERROR_CHARS = 2_000  # of a step's error, in what after_execution hooks receive
+
 
 class ToolSpec(BaseModel):
     """A tool the planner may choose, as the workflow and validators see it."""
@@ -95,6 +97,16 @@ class StepResult(BaseModel):
         """What a planner or synthesizer sees: the result text (which after_tool hooks such as ``redact``
         have processed), not the raw output or the raw error."""
         return self.model_copy(update={"output": None, "error": None})
+
+    def observer_view(self) -> StepResult:
+        """What an after_execution hook sees: everything but the raw output (the result text stands for it,
+        so the view stays small however much the tool returned), and the error clipped."""
+        error = (
+            self.error
+            if self.error is None or len(self.error) <= MAX_OBSERVED_ERROR_CHARS
+            else (self.error[:MAX_OBSERVED_ERROR_CHARS] + "…")
+        )
+        return self.model_copy(update={"output": None, "error": error})
 
 
 class ExecutionResult(BaseModel):

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from ._common import ByReference
 from ._hook_calls import CacheVerdict
 from ._pipeline import HookInvocation, PipelineHookEffect, Stage, WorkerLoss
 from ._plans import Plan, StepResult, ToolMetrics
@@ -225,10 +226,10 @@ class ExecutionRecord(BaseModel):
         return next((e for e in self.effects if e.effect_id == effect_id), None)
 
 
-class PersistRecordInput(BaseModel):
+class PersistRecordInput(ByReference):
     record: ExecutionRecord
 
 
-class PersistRecordOutput(BaseModel):
+class PersistRecordOutput(ByReference):
     stored_revision: int
     written: bool

@@ -1,0 +1,156 @@
+"""Large payloads by reference: a storage driver for Temporal's ``ExternalStorage`` on our own store.
+
+Every payload a worker or client sends above a size threshold — a hook's view with a large enrichment, a
+tool's 30 KB output, a planning prompt — is written here and travels through Temporal as a reference of
+about a hundred bytes, so a request's history grows with the number of calls it makes, not with the size
+of what they carry. Payloads are content-addressed (the key is the sha256 of the serialized payload):
+the same value sent to twenty hooks is written once, and a small in-process cache serves the reads a
+worker makes of what it just wrote. ``external_storage()`` builds the ``ExternalStorage`` the clients and
+workers of one deployment share; every process that reads a request's history or result (the CLI too)
+needs the same store.
+
+Retention: an entry is kept for ``retention`` after it was last written or read (the sweep runs at
+most once an hour, from any process); it must outlive the histories that reference it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import (
+    ExternalStorage,
+    StorageDriver,
+    StorageDriverClaim,
+    StorageDriverRetrieveContext,
+    StorageDriverSelectContext,
+    StorageDriverStoreContext,
+)
+
+from hooks import sqlite
+from workflows.converter import BY_REFERENCE_METADATA
+
+DRIVER_NAME = "agent-payload-store"
+# Activity inputs and results (models marked ``travels_by_reference``) at or above this size go to the
+# store; workflow inputs, results, signals and queries only when they would hardly fit a Temporal payload,
+# so what the UI and the CLI show stays readable.
+ACTIVITY_THRESHOLD_BYTES = 2 * 1024
+OTHER_THRESHOLD_BYTES = 1024 * 1024
+DEFAULT_RETENTION = timedelta(days=31)
+_SWEEP_INTERVAL_SECONDS = 3600.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS payloads (
+    key          TEXT PRIMARY KEY,
+    data         BLOB NOT NULL,
+    size         INTEGER NOT NULL,
+    last_used_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS payloads_last_used ON payloads (last_used_at);
+"""
+
+
+class PayloadNotFound(LookupError):
+    """A reference whose payload is not (or no longer) in the store."""
+
+
+class SQLitePayloadStore(StorageDriver):
+    """The payload driver on one SQLite file, shared by the processes of one machine.
+
+    Args:
+        path: The database file; its directory is created.
+        retention: How long an entry is kept after it was last written or read.
+        cache_bytes: Bytes of recently written or read payloads kept in memory.
+    """
+
+    def __init__(
+        self, path: str | Path, *, retention: timedelta = DEFAULT_RETENTION, cache_bytes: int = 64 * 1024 * 1024
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.retention = retention
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+        self._swept_at = 0.0
+        with sqlite.connection(self.path) as db:
+            db.executescript(_SCHEMA)
+
+    def name(self) -> str:
+        return DRIVER_NAME
+
+    def _remember(self, key: str, data: bytes) -> None:
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return
+        self._cache[key] = data
+        self._cache_bytes += len(data)
+        while self._cache_bytes > self._cache_limit and self._cache:
+            _, dropped = self._cache.popitem(last=False)
+            self._cache_bytes -= len(dropped)
+
+    def _write(self, entries: list[tuple[str, bytes]]) -> None:
+        now = time.time()
+        with sqlite.immediate(self.path) as db:
+            db.executemany(
+                "INSERT INTO payloads (key, data, size, last_used_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET last_used_at = excluded.last_used_at",
+                [(key, data, len(data), now) for key, data in entries],
+            )
+            if now - self._swept_at > _SWEEP_INTERVAL_SECONDS:
+                self._swept_at = now
+                db.execute("DELETE FROM payloads WHERE last_used_at < ?", (now - self.retention.total_seconds(),))
+
+    def _read(self, keys: list[str]) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        with sqlite.connection(self.path) as db:
+            for key in keys:
+                row = db.execute("SELECT data FROM payloads WHERE key = ?", (key,)).fetchone()
+                if row is not None:
+                    found[key] = row[0]
+        return found
+
+    async def store(self, context: StorageDriverStoreContext, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
+        entries = []
+        for payload in payloads:
+            data = payload.SerializeToString(deterministic=True)
+            entries.append((hashlib.sha256(data).hexdigest(), data))
+        fresh = [(key, data) for key, data in entries if key not in self._cache]
+        if fresh:
+            await asyncio.to_thread(self._write, fresh)
+        for key, data in entries:
+            self._remember(key, data)
+        return [StorageDriverClaim({"key": key, "size": str(len(data))}) for key, data in entries]
+
+    async def retrieve(
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
+        keys = [claim.claim_data["key"] for claim in claims]
+        missing = [key for key in keys if key not in self._cache]
+        if missing:
+            for key, data in (await asyncio.to_thread(self._read, missing)).items():
+                self._remember(key, data)
+        payloads = []
+        for key in keys:
+            data = self._cache.get(key)
+            if data is None:
+                raise PayloadNotFound(f"payload {key} is not in the payload store {self.path}")
+            payloads.append(Payload.FromString(data))
+        return payloads
+
+
+def external_storage(driver: StorageDriver) -> ExternalStorage:
+    """Temporal's ``ExternalStorage`` with ``driver``: activity payloads from 2 KiB, anything else only
+    when it would not fit inline (1 MiB)."""
+
+    def select(context: StorageDriverSelectContext, payload: Payload) -> StorageDriver | None:
+        limit = ACTIVITY_THRESHOLD_BYTES if BY_REFERENCE_METADATA in payload.metadata else OTHER_THRESHOLD_BYTES
+        return driver if payload.ByteSize() >= limit else None
+
+    return ExternalStorage(drivers=[driver], driver_selector=select, payload_size_threshold=ACTIVITY_THRESHOLD_BYTES)

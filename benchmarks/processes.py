@@ -1,0 +1,101 @@
+"""Child processes of the benchmarks: the Temporal dev server on a database file, and helpers to start,
+stop and measure processes. Everything listens on 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from client.devserver import temporal_cli_path
+
+# The dev server's default (20) makes every workflow task wait for the transfer-queue poller, tens of
+# milliseconds, which would hide what the workflow itself costs.
+SERVER_DYNAMIC_CONFIG = ("history.transferProcessorMaxPollRPS=1000",)
+SEARCH_ATTRIBUTES = ("AgentLifecycleStage=Keyword", "AgentAwaitingReview=Bool")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(args: list[str], log_path: Path, **options: Any) -> subprocess.Popen:
+    """A child in its own session, so a signal to its group never reaches the caller; its output goes to ``log_path``."""
+    with open(log_path, "w") as out:
+        return subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, **options
+        )
+
+
+def stop_all(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """SIGTERM every process group at once, then SIGKILL what is left after ``grace``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in (p for p in procs if p.poll() is None):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+class Server:
+    """The dev server as a subprocess: one port and one database file, so a restart resumes every workflow."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.port, self.ui_port = tmp, free_port(), free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.procs: list[subprocess.Popen] = []
+
+    async def start(self, timeout: float = 60.0) -> None:
+        log_path = self.tmp / f"server-{len(self.procs) + 1}.log"
+        args = [
+            temporal_cli_path(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.port),
+            "--ui-port", str(self.ui_port), "--headless", "--db-filename", str(self.tmp / "temporal.db"),
+            "--namespace", "default", "--log-level", "error",
+        ]  # fmt: skip
+        for attribute in SEARCH_ATTRIBUTES:
+            args += ["--search-attribute", attribute]
+        for value in SERVER_DYNAMIC_CONFIG:
+            args += ["--dynamic-config-value", value]
+        proc = spawn(
+            args,
+            log_path,
+        )
+        self.procs.append(proc)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            try:
+                probe = await Client.connect(self.address)
+                await probe.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace="default"))
+                return
+            except (RuntimeError, RPCError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the dev server did not answer on {self.address} within {timeout:g} s"
+                    ) from None
+                await asyncio.sleep(0.2)
+        raise RuntimeError(f"the dev server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+
+    @property
+    def pid(self) -> int:
+        """The running server's process id."""
+        return self.procs[-1].pid
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process (all its threads) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
