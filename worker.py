@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities import LifecycleActivities
 from client import Settings, connect, exit_process
@@ -33,6 +33,7 @@ from client.telemetry import configure_telemetry, shutdown_telemetry
 from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
 from workflows import WORKFLOWS
+from workflows.local_payloads import LocalPayloadsInline
 
 logger = logging.getLogger("worker")
 
@@ -61,14 +62,26 @@ def build_worker(
     task_queue: str,
     activities: LifecycleActivities,
     *,
+    sandboxed: bool = False,
     extra_workflows: Sequence[type] = (),
     extra_activities: Sequence[Callable[..., Any]] = (),
     **options: Any,
 ) -> Worker:
     """A worker for the lifecycle workflow, its detached-effect child, and every activity they schedule
-    (plus any workflows and activities of the application's own, on the same task queue)."""
+    (plus any workflows and activities of the application's own, on the same task queue).
+
+    The workflows run outside Temporal's sandbox unless ``sandboxed``. The sandbox guards workflow code
+    against non-determinism by re-importing it for every run and proxying every activation; that is what
+    an integration that runs application hooks inside its workflow needs. Here no application code runs
+    in a workflow — every hook, tool, planner and store call is an activity — and the workflow code is
+    the framework's own: it keeps no module state, and the tests replay every history they produce
+    inside the sandbox, which fails on any call it forbids. Outside it, each activation costs about half
+    as much (see benchmarks/README.md)."""
     options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_SCHEDULE_TO_START)
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
+    if not sandboxed:
+        options.setdefault("workflow_runner", UnsandboxedWorkflowRunner())
+    options["interceptors"] = [LocalPayloadsInline(), *options.get("interceptors", ())]
     return Worker(
         client,
         task_queue=task_queue,
@@ -99,7 +112,7 @@ async def temporal_client(settings: Settings, *, dev: bool) -> AsyncIterator[Cli
 async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool) -> None:
     async with temporal_client(settings, dev=dev) as client:
         await prepare(client, settings, activities)
-        worker = build_worker(client, settings.task_queue, activities)
+        worker = build_worker(client, settings.task_queue, activities, sandboxed=settings.workflow_sandbox)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import inspect
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -57,6 +59,10 @@ from workflows.models import (
     EffectStatus,
     EnrichmentChange,
     EnrichmentOperation,
+    HookBatchCall,
+    HookBatchEntry,
+    HookBatchFailure,
+    HookBatchOutcome,
     HookCall,
     HookDecision,
     HookEntry,
@@ -79,7 +85,8 @@ from workflows.models import (
     ToolErrorResolution,
     json_size,
 )
-from workflows.stages import STAGES
+from workflows.stages import HOOK_BATCH_ACTIVITY, STAGES, next_call
+from workflows.support import BATCH_TIMEOUT, NON_RETRYABLE_HOOK_FAILURES, hook_retry_delay
 
 from . import telemetry
 from .heartbeat import heartbeating
@@ -88,6 +95,35 @@ from .tools import ToolRegistry
 logger = logging.getLogger(__name__)
 
 MAX_PRIVATE_STATE_BYTES = 64 * 1024
+# The attempt of the invocation running now, when a batch (not Temporal) retries it.
+_BATCH_ATTEMPT: contextvars.ContextVar[int | None] = contextvars.ContextVar("hook_batch_attempt", default=None)
+
+
+async def _attempts(
+    invoke: Callable[[Any], Awaitable[HookOutcome]], call: HookCall
+) -> tuple[HookOutcome | None, HookBatchFailure | None, int]:
+    """One hook's invocation in a batch, retried as Temporal would retry its own activity: up to the
+    hook's attempts, each within its timeout, the pause doubling; not after a failure retrying cannot
+    change. Returns (outcome, None, attempts) or (None, why, attempts)."""
+    entry = call.hook
+    attempt = 1
+    while True:
+        token = _BATCH_ATTEMPT.set(attempt)
+        try:
+            return await asyncio.wait_for(invoke(call), entry.timeout_seconds), None, attempt
+        except ApplicationError as err:
+            details = err.details[0] if err.details and isinstance(err.details[0], dict) else {}
+            failure = HookBatchFailure(type=err.type or decisions.HOOK_ERROR, message=err.message, details=details)
+            retryable = not err.non_retryable and err.type not in NON_RETRYABLE_HOOK_FAILURES
+        except TimeoutError:
+            failure = HookBatchFailure(type=BATCH_TIMEOUT, message=f"did not finish within {entry.timeout_seconds:g}s")
+            retryable = True
+        finally:
+            _BATCH_ATTEMPT.reset(token)
+        if not retryable or attempt >= entry.max_attempts:
+            return None, failure, attempt
+        await asyncio.sleep(hook_retry_delay(attempt))
+        attempt += 1
 
 
 class ResultRejected(Exception):
@@ -217,13 +253,44 @@ class HookStageActivities(abc.ABC):
         """Why a plan an after_planning hook returned is invalid (empty when it is valid)."""
 
     def stage_activities(self) -> list[Callable[..., Any]]:
-        """One bound activity per row of the stage table."""
-        found = []
+        """One bound activity per row of the stage table, and the batch activity that runs several."""
+        found: list[Callable[..., Any]] = []
         for spec in STAGES.values():
             fn = getattr(self, spec.activity)
             assert activity._Definition.must_from_callable(fn).name == spec.activity, spec.activity
             found.append(fn)
-        return found
+        return [*found, self.run_hook_batch]
+
+    @activity.defn(name=HOOK_BATCH_ACTIVITY)
+    async def run_hook_batch(self, batch: HookBatchCall) -> HookBatchOutcome:
+        """Invoke consecutive in-process hooks of one stage in order, each exactly as its own stage
+        activity would (its span, its checks, its outcome), with its own timeout and attempts. Each hook
+        after the first receives the stage as the previous one left it (``workflows.stages.next_call``).
+        Stops after a hook that failed on its last attempt, or whose outcome only the workflow can carry
+        on from; the workflow runs the rest."""
+        spec = STAGES[batch.stage]
+        invoke = getattr(self, spec.activity)
+        planned = [spec.call.model_validate(call) for call in batch.calls]
+        entries: list[HookBatchEntry] = []
+        call: HookCall | None = planned[0]
+        for index, _ in enumerate(planned):
+            if call is None:
+                break
+            started = time.monotonic()
+            outcome, failure, attempts = await _attempts(invoke, call)
+            entries.append(
+                HookBatchEntry(
+                    hook=call.hook.name,
+                    outcome=outcome,
+                    failure=failure,
+                    attempts=attempts,
+                    duration_ms=round((time.monotonic() - started) * 1000.0, 3),
+                )
+            )
+            if outcome is None or index + 1 == len(planned):
+                break
+            call = next_call(spec, call, outcome, planned[index + 1])
+        return self.bounded_result(HookBatchOutcome(entries=entries), f"{batch.stage.value} batch")
 
     def _context(self, call: HookCall, stage: Stage) -> PipelineContext:
         view = call.view
@@ -251,7 +318,8 @@ class HookStageActivities(abc.ABC):
         hook = self.registry.hook(entry.name)
         ctx = self._context(call, stage)
         info = activity.info()
-        final_attempt = info.attempt >= entry.max_attempts
+        attempt = _BATCH_ATTEMPT.get() or info.attempt
+        final_attempt = attempt >= entry.max_attempts
         with telemetry.tracer().start_as_current_span(
             telemetry.hook_span_name(stage.value, entry.name),
             attributes={
@@ -259,7 +327,7 @@ class HookStageActivities(abc.ABC):
                 "pipeline.hook.stage": stage.value,
                 "pipeline.hook.required": entry.required,
                 "pipeline.request_id": call.view.request_id,
-                "temporal.activity.attempt": info.attempt,
+                "temporal.activity.attempt": attempt,
             },
             record_exception=False,
             set_status_on_exception=False,

@@ -37,11 +37,14 @@ from hooks import sqlite
 from workflows.converter import BY_REFERENCE_METADATA
 
 DRIVER_NAME = "agent-payload-store"
-# Activity inputs and results (models marked ``travels_by_reference``) at or above this size go to the
-# store; workflow inputs, results, signals and queries only when they would hardly fit a Temporal payload,
-# so what the UI and the CLI show stays readable.
+# Activity inputs and results (``ByReference`` models) at or above this size go to the store; a local
+# activity's result (recorded in its marker) from a larger size; workflow inputs, results, signals and
+# queries only when they would hardly fit a Temporal payload, so what the UI and the CLI show stays
+# readable. A local activity's input never goes (it never leaves the worker).
 ACTIVITY_THRESHOLD_BYTES = 2 * 1024
+MARKER_THRESHOLD_BYTES = 16 * 1024
 OTHER_THRESHOLD_BYTES = 1024 * 1024
+_THRESHOLDS = {b"reference": ACTIVITY_THRESHOLD_BYTES, b"marker": MARKER_THRESHOLD_BYTES}
 DEFAULT_RETENTION = timedelta(days=31)
 _SWEEP_INTERVAL_SECONDS = 3600.0
 
@@ -150,7 +153,7 @@ def external_storage(driver: StorageDriver) -> ExternalStorage:
     when it would not fit inline (1 MiB)."""
 
     def select(context: StorageDriverSelectContext, payload: Payload) -> StorageDriver | None:
-        limit = ACTIVITY_THRESHOLD_BYTES if BY_REFERENCE_METADATA in payload.metadata else OTHER_THRESHOLD_BYTES
+        limit = _THRESHOLDS.get(payload.metadata.get(BY_REFERENCE_METADATA, b""), OTHER_THRESHOLD_BYTES)
         return driver if payload.ByteSize() >= limit else None
 
     return ExternalStorage(drivers=[driver], driver_selector=select, payload_size_threshold=ACTIVITY_THRESHOLD_BYTES)

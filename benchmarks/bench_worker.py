@@ -95,12 +95,16 @@ PIPELINES: dict[str, list[PipelineHook]] = {
     "hooks20_local": trivial_hooks(TWENTY, RunMode.LOCAL_ACTIVITY),
     "standard_activity": trivial_hooks(STANDARD, RunMode.ACTIVITY),
     "standard_local": trivial_hooks(STANDARD, RunMode.LOCAL_ACTIVITY),
+    "standard_sandboxed": trivial_hooks(STANDARD, RunMode.LOCAL_ACTIVITY),
     "enriched0": [LargeEnrichment()],
     "enriched20_local": [LargeEnrichment(), *trivial_hooks(TWENTY, RunMode.LOCAL_ACTIVITY)],
     "enriched20_activity": [LargeEnrichment(), *trivial_hooks(TWENTY, RunMode.ACTIVITY)],
 }
-# The baselines run on this pipeline's worker (they use its plan, tool and synthesize activities).
-BASELINE_PIPELINE = "hooks0"
+# Its workers run the workflows in Temporal's sandbox, as worker.py does with AGENT_WORKFLOW_SANDBOX=true.
+SANDBOXED = frozenset({"standard_sandboxed"})
+# The baselines' worker: sandboxed, as the integrations that run hooks in workflow code must be, with the
+# plan, tool and synthesize activities of a pipeline without hooks.
+BASELINES = "baselines"
 
 
 def queue_name(prefix: str, pipeline: str) -> str:
@@ -128,11 +132,17 @@ async def serve(settings: Settings, prefix: str) -> None:
         for pipeline in PIPELINES:
             activities = pipeline_activities(settings, pipeline, store)
             await prepare(client, settings, activities)
-            extra: dict[str, Any] = {}
-            if pipeline == BASELINE_PIPELINE:
-                extra = {"extra_workflows": [FloorWorkflow, InlinePeerWorkflow], "extra_activities": [floor_noop]}
-            worker = build_worker(client, queue_name(prefix, pipeline), activities, **extra)
+            worker = build_worker(client, queue_name(prefix, pipeline), activities, sandboxed=pipeline in SANDBOXED)
             await stack.enter_async_context(worker)
+        baselines = build_worker(
+            client,
+            queue_name(prefix, BASELINES),
+            pipeline_activities(settings, "hooks0", store),
+            sandboxed=True,
+            extra_workflows=[FloorWorkflow, InlinePeerWorkflow],
+            extra_activities=[floor_noop],
+        )
+        await stack.enter_async_context(baselines)
         print("bench worker polling", flush=True)
         await stop.wait()
 

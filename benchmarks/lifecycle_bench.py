@@ -57,7 +57,7 @@ from temporalio.client import Client
 
 from activities import SQLiteExecutionStore
 from benchmarks import FLOOR_WORKFLOW_TYPE, PEER_WORKFLOW_TYPE, FloorBatch, FloorInput, PeerInput
-from benchmarks.bench_worker import BASELINE_PIPELINE, STANDARD, TWENTY, queue_name
+from benchmarks.bench_worker import BASELINES, STANDARD, TWENTY, queue_name
 from benchmarks.processes import SERVER_DYNAMIC_CONFIG, Server, cpu_seconds, spawn, stop_all
 from client import Settings, connect
 from workflows import WORKFLOW_TYPE
@@ -115,7 +115,7 @@ class Bench:
             workflow,
             arg,
             id=workflow_id,
-            task_queue=queue_name(self.prefix, BASELINE_PIPELINE),
+            task_queue=queue_name(self.prefix, BASELINES),
             result_type=result_type,
         )
         return (time.perf_counter() - started) * 1000.0, workflow_id
@@ -208,6 +208,7 @@ async def check_and_measure_histories(bench: Bench) -> tuple[dict[str, Any], lis
         "hooks20_local": 20,
         "standard_activity": 6,
         "standard_local": 6,
+        "standard_sandboxed": 6,
         "enriched0": 1,
         "enriched20_local": 21,
         "enriched20_activity": 21,
@@ -306,13 +307,16 @@ async def standard_latency(bench: Bench, rounds: int, floor: list[FloorBatch]) -
         {
             "local": lambda: bench.lifecycle("standard_local", STANDARD_REQUEST),
             "activity": lambda: bench.lifecycle("standard_activity", STANDARD_REQUEST),
+            "sandboxed": lambda: bench.lifecycle("standard_sandboxed", STANDARD_REQUEST),
             "inline": lambda: bench.peer(STANDARD_REQUEST, STANDARD),
             "floor": lambda: bench.floor(floor),
         },
     )
     figures: dict[str, Any] = {name: summary(values) for name, values in samples.items()}
     inline = figures["inline"]["p50"]
-    figures["p50_ratio_to_inline"] = {name: ratio(figures[name]["p50"], inline) for name in ("local", "activity")}
+    figures["p50_ratio_to_inline"] = {
+        name: ratio(figures[name]["p50"], inline) for name in ("local", "activity", "sandboxed", "floor")
+    }
     figures["method"] = (
         "sequential requests, the four kinds alternating; 6 hooks (2 before_planning, 1 after_planning, "
         "1 after_execution, 2 after_synthesis), plan, 3 parallel stock_quote steps, synthesize"
@@ -345,6 +349,7 @@ async def throughput(
     kinds: dict[str, Callable[[], Awaitable[tuple[float, str]]]] = {
         "local": lambda: bench.lifecycle("standard_local", STANDARD_REQUEST),
         "activity": lambda: bench.lifecycle("standard_activity", STANDARD_REQUEST),
+        "sandboxed": lambda: bench.lifecycle("standard_sandboxed", STANDARD_REQUEST),
         "inline": lambda: bench.peer(STANDARD_REQUEST, STANDARD),
         "floor": lambda: bench.floor(floor),
     }
@@ -368,7 +373,7 @@ async def throughput(
             for key in ("rps", "cpu_ms_per_request", "p50_ms", "p95_ms")
         }
     inline = result["inline"]
-    for name in ("local", "activity", "floor"):
+    for name in ("local", "activity", "sandboxed", "floor"):
         result[name]["rps_ratio_to_inline"] = ratio(result[name]["rps"], inline["rps"])
         result[name]["cpu_ratio_to_inline"] = ratio(result[name]["cpu_ms_per_request"], inline["cpu_ms_per_request"])
     return result

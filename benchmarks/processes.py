@@ -52,10 +52,12 @@ def stop_all(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
 
 
 class Server:
-    """The dev server as a subprocess: one port and one database file, so a restart resumes every workflow."""
+    """The dev server as a subprocess: one port and one database file, so a restart resumes every workflow
+    (or, ``in_memory``, no file: what ``WorkflowEnvironment.start_local`` runs)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, in_memory: bool = False) -> None:
         self.tmp, self.port, self.ui_port = tmp, free_port(), free_port()
+        self.in_memory = in_memory
         self.address = f"127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen] = []
 
@@ -63,9 +65,10 @@ class Server:
         log_path = self.tmp / f"server-{len(self.procs) + 1}.log"
         args = [
             temporal_cli_path(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.port),
-            "--ui-port", str(self.ui_port), "--headless", "--db-filename", str(self.tmp / "temporal.db"),
-            "--namespace", "default", "--log-level", "error",
+            "--ui-port", str(self.ui_port), "--headless", "--namespace", "default", "--log-level", "error",
         ]  # fmt: skip
+        if not self.in_memory:
+            args += ["--db-filename", str(self.tmp / "temporal.db")]
         for attribute in SEARCH_ATTRIBUTES:
             args += ["--search-attribute", attribute]
         for value in SERVER_DYNAMIC_CONFIG:

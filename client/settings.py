@@ -38,6 +38,7 @@ _ENVIRONMENT = {
     "AGENT_HOOK_SECRET_KEY": "hook_secret_key",
     "AGENT_HOOK_ALLOW_LOOPBACK": "hook_allow_loopback",
     "AGENT_PAYLOAD_STORE": "payload_store",
+    "AGENT_WORKFLOW_SANDBOX": "workflow_sandbox",
 }
 _LIST_ENVIRONMENT = {
     "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
@@ -56,7 +57,8 @@ class Settings(BaseModel):
     ``AGENT_REVIEWERS`` (comma-separated; empty: any named reviewer), ``AGENT_CHECKPOINT_EXPIRY_SECONDS``,
     ``AGENT_TOOL_ALLOW_LIST`` (comma-separated ``agent/capability``: the allow-list plugin),
     ``AGENT_HOOKS_FILE`` (declared hooks), ``AGENT_HOOK_STORE``, ``AGENT_HOOK_SECRET_KEY`` (base64, 32
-    bytes), ``AGENT_HOOK_ALLOW_LOOPBACK`` (tests only).
+    bytes), ``AGENT_HOOK_ALLOW_LOOPBACK`` (tests only), ``AGENT_PAYLOAD_STORE`` (file, or ``off``),
+    ``AGENT_WORKFLOW_SANDBOX`` (``true``: run the workflows in Temporal's sandbox).
     """
 
     temporal_address: str = "localhost:7233"
@@ -80,6 +82,8 @@ class Settings(BaseModel):
     hook_allow_loopback: bool = False
     # Large payloads by reference (see activities.payload_store): the store file, or "off".
     payload_store: str | None = None
+    # Run the workflows in Temporal's sandbox (see worker.build_worker for why the default is not to).
+    workflow_sandbox: bool = False
 
     @property
     def hook_store_path(self) -> Path:

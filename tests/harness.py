@@ -18,6 +18,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory, WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
 from demo.agent import RulePlanner, TemplateSynthesizer
@@ -25,17 +26,40 @@ from demo.tools import demo_tools
 from hooks import HookRegistry
 from worker import build_worker
 from workflows import WORKFLOWS, data_converter, idempotency_key
+from workflows.local_payloads import LocalPayloadsInline
 from workflows.models import (
     ApproveSignal,
     Checkpoint,
     ExecutionRecord,
+    HookBatchOutcome,
     RequestInput,
     RequestResult,
     ReviewSettings,
+    Stage,
     StageSettings,
 )
+from workflows.stages import HOOK_BATCH_ACTIVITY, STAGES
 
 HOOK_ACTIVITY_TYPES = {"before_planning_hook", "after_planning_hook", "after_execution_hook", "after_synthesis_hook"}
+
+
+def _batched_invocations(marker: Any, summary: str | None) -> list[ScheduledActivity]:
+    """The hook invocations one batch marker records, from its result: ``<stage> · <hook>`` each, with
+    the step suffix of the batch's summary."""
+    if "result" not in marker.details or summary is None:
+        return []
+    batch = data_converter.payload_converter.from_payloads(marker.details["result"].payloads, [HookBatchOutcome])[0]
+    stage, _, rest = summary.partition(" · ")
+    step = rest.rsplit(" · ", 1)[1] if rest.count(" · ") else None
+    return [
+        ScheduledActivity(
+            STAGES[Stage(stage)].activity,
+            f"{stage} · {entry.hook}" + (f" · {step}" if step else ""),
+            local=True,
+            batched=True,
+        )
+        for entry in batch.entries
+    ]
 
 
 @dataclass
@@ -43,6 +67,7 @@ class ScheduledActivity:
     activity_type: str
     summary: str | None
     local: bool = False
+    batched: bool = False  # one hook invocation of a batch (one marker for consecutive in-process hooks)
 
 
 @dataclass
@@ -72,7 +97,10 @@ class Outcome:
                 attrs = event.marker_recorded_event_attributes
                 if attrs.marker_name == "core_local_activity" and "data" in attrs.details:
                     data = converter.from_payloads(attrs.details["data"].payloads)[0]
-                    found.append(ScheduledActivity(data["activity_type"], summary, local=True))
+                    if data["activity_type"] == HOOK_BATCH_ACTIVITY:
+                        found.extend(_batched_invocations(attrs, summary))
+                    else:
+                        found.append(ScheduledActivity(data["activity_type"], summary, local=True))
         return found
 
     @property
@@ -160,7 +188,13 @@ class Harness:
             await self.replay()
 
     async def replay(self) -> None:
-        replayer = Replayer(workflows=WORKFLOWS, data_converter=self.client.data_converter)
+        # Workers run the workflows outside the sandbox; replaying inside it fails on anything it forbids.
+        replayer = Replayer(
+            workflows=WORKFLOWS,
+            data_converter=self.client.data_converter,
+            workflow_runner=SandboxedWorkflowRunner(),
+            interceptors=[LocalPayloadsInline()],
+        )
         for history in self.histories:
             await replayer.replay_workflow(history)
 

@@ -38,6 +38,18 @@ SCENARIOS = {
     # Added with the tool-call stages, plugins and memory; the ones above predate them and must keep
     # replaying.
     "quote_with_plugins_and_memory": ("What is the price of MSFT?", {"cache": "bypass", "conversation_id": "c1"}, None),
+    # Added with in-process bookkeeping and hook batches: the pipeline resolved and the record written
+    # as local activities, consecutive in-process hooks of a stage in one local activity.
+    "quotes_with_hook_batches": (
+        "What is the price of MSFT and ACME?",
+        {"cache": "bypass", "conversation_id": "c2"},
+        None,
+    ),
+    "message_with_hook_batches_approved_at_checkpoint": (
+        "Send a message to bob with the price of ACME",
+        {"cache": "bypass"},
+        "history-reviewer",
+    ),
 }
 # Added with the shared-memory hooks: the demo pipeline with build_memory_hooks — an announced
 # activity signal handed to the workflow as a managed lease (released after the request), episodic
@@ -94,6 +106,8 @@ async def main(rewrite_all: bool) -> None:
                     if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
                         continue
                     out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
+                    if "hook_batches" in name:
+                        assert any(a.batched for a in out.scheduled), "no hooks ran in a batch"
                     (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
                     print(f"wrote {name}.json ({len(out.history.events)} events)")
         with tempfile.TemporaryDirectory() as state:

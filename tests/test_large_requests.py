@@ -9,8 +9,12 @@ exceeds what one gRPC message carries, and refuses a single payload over the inl
 
 from __future__ import annotations
 
+import json
+import sqlite3
+
 import pytest
 from pydantic import BaseModel, ConfigDict
+from temporalio.api.common.v1 import Payload
 
 from activities.tools import Tool, ToolContext
 from hooks import PipelineHook, RunMode, ToolDecision
@@ -172,3 +176,30 @@ async def test_twenty_hooks_with_a_250_kb_enrichment_cost_under_a_megabyte_of_hi
     assert out.failure is None and baseline.failure is None
     assert history_bytes(out) < 1024 * KIB, history_bytes(out)
     assert len(out.record.invocations(hook="noop-7")) == 1
+
+
+class Tag(PipelineHook):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def after_synthesis(self, ctx, response):
+        return response + f" [{self.name}]"
+
+
+async def test_in_process_hooks_never_write_their_input_to_the_payload_store(client, tmp_path):
+    """A local activity's input (here: three hooks' calls, each carrying a 60 KB metadata view) never
+    leaves the worker, so it is never stored; its small result stays readable in its marker."""
+    client = with_payload_store(client, tmp_path)
+    metadata = {"profile": "m" * (60 * KIB)}
+    async with Harness(client, tmp_path, hooks=[Tag("a"), Tag("b"), Tag("c")]) as h:
+        out = await h.run("What is the price of ACME?", metadata)
+
+    assert out.failure is None, out.failure
+    assert out.result.response.endswith("[a] [b] [c]")
+    with sqlite3.connect(tmp_path / "payloads.sqlite3") as db:
+        stored = [
+            json.loads(Payload.FromString(row[0]).data or b"null") for row in db.execute("SELECT data FROM payloads")
+        ]
+    assert not any(isinstance(v, dict) and ("calls" in v or "view" in v or "record" in v) for v in stored)
+    # The batch's marker is readable: one entry per hook, inline.
+    assert [a.summary for a in out.scheduled if a.batched] == [f"after_synthesis · {n}" for n in "abc"]

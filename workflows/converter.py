@@ -30,15 +30,17 @@ from temporalio.exceptions import ApplicationError
 MAX_REPORTED_ERRORS = 5
 
 
-# Payload metadata that marks an activity input or result the payload store may take by reference.
+# Payload metadata that marks an activity input or result the payload store may take by reference:
+# ``reference`` (from a small size) or ``marker`` (a local activity's result: only when large).
 BY_REFERENCE_METADATA = "agent-by-reference"
 
 
 class _ValidatingJSONConverter(PydanticJSONPlainPayloadConverter):
     def to_payload(self, value: Any) -> temporalio.api.common.v1.Payload | None:
         payload = super().to_payload(value)
-        if payload is not None and getattr(value, "travels_by_reference", False):
-            payload.metadata[BY_REFERENCE_METADATA] = b"1"
+        placement = getattr(value, "payload_placement", "inline")  # see ByReference
+        if payload is not None and placement != "inline":
+            payload.metadata[BY_REFERENCE_METADATA] = placement.encode()
         return payload
 
     def from_payload(self, payload: temporalio.api.common.v1.Payload, type_hint: type | None = None) -> Any:

@@ -43,6 +43,8 @@ with workflow.unsafe.imports_passed_through():
         EnrichmentOperation,
         ExecutionRecord,
         GateState,
+        HookBatchCall,
+        HookBatchOutcome,
         HookCall,
         HookEntry,
         HookInvocation,
@@ -58,10 +60,17 @@ with workflow.unsafe.imports_passed_through():
         WorkerLoss,
         bounded_value,
     )
-    from .stages import STAGES
-    from .support import INFRASTRUCTURE_FAILURES, NON_RETRYABLE_HOOK_FAILURES, InvocationFailure, payload_bytes
+    from .stages import HOOK_BATCH_ACTIVITY, STAGES
+    from .support import (
+        HOOK_RETRY_BACKOFF,
+        HOOK_RETRY_INITIAL_INTERVAL,
+        INFRASTRUCTURE_FAILURES,
+        NON_RETRYABLE_HOOK_FAILURES,
+        InvocationFailure,
+        hook_retry_delay,
+        payload_bytes,
+    )
 
-HOOK_RETRY_INITIAL_INTERVAL = timedelta(milliseconds=200)
 OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
 ResultT = TypeVar("ResultT")
 _INVOCATION_OUTCOMES = {
@@ -95,6 +104,7 @@ class HookInvoker:
     _leases: ManagedLeases
     _detached_tokens: dict[str, str]
     _local_bookkeeping: bool = False
+    _hook_batches: bool = False
     _inflight_bytes: int = 0  # inline input bytes of the activities scheduled and not yet finished
 
     def _set_stage(self, stage: str, detail: str = "") -> None:
@@ -113,33 +123,76 @@ class HookInvoker:
     ) -> ResultT | None:
         """Run ``stage``'s hooks (``hooks``, or every participant) in order: ``apply(hook, outcome)`` folds
         each outcome in, and a value it returns ends the stage and is returned. A failed invocation is
-        handled as its decision says (see the module docstring)."""
+        handled as its decision says (see the module docstring). Consecutive in-process hooks run in one
+        local activity (see ``_invoke_batch``); the outcomes are folded in the same way, one by one."""
         spec = STAGES[stage]
-        for sequence, hook in enumerate(self._manifest.participants(stage) if hooks is None else hooks, start=1):
+        participants = self._manifest.participants(stage) if hooks is None else hooks
+        done = 0
+        while done < len(participants):
+            batch = self._batchable(participants, done)
             try:
-                outcome, failure = await self._invoke(hook, stage, sequence, make_call(hook), plan_phase, step=step)
+                if len(batch) > 1:
+                    results = await self._invoke_batch(batch, stage, done + 1, make_call, plan_phase, step)
+                else:
+                    hook = participants[done]
+                    results = [
+                        (hook, *await self._invoke(hook, stage, done + 1, make_call(hook), plan_phase, step=step))
+                    ]
             except (asyncio.CancelledError, ApplicationError) as err:
                 if not spec.finalizer:
                     raise
                 # A finalizer cancelled with the request, or whose workers kept dying: a diagnostic.
                 message = err.message if isinstance(err, ApplicationError) else "cancelled with the request"
                 category = (err.type or decisions.WORKER_LOST) if isinstance(err, ApplicationError) else "Cancelled"
-                outcome, failure = None, InvocationFailure(category=category, message=message)
-            if outcome is not None:
-                ended = apply(hook, outcome) if apply is not None else None
-                if ended is not None:
-                    return ended
-            elif failure is None:
-                continue
-            elif spec.finalizer:
-                self._record.diagnostics.append(
-                    Diagnostic(
-                        extension=hook.name, phase=stage.value, error=failure.message, error_type=failure.category
+                results = [(participants[done], None, InvocationFailure(category=category, message=message))]
+            for hook, outcome, failure in results:
+                done += 1
+                if outcome is not None:
+                    ended = apply(hook, outcome) if apply is not None else None
+                    if ended is not None:
+                        return ended
+                elif failure is None:
+                    continue
+                elif spec.finalizer:
+                    self._record.diagnostics.append(
+                        Diagnostic(
+                            extension=hook.name, phase=stage.value, error=failure.message, error_type=failure.category
+                        )
                     )
-                )
-            elif failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
-                raise _stage_error(hook, stage, failure, plan_phase)
+                elif failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
+                    raise _stage_error(hook, stage, failure, plan_phase)
         return None
+
+    def _batchable(self, hooks: list[HookEntry], start: int) -> list[HookEntry]:
+        """The run of in-process hooks from ``start`` that one local activity may invoke together (at
+        least the hook at ``start``). Executions started before batching existed replay one by one."""
+        run = hooks[start : start + 1]
+        if (
+            hooks[start].run_mode is not RunMode.LOCAL_ACTIVITY
+            or not self._manifest.settings.batch_local_hooks
+            or not self._hook_batches
+        ):
+            return run
+        for hook in hooks[start + 1 :]:
+            if hook.run_mode is not RunMode.LOCAL_ACTIVITY:
+                break
+            run.append(hook)
+        return run
+
+    def _invocation(
+        self, hook: HookEntry, stage: Stage, sequence: int, plan_phase: int | None, step: PlanStep | None
+    ) -> HookInvocation:
+        """The record entry of one invocation, as it starts."""
+        return HookInvocation(
+            hook=hook.name,
+            stage=stage,
+            sequence=sequence,
+            plan_phase=self._phase if step is not None else plan_phase,
+            step_id=step.step_id if step else None,
+            started_at=workflow.now(),
+            duration_ms=0.0,
+            outcome=InvocationOutcome.SUCCEEDED,
+        )
 
     async def _invoke(
         self,
@@ -151,28 +204,19 @@ class HookInvoker:
         *,
         step: PlanStep | None = None,
     ) -> tuple[Any, None] | tuple[None, InvocationFailure]:
-        """Run one hook invocation as an activity and record it, its decision and its effects, whatever
-        its outcome; start the work it detached once it has succeeded. A lost worker dispatches the
-        invocation again (its attempts stay the hook's own); workers lost on every dispatch end the
-        request with ``WorkerLost``, recorded as such, never as the hook's verdict."""
+        """Run one hook invocation as an activity (or a local activity) and record it, its decision and
+        its effects, whatever its outcome; start the work it detached once it has succeeded. A lost worker
+        dispatches the invocation again (its attempts stay the hook's own); workers lost on every dispatch
+        end the request with ``WorkerLost``, recorded as such, never as the hook's verdict."""
         spec = STAGES[stage]
-        started = workflow.now()
         summary = f"{stage.value} · {hook.name}" + (f" · {step.step_id}" if step else "")
         retry = RetryPolicy(
             initial_interval=HOOK_RETRY_INITIAL_INTERVAL,
+            backoff_coefficient=HOOK_RETRY_BACKOFF,
             maximum_attempts=hook.max_attempts,
             non_retryable_error_types=NON_RETRYABLE_HOOK_FAILURES,
         )
-        invocation = HookInvocation(
-            hook=hook.name,
-            stage=stage,
-            sequence=sequence,
-            plan_phase=self._phase if step is not None else plan_phase,
-            step_id=step.step_id if step else None,
-            started_at=started,
-            duration_ms=0.0,
-            outcome=InvocationOutcome.SUCCEEDED,
-        )
+        invocation = self._invocation(hook, stage, sequence, plan_phase, step)
 
         def lost(n: int) -> None:
             invocation.worker_losses = n
@@ -199,26 +243,100 @@ class HookInvoker:
                 )
         except (ActivityError, ApplicationError, TimeoutError) as err:
             raise_if_cancelled(err)
-            failure = InvocationFailure.from_error(err, hook)
-            invocation.duration_ms = elapsed_ms(started)
-            invocation.outcome = _INVOCATION_OUTCOMES.get(failure.category, InvocationOutcome.FAILED)
-            invocation.error = failure.message
-            invocation.error_type = failure.category
-            invocation.exception_type = failure.exception_type
-            invocation.decision = failure.decision = decisions.failure_decision(hook, stage, failure.category)
-            self._record.pipeline_hooks.append(invocation)
-            record_effects(self._record, failure.effects)
-            if failure.category in INFRASTRUCTURE_FAILURES:  # not the hook's verdict: the request ends as it is
-                if isinstance(err, ApplicationError) and err.type == failure.category:
-                    raise
-                raise ApplicationError(
-                    failure.message,
-                    {"hook": hook.name, "stage": stage.value},
-                    type=failure.category,
-                    non_retryable=True,
-                ) from None
-            return None, failure
-        invocation.duration_ms = elapsed_ms(started)
+            invocation.duration_ms = elapsed_ms(invocation.started_at)
+            return None, self._failed(invocation, hook, stage, InvocationFailure.from_error(err, hook), err)
+        invocation.duration_ms = elapsed_ms(invocation.started_at)
+        return await self._succeeded(invocation, hook, outcome), None
+
+    async def _invoke_batch(
+        self,
+        hooks: list[HookEntry],
+        stage: Stage,
+        first_sequence: int,
+        make_call: Callable[[HookEntry], HookCall],
+        plan_phase: int | None,
+        step: PlanStep | None,
+    ) -> list[tuple[HookEntry, Any, InvocationFailure | None]]:
+        """Run consecutive in-process hooks of a stage in one local activity: one workflow activation and
+        one marker (summarised ``<stage> · <hook>, <hook>, ...``) instead of one per hook, while each hook
+        keeps its own invocation — its attempts, its timeout, its span, its record entry. The activity
+        passes each hook what the ones before it made of the stage, as this workflow would, and stops at
+        a failure or at an outcome that ends the stage; the hooks it did not reach are left to the caller.
+        Returns (hook, outcome, failure) for each hook that ran, in order."""
+        spec = STAGES[stage]
+        calls = [make_call(hook) for hook in hooks]
+        names = ", ".join(hook.name for hook in hooks)
+        summary = f"{stage.value} · {names}" + (f" · {step.step_id}" if step else "")
+        # Every hook's every attempt, and the pauses between them: each hook's own bounds apply inside.
+        budget = sum(
+            hook.timeout_seconds * hook.max_attempts + sum(hook_retry_delay(n) for n in range(1, hook.max_attempts))
+            for hook in hooks
+        )
+        started = workflow.now()
+        try:
+            batch = await workflow.execute_local_activity(
+                HOOK_BATCH_ACTIVITY,
+                HookBatchCall(stage=stage, calls=calls),
+                result_type=HookBatchOutcome,
+                start_to_close_timeout=timedelta(seconds=budget + 10),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary=summary,
+            )
+        except (ActivityError, ApplicationError, TimeoutError) as err:
+            raise_if_cancelled(err)
+            # The batch itself broke (not one of its hooks, whose failures are entries): each hook's
+            # invocation is recorded as failed with the batch's error, and decided as usual.
+            results: list[tuple[HookEntry, Any, InvocationFailure | None]] = []
+            for offset, hook in enumerate(hooks):
+                invocation = self._invocation(hook, stage, first_sequence + offset, plan_phase, step)
+                failure = InvocationFailure.from_error(err, hook)
+                results.append((hook, None, self._failed(invocation, hook, stage, failure, err)))
+                if failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
+                    break
+            return results
+        results = []
+        clock = started
+        for offset, (hook, entry) in enumerate(zip(hooks, batch.entries, strict=False)):
+            invocation = self._invocation(hook, stage, first_sequence + offset, plan_phase, step)
+            invocation.started_at, invocation.duration_ms = clock, entry.duration_ms
+            clock += timedelta(milliseconds=entry.duration_ms)
+            if entry.failure is not None:
+                failure = InvocationFailure.from_batch(entry.failure, hook)
+                results.append((hook, None, self._failed(invocation, hook, stage, failure)))
+            else:
+                outcome = spec.outcome.model_validate(entry.outcome)
+                results.append((hook, await self._succeeded(invocation, hook, outcome), None))
+        return results
+
+    def _failed(
+        self,
+        invocation: HookInvocation,
+        hook: HookEntry,
+        stage: Stage,
+        failure: InvocationFailure,
+        err: BaseException | None = None,
+    ) -> InvocationFailure:
+        """Record a failed invocation and its decision; an infrastructure failure ends the request."""
+        invocation.outcome = _INVOCATION_OUTCOMES.get(failure.category, InvocationOutcome.FAILED)
+        invocation.error = failure.message
+        invocation.error_type = failure.category
+        invocation.exception_type = failure.exception_type
+        invocation.decision = failure.decision = decisions.failure_decision(hook, stage, failure.category)
+        self._record.pipeline_hooks.append(invocation)
+        record_effects(self._record, failure.effects)
+        if failure.category in INFRASTRUCTURE_FAILURES:  # not the hook's verdict: the request ends as it is
+            if isinstance(err, ApplicationError) and err.type == failure.category:
+                raise err
+            raise ApplicationError(
+                failure.message,
+                {"hook": hook.name, "stage": stage.value},
+                type=failure.category,
+                non_retryable=True,
+            ) from None
+        return failure
+
+    async def _succeeded(self, invocation: HookInvocation, hook: HookEntry, outcome: OutcomeT) -> OutcomeT:
+        """Record a successful invocation; keep the hook's state, adopt its leases, start its detached work."""
         invocation.decision = outcome.decision
         self._record.pipeline_hooks.append(invocation)
         if outcome.state is not None:
@@ -228,7 +346,7 @@ class HookInvoker:
             self._leases.adopt(lease, self._manifest.settings)
         for work in outcome.detached:
             await self._start_detached(work)
-        return outcome, None
+        return outcome
 
     async def _activity(
         self,

@@ -100,8 +100,9 @@ CHECKPOINT_REJECTED = "CheckpointRejected"
 CHECKPOINT_EXPIRED = "CheckpointExpired"
 INVALID_REVIEW = "InvalidReview"
 INVALID_QUERY = "InvalidQuery"
-# Executions started from here on resolve the pipeline and write the record as local activities.
-LOCAL_BOOKKEEPING_PATCH = "local-bookkeeping"
+# Executions started from here on resolve the pipeline and write the record as local activities, and
+# run consecutive in-process hooks of a stage in one local activity.
+IN_PROCESS_PATCH = "in-process-bookkeeping-and-hook-batches"
 SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal, EffectUpdateSignal)
 
 
@@ -297,7 +298,7 @@ class RequestLifecycleWorkflow(StepExecution):
             self._record.error = RequestError(type=decisions.INVALID_REQUEST, message=self._input_problem)
             self._record.lifecycle_stage = str(RequestStatus.FAILED)
             raise ApplicationError(self._input_problem, type=decisions.INVALID_REQUEST, non_retryable=True)
-        self._local_bookkeeping = workflow.patched(LOCAL_BOOKKEEPING_PATCH)
+        self._local_bookkeeping = self._hook_batches = workflow.patched(IN_PROCESS_PATCH)
         try:
             result = await self._lifecycle()
         except RunStopped as stop:

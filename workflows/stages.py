@@ -11,8 +11,10 @@ applies an outcome.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from .models import (
     AfterAnswerCall,
@@ -32,6 +34,7 @@ from .models import (
     BeforeRunOutcome,
     BeforeToolCall,
     BeforeToolOutcome,
+    EnrichmentOperation,
     FailurePolicy,
     HookCall,
     HookOutcome,
@@ -53,6 +56,71 @@ class Chaining(StrEnum):
     OBSERVE = "observe"  # every hook runs; what they return changes nothing
 
 
+# How a stage's call looks to the next hook after an outcome, for the hooks a batch runs in one local
+# activity (see ``next_call``): each returns the call with the outcome applied as the workflow applies it,
+# or None where the stage cannot go on without the workflow — the outcome ends the stage (a stop, a
+# short-circuit, a denial, a handled error, a skip) or is rare enough to leave to it (a before_run
+# rewrite). A failed invocation always stops the batch, and so does one that hands over leases or
+# detached work (the workflow adopts or starts those before the next hook runs).
+
+
+def _unchanged(call: Any, outcome: Any) -> Any:
+    return call
+
+
+def _carry_before_run(call: BeforeRunCall, outcome: BeforeRunOutcome) -> BeforeRunCall | None:
+    return call if outcome.stop is None and outcome.patch is None else None
+
+
+def _carry_before_planning(call: BeforePlanningCall, outcome: BeforePlanningOutcome) -> BeforePlanningCall | None:
+    if outcome.short_circuit is not None:
+        return None
+    enrichments = dict(call.view.enrichments)
+    for change in outcome.enrichment_changes:
+        if change.operation is EnrichmentOperation.REMOVED:
+            enrichments.pop(change.key, None)
+        else:
+            enrichments[change.key] = change.after
+    return call.model_copy(update={"view": call.view.model_copy(update={"enrichments": enrichments})})
+
+
+def _carry_after_planning(call: AfterPlanningCall, outcome: AfterPlanningOutcome) -> AfterPlanningCall:
+    return call.model_copy(update={"plan": outcome.plan})
+
+
+def _carry_before_tool(call: BeforeToolCall, outcome: BeforeToolOutcome) -> BeforeToolCall | None:
+    verdict = outcome.verdict
+    if verdict.action == "allow":
+        return call
+    if verdict.action == "modify":
+        return call.model_copy(
+            update={"call": call.call.model_copy(update={"arguments": dict(verdict.arguments or {})})}
+        )
+    return None
+
+
+def _carry_on_tool_error(call: ToolErrorCall, outcome: ToolErrorOutcome) -> ToolErrorCall | None:
+    return None if outcome.resolution.handled else call
+
+
+def _carry_after_tool(call: AfterToolCall, outcome: AfterToolOutcome) -> AfterToolCall:
+    return call.model_copy(update={"outcome": call.outcome.model_copy(update={"result": outcome.result})})
+
+
+def _carry_after_synthesis(call: AfterSynthesisCall, outcome: AfterSynthesisOutcome) -> AfterSynthesisCall:
+    return call.model_copy(update={"response": outcome.response})
+
+
+def _carry_after_answer(call: AfterAnswerCall, outcome: AfterAnswerOutcome) -> AfterAnswerCall | None:
+    if outcome.stop is not None:
+        return None
+    return call.model_copy(update={"answer": call.answer.model_copy(update={"text": outcome.text})})
+
+
+def _carry_before_remember(call: BeforeRememberCall, outcome: BeforeRememberOutcome) -> BeforeRememberCall | None:
+    return None if outcome.skip is not None else call.model_copy(update={"candidate": outcome.candidate})
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """One stage: its hook methods, its models, its activity, its default failure policy, its chaining."""
@@ -63,6 +131,8 @@ class StageSpec:
     outcome: type[HookOutcome]
     failure_policy: FailurePolicy  # unless the hook sets its own (where ``own_policy`` allows)
     chaining: Chaining
+    # The call after an outcome, as the next hook of a batch receives it (None: the batch stops there).
+    carry: Callable[[Any, Any], Any] = _unchanged
     tool_stage: bool = False  # invoked per plan step; ``matcher`` / ``subagent_only`` filter it
     own_policy: bool = True  # a hook's ``failure_policy`` replaces the default here
     finalizer: bool = False  # runs on every exit; a failure is a diagnostic, never the run's outcome
@@ -74,11 +144,21 @@ class StageSpec:
 
 
 _OPEN, _CLOSED = FailurePolicy.FAIL_OPEN, FailurePolicy.FAIL_CLOSED
+# The local activity that runs consecutive in-process hooks of one stage (see ``next_call``).
+HOOK_BATCH_ACTIVITY = "run_hook_batch"
 
 STAGES: dict[Stage, StageSpec] = {
     spec.stage: spec
     for spec in (
-        StageSpec(Stage.BEFORE_RUN, ("before_run",), BeforeRunCall, BeforeRunOutcome, _CLOSED, Chaining.GATE),
+        StageSpec(
+            Stage.BEFORE_RUN,
+            ("before_run",),
+            BeforeRunCall,
+            BeforeRunOutcome,
+            _CLOSED,
+            Chaining.GATE,
+            carry=_carry_before_run,
+        ),
         StageSpec(
             Stage.BEFORE_PLANNING,
             ("before_planning", "before_planning_decision"),
@@ -86,6 +166,7 @@ STAGES: dict[Stage, StageSpec] = {
             BeforePlanningOutcome,
             _OPEN,
             Chaining.FIRST_WINS,
+            carry=_carry_before_planning,
         ),
         # Fails closed only for the one required hook, which is how this stage's policy is chosen.
         StageSpec(
@@ -95,6 +176,7 @@ STAGES: dict[Stage, StageSpec] = {
             AfterPlanningOutcome,
             _OPEN,
             Chaining.CHAIN,
+            carry=_carry_after_planning,
             own_policy=False,
         ),
         StageSpec(
@@ -104,6 +186,7 @@ STAGES: dict[Stage, StageSpec] = {
             BeforeToolOutcome,
             _CLOSED,
             Chaining.GATE,
+            carry=_carry_before_tool,
             tool_stage=True,
         ),
         StageSpec(
@@ -113,10 +196,18 @@ STAGES: dict[Stage, StageSpec] = {
             ToolErrorOutcome,
             _CLOSED,
             Chaining.FIRST_WINS,
+            carry=_carry_on_tool_error,
             tool_stage=True,
         ),
         StageSpec(
-            Stage.AFTER_TOOL, ("after_tool",), AfterToolCall, AfterToolOutcome, _CLOSED, Chaining.CHAIN, tool_stage=True
+            Stage.AFTER_TOOL,
+            ("after_tool",),
+            AfterToolCall,
+            AfterToolOutcome,
+            _CLOSED,
+            Chaining.CHAIN,
+            carry=_carry_after_tool,
+            tool_stage=True,
         ),
         StageSpec(
             Stage.AFTER_EXECUTION, ("after_execution",), AfterExecutionCall, ObserveOutcome, _OPEN, Chaining.OBSERVE
@@ -128,8 +219,17 @@ STAGES: dict[Stage, StageSpec] = {
             AfterSynthesisOutcome,
             _OPEN,
             Chaining.CHAIN,
+            carry=_carry_after_synthesis,
         ),
-        StageSpec(Stage.AFTER_ANSWER, ("after_answer",), AfterAnswerCall, AfterAnswerOutcome, _CLOSED, Chaining.CHAIN),
+        StageSpec(
+            Stage.AFTER_ANSWER,
+            ("after_answer",),
+            AfterAnswerCall,
+            AfterAnswerOutcome,
+            _CLOSED,
+            Chaining.CHAIN,
+            carry=_carry_after_answer,
+        ),
         StageSpec(
             Stage.BEFORE_REMEMBER,
             ("before_remember",),
@@ -137,6 +237,7 @@ STAGES: dict[Stage, StageSpec] = {
             BeforeRememberOutcome,
             _CLOSED,
             Chaining.GATE,
+            carry=_carry_before_remember,
         ),
         StageSpec(
             Stage.ON_ERROR,
@@ -167,3 +268,17 @@ STAGE_METHODS: dict[str, Stage] = {method: spec.stage for spec in STAGES.values(
 TOOL_STAGES = frozenset(s for s, spec in STAGES.items() if spec.tool_stage)
 FINALIZER_STAGES = frozenset(s for s, spec in STAGES.items() if spec.finalizer)
 OWN_POLICY_STAGES = frozenset(s for s, spec in STAGES.items() if spec.own_policy)
+
+
+def next_call(spec: StageSpec, applied: HookCall, outcome: HookOutcome, prebuilt: HookCall) -> HookCall | None:
+    """What the hook after one in a batch receives: the stage's values and the shared view as the
+    previous hook left them (``applied``, its call, with ``outcome`` carried in), and the hook's own
+    entry and private state from the call the workflow built for it (``prebuilt``). None when the batch
+    must stop and hand the rest of the stage back to the workflow."""
+    if outcome.leases or outcome.detached:
+        return None
+    carried = spec.carry(applied, outcome)
+    if carried is None:
+        return None
+    view = carried.view.model_copy(update={"state": prebuilt.view.state, "plan_phase": prebuilt.view.plan_phase})
+    return carried.model_copy(update={"hook": prebuilt.hook, "view": view})

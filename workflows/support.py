@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, JsonValue, ValidationError
@@ -21,6 +22,7 @@ from .models import (
     ApprovalReason,
     CacheVerdict,
     ExecutionRecord,
+    HookBatchFailure,
     HookDecision,
     HookEntry,
     InvocationOutcome,
@@ -40,6 +42,11 @@ NON_RETRYABLE_HOOK_FAILURES = [
     decisions.INVALID_HOOK_RESULT,
     decisions.INVALID_PLAN,
 ]
+# A hook's attempts are spaced by this, doubling each time (Temporal's default backoff).
+HOOK_RETRY_INITIAL_INTERVAL = timedelta(milliseconds=200)
+HOOK_RETRY_BACKOFF = 2.0
+# A batch's failure reason for a hook that ran out of time.
+BATCH_TIMEOUT = "timeout"
 # Failures that are not the hook's doing: recorded on the invocation, then they end the request as they are.
 INFRASTRUCTURE_FAILURES = (decisions.WORKER_LOST, decisions.PAYLOAD_TOO_LARGE)
 # A step's metadata key by which an after_planning hook asks for a reviewer: True or the reason text.
@@ -67,14 +74,34 @@ class InvocationFailure(BaseModel):
             )
         if isinstance(cause, ApplicationError):
             details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
-            known = {decisions.HOOK_ERROR, *INFRASTRUCTURE_FAILURES, *NON_RETRYABLE_HOOK_FAILURES}
-            return cls(
-                category=cause.type if cause.type in known else decisions.HOOK_ERROR,
-                message=cause.message,
-                exception_type=details.get("exception_type"),
-                effects=[PipelineHookEffect.model_validate(e) for e in details.get("effects") or []],
-            )
+            return cls._raised(cause.type, cause.message, details)
         return cls(category=decisions.HOOK_ERROR, message=str(cause or err))
+
+    @classmethod
+    def from_batch(cls, failure: HookBatchFailure, hook: HookEntry) -> InvocationFailure:
+        """The same failure, for a hook that ran in a batch (see ``HookBatchFailure``)."""
+        if failure.type == BATCH_TIMEOUT:
+            return cls(
+                category=decisions.HOOK_TIMEOUT,
+                message=f"hook did not finish within {hook.timeout_seconds:g}s (start_to_close)",
+            )
+        return cls._raised(failure.type, failure.message, failure.details)
+
+    @classmethod
+    def _raised(cls, error_type: str | None, message: str, details: Mapping[str, Any]) -> InvocationFailure:
+        known = {decisions.HOOK_ERROR, *INFRASTRUCTURE_FAILURES, *NON_RETRYABLE_HOOK_FAILURES}
+        effects = details.get("effects") or []
+        return cls(
+            category=error_type if error_type in known else decisions.HOOK_ERROR,
+            message=message,
+            exception_type=details.get("exception_type"),
+            effects=[PipelineHookEffect.model_validate(e) for e in effects] if isinstance(effects, list) else [],
+        )
+
+
+def hook_retry_delay(attempt: int) -> float:
+    """Seconds before a hook's attempt ``attempt + 1``."""
+    return HOOK_RETRY_INITIAL_INTERVAL.total_seconds() * HOOK_RETRY_BACKOFF ** (attempt - 1)
 
 
 def stage_failure(error_type: str, message: str, err: ActivityError) -> ApplicationError:

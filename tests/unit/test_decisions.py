@@ -111,6 +111,8 @@ ROWS = {
     "failed": "ordinary hook raised / timed out / returned the wrong type / an invalid plan",
     "closed": "a hook whose own `failure_policy` is `FAIL_CLOSED` (e.g. `secret-redaction`) failed",
     "lost": "every dispatch of the invocation lost its worker (infrastructure, whatever the policy)",
+    "too large": "the invocation's input or outcome is larger than Temporal (or the payload store) carries "
+    "(infrastructure)",
     "required ok": "required after-planning hook accepted the plan",
     "required failed": "required after-planning hook raised / timed out / wrong type / invalid plan",
     "authoritative": "authoritative short-circuit (legacy or decision)",
@@ -183,6 +185,22 @@ CASES: list[Case] = [
         CLOSED,
         TERMINATE,
         "hook_error",
+    ),
+    case(
+        "too large",
+        "an ordinary after_synthesis hook returned more than a payload carries",
+        lambda: failure_decision(ORDINARY, Stage.AFTER_SYNTHESIS, decisions.PAYLOAD_TOO_LARGE),
+        OPEN,
+        TERMINATE,
+        "payload_too_large",
+    ),
+    case(
+        "too large",
+        "a fail-open before_tool hook returned more than a payload carries",
+        lambda: failure_decision(OPTIONAL, Stage.BEFORE_TOOL, decisions.PAYLOAD_TOO_LARGE),
+        OPEN,
+        TERMINATE,
+        "payload_too_large",
     ),
     case(
         "lost",

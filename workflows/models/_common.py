@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel
+from pydantic import BaseModel, PrivateAttr
 
 MAX_REQUEST_CHARS = 8_000
 MAX_METADATA_BYTES = 64 * 1024
@@ -41,9 +41,26 @@ METADATA_CACHE = "cache"
 class ByReference(BaseModel):
     """An activity's input or result. Above the payload store's threshold it travels through Temporal as
     a reference to the store (see ``activities.payload_store``); what operators read — the request's input
-    and result, signals, queries — stays inline unless it would not fit a payload at all."""
+    and result, signals, queries — stays inline unless it would not fit a payload at all.
 
-    travels_by_reference: ClassVar[bool] = True
+    A local activity's input never leaves the worker: ``kept_inline()`` keeps it out of the store. Its
+    result is recorded in the activity's marker: ``recorded_in_marker()`` lets it go by reference only
+    when it is large, so the marker stays readable where it can."""
+
+    _placement: Literal["reference", "inline", "marker"] = PrivateAttr(default="reference")
+
+    def kept_inline(self) -> Self:
+        self._placement = "inline"
+        return self
+
+    def recorded_in_marker(self) -> Self:
+        self._placement = "marker"
+        return self
+
+    @property
+    def payload_placement(self) -> str:
+        """How the payload store may take this value: ``reference``, ``marker`` or ``inline``."""
+        return self._placement
 
 
 def json_size(value: Any) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
@@ -61,6 +61,9 @@ class StageSettings(BaseModel):
     # Dispatches of one activity that may end in a lost worker before the request fails with the
     # infrastructure error ``WorkerLost`` (a hook that kills every worker it runs on must not loop forever).
     max_worker_losses: int = Field(default=5, ge=1)
+    # Consecutive in-process (local activity) hooks of one stage run in one local activity: one marker
+    # in history for the run of them, one record entry and span for each hook.
+    batch_local_hooks: bool = True
 
 
 # The longest a checkpoint may wait. A waiting request adds no history while it waits (the timer and
@@ -268,3 +271,37 @@ class HookOutcome(ByReference):
 
 class ObserveOutcome(HookOutcome):
     """The outcome of an observe-only (after_execution) invocation."""
+
+
+class HookBatchCall(ByReference):
+    """Consecutive in-process hooks of one stage, run in order by one local activity. ``calls`` holds
+    each hook's ``<Stage>Call`` as the workflow built it before the batch; the activity passes each hook
+    what the hooks before it made of the stage (the plan, the answer, the enrichments, ...), as the
+    workflow would have, and stops at the first outcome it cannot carry forward (see
+    ``workflows.stages.StageSpec.carry``)."""
+
+    stage: Stage
+    calls: list[Any]  # the stage's call models (dicts once received)
+
+
+class HookBatchFailure(BaseModel):
+    """Why one hook of a batch produced no outcome after its attempts: the error its invocation raised
+    (``type`` ``timeout`` when it ran out of time)."""
+
+    type: str
+    message: str
+    details: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class HookBatchEntry(BaseModel):
+    hook: str
+    outcome: Any = None  # the stage's outcome model (a dict once received), or None when it failed
+    failure: HookBatchFailure | None = None
+    attempts: int = 1
+    duration_ms: float = 0.0
+
+
+class HookBatchOutcome(ByReference):
+    """One entry per hook that ran, in order: all of the batch, or up to the one the batch stopped at."""
+
+    entries: list[HookBatchEntry] = Field(default_factory=list)

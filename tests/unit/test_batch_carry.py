@@ -1,0 +1,152 @@
+"""What the next hook of a batch receives after an outcome: the stage's values as the previous hook left
+them, its own entry and private state; and where a batch must stop and hand the stage back to the
+workflow."""
+
+from __future__ import annotations
+
+from workflows.models import (
+    AfterAnswerCall,
+    AfterAnswerOutcome,
+    AfterPlanningCall,
+    AfterPlanningOutcome,
+    AfterToolCall,
+    AfterToolOutcome,
+    AnswerView,
+    BeforeRememberCall,
+    BeforeRememberOutcome,
+    BeforeRunCall,
+    BeforeRunOutcome,
+    DecisionAction,
+    DetachedWork,
+    EnrichmentChange,
+    EnrichmentOperation,
+    FailurePolicy,
+    HookDecision,
+    HookEntry,
+    HookRequestView,
+    ManagedLease,
+    MemoryCandidate,
+    ObserveOutcome,
+    OnFinishCall,
+    Plan,
+    PlanStep,
+    RunOutcomeView,
+    RunPatch,
+    RunView,
+    ShortCircuitProposal,
+    SkipMemory,
+    Stage,
+    Stop,
+    ToolCall,
+    ToolErrorCall,
+    ToolErrorOutcome,
+    ToolErrorResolution,
+    ToolOutcomeView,
+)
+from workflows.models import BeforePlanningCall as PlanningCall
+from workflows.models import BeforePlanningOutcome as PlanningOutcome
+from workflows.stages import STAGES, next_call
+
+OK = HookDecision(failure_policy=FailurePolicy.FAIL_OPEN, action=DecisionAction.CONTINUE, reason="accepted")
+
+
+def entry(name: str, stage: Stage) -> HookEntry:
+    return HookEntry(name=name, index=0, stages=[stage])
+
+
+def view(state: dict | None = None, **fields) -> HookRequestView:
+    return HookRequestView(request="ask", request_id="r", workflow_id="w", state=state or {}, **fields)
+
+
+def carried(stage: Stage, first, outcome, second):
+    return next_call(STAGES[stage], first, outcome, second)
+
+
+def test_the_next_hook_keeps_its_own_entry_and_private_state():
+    stage = Stage.AFTER_PLANNING
+    plan, changed = (
+        Plan(phase=1, steps=[]),
+        Plan(phase=1, steps=[PlanStep(step_id="s", namespace="n", agent="a", capability="c")]),
+    )
+    first = AfterPlanningCall(hook=entry("a", stage), view=view({"mine": 1}, plan_phase=1), plan=plan)
+    second = AfterPlanningCall(hook=entry("b", stage), view=view({"theirs": 2}, plan_phase=1), plan=plan)
+    call = carried(stage, first, AfterPlanningOutcome(plan=changed, changed=True, decision=OK), second)
+    assert call.hook.name == "b" and call.view.state == {"theirs": 2} and call.view.plan_phase == 1
+    assert call.plan == changed
+
+
+def test_enrichment_changes_carry_in_order_and_a_short_circuit_stops():
+    stage = Stage.BEFORE_PLANNING
+    first = PlanningCall(hook=entry("a", stage), view=view(enrichments={"old": 1, "keep": 2}))
+    second = PlanningCall(hook=entry("b", stage), view=view(enrichments={"old": 1, "keep": 2}))
+    changes = [
+        EnrichmentChange(key="new", operation=EnrichmentOperation.ADDED, before=None, after="x"),
+        EnrichmentChange(key="old", operation=EnrichmentOperation.REMOVED, before=1, after=None),
+    ]
+    call = carried(stage, first, PlanningOutcome(enrichment_changes=changes, decision=OK), second)
+    assert call.view.enrichments == {"keep": 2, "new": "x"}
+    proposal = ShortCircuitProposal(contract="decision", kind="cache", response="hit", source="cache")
+    assert carried(stage, first, PlanningOutcome(short_circuit=proposal, decision=OK), second) is None
+
+
+def test_chained_values_carry():
+    tool = ToolCall(step_id="s", namespace="n", agent="a", capability="c", arguments={"x": 1})
+    outcome_view = ToolOutcomeView(status="executed", result="raw")
+    stage = Stage.AFTER_TOOL
+    first = AfterToolCall(hook=entry("a", stage), view=view(), call=tool, outcome=outcome_view)
+    second = AfterToolCall(hook=entry("b", stage), view=view(), call=tool, outcome=outcome_view)
+    assert carried(stage, first, AfterToolOutcome(result="redacted", decision=OK), second).outcome.result == "redacted"
+
+    stage = Stage.AFTER_ANSWER
+    answer = AnswerView(text="one", handled_by="pipeline")
+    first = AfterAnswerCall(hook=entry("a", stage), view=view(), answer=answer)
+    second = AfterAnswerCall(hook=entry("b", stage), view=view(), answer=answer)
+    assert carried(stage, first, AfterAnswerOutcome(text="two", decision=OK), second).answer.text == "two"
+    stopped = AfterAnswerOutcome(text="two", stop=Stop(text="bye"), decision=OK)
+    assert carried(stage, first, stopped, second) is None
+
+    stage = Stage.BEFORE_REMEMBER
+    candidate = MemoryCandidate(conversation_id="c", request="q", answer="a")
+    replaced = candidate.model_copy(update={"answer": "shorter"})
+    first = BeforeRememberCall(hook=entry("a", stage), view=view(), candidate=candidate)
+    second = BeforeRememberCall(hook=entry("b", stage), view=view(), candidate=candidate)
+    assert carried(stage, first, BeforeRememberOutcome(candidate=replaced, decision=OK), second).candidate == replaced
+    skipped = BeforeRememberOutcome(candidate=candidate, skip=SkipMemory(reason="no"), decision=OK)
+    assert carried(stage, first, skipped, second) is None
+
+
+def test_what_ends_a_stage_or_only_the_workflow_applies_stops_the_batch():
+    stage = Stage.BEFORE_RUN
+    run = RunView(ask="ask")
+    first = BeforeRunCall(hook=entry("a", stage), view=view(), run=run)
+    second = BeforeRunCall(hook=entry("b", stage), view=view(), run=run)
+    assert carried(stage, first, BeforeRunOutcome(decision=OK), second) is not None
+    assert carried(stage, first, BeforeRunOutcome(patch=RunPatch(ask="other"), decision=OK), second) is None
+    assert carried(stage, first, BeforeRunOutcome(stop=Stop(text="no"), decision=OK), second) is None
+
+    stage = Stage.ON_TOOL_ERROR
+    tool = ToolCall(step_id="s", namespace="n", agent="a", capability="c")
+    failed = ToolOutcomeView(status="failed", error="boom")
+    first = ToolErrorCall(hook=entry("a", stage), view=view(), call=tool, outcome=failed)
+    second = ToolErrorCall(hook=entry("b", stage), view=view(), call=tool, outcome=failed)
+    handled = ToolErrorOutcome(resolution=ToolErrorResolution(handled=True, result="fallback"), decision=OK)
+    assert carried(stage, first, handled, second) is None
+    assert carried(stage, first, ToolErrorOutcome(resolution=ToolErrorResolution(), decision=OK), second) is not None
+
+    # Leases and detached work are adopted or started by the workflow before the next hook runs.
+    stage = Stage.ON_FINISH
+    first = OnFinishCall(hook=entry("a", stage), view=view(), outcome=RunOutcomeView(status="completed"))
+    second = OnFinishCall(hook=entry("b", stage), view=view(), outcome=RunOutcomeView(status="completed"))
+    assert carried(stage, first, ObserveOutcome(decision=OK), second) is not None
+    lease = ManagedLease(
+        lease_id="l",
+        hook="a",
+        stage=stage,
+        ttl_seconds=30,
+        renew_interval_seconds=10,
+        renewal_effect_id="renew",
+        cleanup_effect_id="release",
+    )
+    assert carried(stage, first, ObserveOutcome(decision=OK, leases=[lease]), second) is None
+    work = DetachedWork(effect_id="e", hook="a", stage=stage, name="audit")
+    assert carried(stage, first, ObserveOutcome(decision=OK, detached=[work]), second) is None
