@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidPipelineConfigError as err:
         print(f"pipeline configuration error ({err.reason}): {err}", file=sys.stderr)
         return 2
+    except ValueError as err:  # a bad setting a pipeline factory read (e.g. AGENT_MODEL_TIMEOUT_SECONDS)
+        print(f"configuration error: {err}", file=sys.stderr)
+        return 2
     if args.check:
         # Execution order (priority, then registration); the number is the registration index.
         for entry in activities.registry.entries:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 from temporalio import activity
@@ -21,10 +22,26 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-async def _beat(interval: float) -> None:
+# The details the running activity's heartbeats carry (what its next attempt reads), set by report_progress.
+_progress: ContextVar[list[Any] | None] = ContextVar("heartbeat_progress", default=None)
+
+
+async def _beat(interval: float, progress: list[Any]) -> None:
     while True:
-        activity.heartbeat()
+        activity.heartbeat(*progress)
         await asyncio.sleep(interval)
+
+
+def report_progress(*details: Any) -> None:
+    """Record what this attempt has done so far, for the activity's next attempt to read from
+    ``activity.info().heartbeat_details`` if this one fails: sent at once, and with every background
+    heartbeat after it. Nothing is kept outside an activity or in a local activity (no heartbeats)."""
+    if not activity.in_activity() or heartbeat_interval() is None:
+        return
+    progress = _progress.get()
+    if progress is not None:
+        progress[:] = details
+    activity.heartbeat(*details)
 
 
 def heartbeat_interval() -> float | None:
@@ -42,10 +59,13 @@ async def heartbeats():
     if interval is None:
         yield
         return
-    task = asyncio.create_task(_beat(interval))
+    progress: list[Any] = []
+    token = _progress.set(progress)
+    task = asyncio.create_task(_beat(interval, progress))
     try:
         yield
     finally:
+        _progress.reset(token)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -56,9 +56,11 @@ from workflows.models import (
 from workflows.plan_validation import plan_problems
 
 from . import telemetry
+from .answer_stream import publish_answer, streaming_synthesizer
 from .heartbeat import heartbeat_interval, heartbeating
 from .hook_stages import HookStageActivities, ResultRejected, call_hook, returned
 from .memory import ConversationMemory
+from .models.calls import ModelCallLog
 from .planning import Planner, PlanningRequest, PromptBuilder, PromptInput, Synthesizer, build_planning_prompt
 from .store import ExecutionStore
 from .tools import ToolContext, ToolRegistry
@@ -206,6 +208,7 @@ class LifecycleActivities(HookStageActivities):
     async def plan(self, input: PlanInput) -> PlanOutput:
         """Build the planning prompt from the enrichments and ask the planner for a valid plan."""
         tools = self.manifest.tools
+        calls = ModelCallLog.resumed(input.max_tokens_remaining)
         prompt = self.prompt_builder(
             PromptInput(
                 request=input.request,
@@ -227,22 +230,28 @@ class LifecycleActivities(HookStageActivities):
                 prior_results=[r.model_view() for r in input.prior_results],
                 instructions=input.instructions,
                 facts=copy.deepcopy(input.facts),
+                model_calls=calls,
             )
         )
+        recorded = [call.model_dump(mode="json") for call in calls.calls]
         if not isinstance(plan, Plan):
             raise ApplicationError(
-                f"planner returned {type(plan).__name__}, not a Plan", type=decisions.INVALID_PLAN, non_retryable=True
+                f"planner returned {type(plan).__name__}, not a Plan",
+                {"model_calls": recorded},
+                type=decisions.INVALID_PLAN,
+                non_retryable=True,
             )
         problems = self.plan_problems(plan, input.phase, [r.step_id for r in input.prior_results])
         if problems:
             raise ApplicationError(
                 "planner produced an invalid plan: " + "; ".join(problems),
-                {"problems": problems},
+                {"problems": problems, "model_calls": recorded},
                 type=decisions.INVALID_PLAN,
                 non_retryable=True,
             )
         planner = getattr(self.planner, "name", type(self.planner).__name__)
-        return self.bounded_result(PlanOutput(plan=plan, prompt=prompt, planner=planner), "plan")
+        output = PlanOutput(plan=plan, prompt=prompt, planner=planner, model_calls=calls.calls)
+        return self.bounded_result(output, "plan")
 
     @activity.defn(name="validate_tool_arguments")
     async def validate_tool_arguments(self, step: PlanStep) -> list[str]:
@@ -288,8 +297,11 @@ class LifecycleActivities(HookStageActivities):
     @activity.defn(name="synthesize")
     @heartbeating
     async def synthesize(self, input: SynthesizeInput) -> SynthesizeOutput:
-        """Ask the synthesizer for the answer (the model output, before after_synthesis hooks)."""
-        output = await self.synthesizer.synthesize(input)
+        """Ask the synthesizer for the answer (the model output, before after_synthesis hooks); with
+        ``input.stream`` and a synthesizer that can stream, publish its text to the request's answer
+        stream as it is written."""
+        stream = streaming_synthesizer(self.synthesizer) if input.stream else None
+        output = await (publish_answer(stream, input) if stream else self.synthesizer.synthesize(input))
         if not isinstance(output, SynthesizeOutput):
             raise ApplicationError(
                 f"synthesizer returned {type(output).__name__}, not SynthesizeOutput",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import JsonValue
 
@@ -21,6 +21,9 @@ from workflows.models import (
     SynthesizeOutput,
     ToolSpec,
 )
+
+if TYPE_CHECKING:  # activities.models imports this module
+    from .models.calls import ModelCallLog
 
 # The well-known keys the default builder renders, in prompt order, and the tag each is wrapped in.
 # user_profile has no tag: it is inserted verbatim, so its writer supplies its own <user_profile> block.
@@ -61,6 +64,8 @@ class PlanningRequest:
     prior_results: list[StepResult] = field(default_factory=list)
     instructions: str = ""  # from before_run hooks
     facts: Mapping[str, JsonValue] = field(default_factory=dict)
+    # This invocation's model calls and the token budget left: a model planner appends every call it makes.
+    model_calls: ModelCallLog | None = None
 
 
 class Planner(Protocol):
@@ -87,6 +92,26 @@ def _as_text(value: JsonValue) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+def context_sections(
+    instructions: str, facts: Mapping[str, JsonValue], enrichments: Mapping[str, JsonValue]
+) -> list[str]:
+    """The request's context as a model reads it: the instructions, the facts, then each well-known
+    enrichment in its tagged section (``RENDERED_ENRICHMENTS`` order); empty parts are left out."""
+    sections: list[str] = []
+    if instructions:
+        sections.append(f"<instructions>\n{instructions}\n</instructions>")
+    if facts:
+        lines = "\n".join(f"{key}: {_as_text(value)}" for key, value in sorted(facts.items()))
+        sections.append(f"<facts>\n{lines}\n</facts>")
+    for key, tag in RENDERED_ENRICHMENTS:
+        value = enrichments.get(key)
+        if value is None or value == "":
+            continue
+        text = _as_text(value)
+        sections.append(f"<{tag}>\n{text}\n</{tag}>" if tag else text)
+    return sections
+
+
 def build_planning_prompt(input: PromptInput) -> str:
     """The default planning prompt: known enrichments as tagged sections, then tools, then the request.
 
@@ -94,18 +119,8 @@ def build_planning_prompt(input: PromptInput) -> str:
     """
     sections = [
         "You are the planner of an agent. Choose the tool calls that answer the user's request, or none.",
+        *context_sections(input.instructions, input.facts, input.enrichments),
     ]
-    if input.instructions:
-        sections.append(f"<instructions>\n{input.instructions}\n</instructions>")
-    if input.facts:
-        facts = "\n".join(f"{key}: {_as_text(value)}" for key, value in sorted(input.facts.items()))
-        sections.append(f"<facts>\n{facts}\n</facts>")
-    for key, tag in RENDERED_ENRICHMENTS:
-        value = input.enrichments.get(key)
-        if value is None or value == "":
-            continue
-        text = _as_text(value)
-        sections.append(f"<{tag}>\n{text}\n</{tag}>" if tag else text)
     tool_lines = [
         f"- {t.key}: {t.description} parameters={json.dumps(t.parameters.get('properties', {}), sort_keys=True)}"
         for t in input.tools

@@ -2,7 +2,9 @@
 
     agent-lifecycle run "What is the price of ACME?"          # start, wait, print the result
     agent-lifecycle run "Buy 10 ACME" --metadata '{"user_id": "u1"}'
+    agent-lifecycle run "What is the price of ACME?" --stream # print the answer while it is written
     agent-lifecycle start "What is the price of ACME?"        # start only; prints the workflow id
+    agent-lifecycle answer request-1a2b3c                     # follow a request started with --stream
     agent-lifecycle result request-1a2b3c                     # await an existing request
     agent-lifecycle record request-1a2b3c [--live] [--json]   # stored record, or --live via query
     agent-lifecycle list                                      # recent stored records
@@ -29,17 +31,28 @@ import asyncio
 import json
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from activities.store import SQLiteExecutionStore
 from workflows import WORKFLOW_TYPE, data_converter, search_attributes
 from workflows.decisions import REQUEST_ID_CONFLICT
-from workflows.models import Checkpoint, ExecutionRecord, RequestInput, RequestResult, ReviewAck, ReviewRequest
+from workflows.models import (
+    ANSWER_TOPIC,
+    AnswerChunk,
+    Checkpoint,
+    ExecutionRecord,
+    RequestInput,
+    RequestResult,
+    ReviewAck,
+    ReviewRequest,
+)
 
 from . import Settings, connect, declared_hooks, exit_process
 
@@ -61,9 +74,17 @@ class RequestIdConflict(ApplicationError):
 
 
 async def start_request(
-    client: Client, settings: Settings, text: str, *, metadata: dict | None = None, request_id: str | None = None
+    client: Client,
+    settings: Settings,
+    text: str,
+    *,
+    metadata: dict | None = None,
+    request_id: str | None = None,
+    stream_answer: bool = False,
 ) -> WorkflowHandle[Any, RequestResult]:
     """Start a ``RequestLifecycle`` (workflow id ``request-<request_id>``) and return its handle.
+    With ``stream_answer`` the answer is also published while it is written (read it with
+    :func:`answer_chunks`).
 
     A request id names one request. Starting an id that is running or has finished with the same input
     attaches to that execution — its handle is returned and its result is the one a caller gets, so a
@@ -71,7 +92,7 @@ async def start_request(
     :class:`RequestIdConflict`.
     """
     request_id = request_id or uuid.uuid4().hex[:12]
-    request = RequestInput(request=text, metadata=metadata or {}, request_id=request_id)
+    request = RequestInput(request=text, metadata=metadata or {}, request_id=request_id, stream_answer=stream_answer)
     workflow_id = workflow_id_for(request_id)
     try:
         return await client.start_workflow(
@@ -105,6 +126,36 @@ async def started_input(handle: WorkflowHandle) -> RequestInput | None:
         except (ValueError, TypeError, ApplicationError):
             return None
     return None
+
+
+async def answer_chunks(client: Client, workflow_id: str, *, from_offset: int = 0) -> AsyncIterator[AnswerChunk]:
+    """The answer of a request started with ``stream_answer``, as it is written: the model's text chunks,
+    then one ``final`` chunk with the answer after the after_synthesis hooks. Ends when the request
+    ends (a request that failed or stopped before synthesis yields nothing). Chunks of a retried
+    synthesis carry a higher ``attempt``: drop what the earlier attempt sent."""
+    stream = WorkflowStreamClient.create(client, workflow_id)
+    async for item in stream.subscribe(ANSWER_TOPIC, from_offset, result_type=AnswerChunk):
+        yield item.data
+
+
+async def _print_answer(client: Client, workflow_id: str) -> None:
+    """Print a streamed answer to stdout as it arrives; say so when a retry restarted it or the final
+    answer differs from what was streamed (after_synthesis rewrote it)."""
+    attempt, streamed = 0, ""
+    async for chunk in answer_chunks(client, workflow_id):
+        if chunk.final:
+            if streamed and chunk.text != streamed:
+                print(f"\n[after_synthesis rewrote the answer; the stored answer is:]\n{chunk.text}", flush=True)
+            elif not streamed:
+                print(chunk.text, end="", flush=True)
+            break
+        if attempt and chunk.attempt != attempt:
+            print(f"\n[synthesis retried (attempt {chunk.attempt}): the answer again]", flush=True)
+            streamed = ""
+        attempt = chunk.attempt
+        streamed += chunk.text
+        print(chunk.text, end="", flush=True)
+    print(flush=True)
 
 
 def describe_failure(err: WorkflowFailureError) -> dict[str, Any]:
@@ -171,6 +222,21 @@ def format_record(record: ExecutionRecord) -> str:
         lines.append(
             "cacheable: yes" if record.cache.cacheable else f"cacheable: no ({'; '.join(record.cache.reasons[:3])})"
         )
+    if record.planner:
+        lines.append(f"planner {record.planner}")
+    if record.model_calls:
+        usage = record.model_usage
+        lines.append(
+            f"model calls: {usage.calls} ({usage.failed_calls} failed), tokens {usage.prompt_tokens} in"
+            f" + {usage.completion_tokens} out"
+        )
+        for call in record.model_calls:
+            where = f"{call.stage} phase {call.phase}" if call.phase is not None else call.stage
+            outcome = call.error_type or call.finish_reason or "?"
+            lines.append(
+                f"  {where:<18} turn {call.turn}  {call.model:<20} {outcome:<18} {call.tokens:>6} tokens"
+                f"  {call.latency_ms:.0f} ms" + ("  streamed" if call.streamed else "")
+            )
     if record.plans:
         lines.append("accepted plans:")
         for accepted in record.plans:
@@ -292,6 +358,9 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings)
     if args.command == "inbox":
         return await _inbox(client)
+    if args.command == "answer":
+        await _print_answer(client, args.workflow_id)
+        return 0
     if args.command == "show":
         checkpoint = await pending_checkpoint(client, args.workflow_id)
         print(
@@ -317,7 +386,14 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command in ("run", "start"):
         metadata = json.loads(args.metadata) if args.metadata else {}
         try:
-            handle = await start_request(client, settings, args.text, metadata=metadata, request_id=args.request_id)
+            handle = await start_request(
+                client,
+                settings,
+                args.text,
+                metadata=metadata,
+                request_id=args.request_id,
+                stream_answer=getattr(args, "stream", False),
+            )
         except RequestIdConflict as err:
             print(
                 json.dumps({"failed": {"type": err.type, "message": err.message, "details": err.details[0]}}, indent=2)
@@ -327,6 +403,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         if args.command == "start":
             print(handle.id)
             return 0
+        if args.stream:
+            await _print_answer(client, handle.id)
     else:
         handle = client.get_workflow_handle(args.workflow_id, result_type=RequestResult)
     try:
@@ -348,6 +426,14 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("text")
         sub.add_argument("--metadata", help="request metadata as a JSON object")
         sub.add_argument("--request-id")
+        sub.add_argument(
+            "--stream",
+            action="store_true",
+            help="publish the answer while the model writes it"
+            + (" and print it as it arrives" if name == "run" else " (follow it with `answer`)"),
+        )
+    sub = commands.add_parser("answer", help="print a streamed answer as it is written, until the request ends")
+    sub.add_argument("workflow_id")
     sub = commands.add_parser("result", help="wait for an existing request's result")
     sub.add_argument("workflow_id")
     sub = commands.add_parser("record", help="print an execution record")

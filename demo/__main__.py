@@ -147,7 +147,8 @@ async def main(hold: bool) -> int:
             audit = await _settled_effect(activities.store, message[0], "audit-write")
             print(f"audit-write effect in the store after the detached child finished: {audit}")
 
-            first_event = f"{quote[0]}:quote-acme"
+            # request 1's quote step, whatever the planner named it
+            first_events = [f"{quote[0]}:{step.step_id}" for step in quote[3].steps]
             remembered = _memory_context(trade[3])
             read = trade[3].effect("memory_episodic_read")
             print(
@@ -178,12 +179,13 @@ async def main(hold: bool) -> int:
                 "message sent after approval, in two phases": message[1] is not None
                 and [s.status for s in message[1].steps] == ["succeeded", "succeeded"]
                 and [c.status for c in message[3].checkpoints] == ["approved"]
-                and [p.phase for p in message[3].plans] == [1, 2],
+                # (a model planner asks once more after the message and plans nothing: a third, empty phase)
+                and [p.phase for p in message[3].plans if p.plan.steps] == [1, 2],
                 "the waiting message request was in the reviewers' inbox (AgentAwaitingReview = true)": message[5]
                 is True,
                 "audit write detached and completed": audit == "succeeded",
                 "request 2 planned with request 1's outcome in <agent_memory>": read is not None
-                and first_event in read.data["event_ids"]
+                and any(event in read.data["event_ids"] for event in first_events)
                 and "stock-service/stock_quote succeeded [ACME]" in remembered,
                 "activity signals cleaned up by the request owner on success and on rejection": all(
                     status == "succeeded" for status in cleanups.values()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
 from activities.memory import SQLiteMemory
+from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer
 from client.declared_hooks import settings_declared_hooks
 from client.settings import Settings
 from hooks import HookRegistry, allow_list, redact
@@ -25,7 +26,7 @@ from hooks.builtin import (
     build_memory_hooks,
 )
 from hooks.memory import MemoryBackends
-from workflows.models import ReviewSettings
+from workflows.models import ReviewSettings, StageSettings
 
 from .agent import RulePlanner, TemplateSynthesizer
 from .tools import demo_tools
@@ -74,11 +75,16 @@ def demo_hooks(settings: Settings, memory: SQLiteMemory | None = None) -> list:
 
 def build_activities(settings: Settings) -> LifecycleActivities:
     memory = demo_memory(settings)
+    tools = ToolRegistry(demo_tools(settings.state_dir))
+    # A model where AGENT_MODEL (or a per-role model) is set; the rule planner and template otherwise.
+    model = ModelSettings.from_env()
     return LifecycleActivities(
         registry=HookRegistry(demo_hooks(settings, memory), pipeline="demo"),
-        tools=ToolRegistry(demo_tools(settings.state_dir)),
-        planner=RulePlanner(),
-        synthesizer=TemplateSynthesizer(),
+        tools=tools,
+        planner=OpenAIPlanner(model, tools) if model.configured("planner") else RulePlanner(),
+        synthesizer=OpenAISynthesizer(model) if model.configured("synthesizer") else TemplateSynthesizer(),
+        # secret-redaction protects the answer after synthesis: a streamed draft would bypass it.
+        settings=StageSettings(max_model_tokens_per_request=model.max_tokens_per_request, answer_streaming=False),
         store=SQLiteExecutionStore(
             settings.execution_store_path,
             retention=timedelta(days=settings.record_retention_days),

@@ -66,6 +66,42 @@ SUBAGENT_SCENARIOS = {
 }
 
 
+# Added with model planning and streamed answers: a model's tool call planned, its answer streamed to a
+# client reading the request's durable stream (publish signals and poll updates in the history).
+MODEL_SCENARIO = "model_plans_and_streams_its_answer"
+
+
+async def record_model_scenario(client, state: Path) -> None:
+    from pydantic import SecretStr
+
+    from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
+    from activities.tools import ToolRegistry
+    from client.cli import answer_chunks
+    from demo.tools import demo_tools
+
+    from . import openai_server as ai
+
+    async with ai.OpenAIServer() as server:
+        quote = function_name("demo-tools/stock-service/stock_quote")
+        server.push(
+            ai.tool_calls((quote, {"symbol": "ACME"})),
+            ai.answer("Enough."),
+            ai.streamed([f"piece{n} " for n in range(12)]),
+        )
+        model = ModelSettings(base_url=server.base_url, api_key=SecretStr("sk-history"), model="history-model")
+        planner = OpenAIPlanner(model, ToolRegistry(demo_tools(state)))
+        async with Harness(client, state, planner=planner, synthesizer=OpenAISynthesizer(model)) as h:
+            handle = await h.start(
+                {"request": "What is the price of ACME?", "stream_answer": True},
+                workflow_id=f"history-{MODEL_SCENARIO}",
+            )
+            chunks = [chunk async for chunk in answer_chunks(client, handle.id)]
+            out = await h.finish(handle)
+    assert out.failure is None and len(chunks) == 13 and chunks[-1].final, (out.failure, chunks)
+    (HISTORIES / f"{MODEL_SCENARIO}.json").write_text(history_json(out.history) + "\n")
+    print(f"wrote {MODEL_SCENARIO}.json ({len(out.history.events)} events)")
+
+
 def subagent_harness(client, state: Path) -> Harness:
     from hooks.declarative import DeclaredHookRuntime, HookStore, declared_hooks, parse_hooks
 
@@ -134,6 +170,9 @@ async def main(rewrite_all: bool) -> None:
                     assert out.failure is None, out.failure
                     (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
                     print(f"wrote {name}.json ({len(out.history.events)} events)")
+        if rewrite_all or not (HISTORIES / f"{MODEL_SCENARIO}.json").exists():
+            with tempfile.TemporaryDirectory() as state:
+                await record_model_scenario(env.client, Path(state))
     finally:
         await env.shutdown()
 

@@ -4,11 +4,17 @@ prints never contains the secret its redaction hook masks."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+from asyncio.subprocess import PIPE, STDOUT
 from pathlib import Path
 
+from activities.models import function_name
+from demo.tools import quote_price
+
+from . import openai_server as ai
 from .test_entrypoints import _free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,3 +37,52 @@ def test_the_demo_passes_its_checks_and_its_reviewer_finds_the_request_in_the_in
     assert "[FAILED]" not in output
     assert "[ok] the waiting message request was in the reviewers' inbox (AgentAwaitingReview = true)" in output
     assert "sk-demo-" not in output  # the knowledge base's key: redacted in answers, never printed as a draft
+
+
+async def test_the_demo_runs_its_requests_against_a_configured_model_and_passes_the_same_checks(tmp_path):
+    """``AGENT_MODEL=… bash scripts/demo`` with a model on an OpenAI-compatible endpoint (here a scripted one
+    on 127.0.0.1, answering as a model with tool calling would): the model plans and answers, and the
+    demo's hooks govern it exactly as they govern the rule planner."""
+    quote, trade, message = (
+        function_name(f"demo-tools/{tool}")
+        for tool in ("stock-service/stock_quote", "stock-service/execute_trade", "notify-service/send_message")
+    )
+    leaked = "sk-demo-" + "7" * 24  # a key the model repeats from its context: after_synthesis masks it
+    async with ai.OpenAIServer() as server:
+        server.push(
+            # 1. the quote: a tool call, then no more calls, then the answer
+            ai.tool_calls((quote, {"symbol": "ACME"})),
+            ai.answer("I have the price."),
+            ai.answer(f"ACME trades at {quote_price('ACME')} USD (the knowledge base's key is {leaked})."),
+            # 2. the trade: refused by the required hook before any tool runs, so no synthesis
+            ai.tool_calls((trade, {"symbol": "ACME", "side": "buy", "quantity": 10})),
+            # 3. the quote again: answered from the response cache, no model call
+            # 4. the message: the quote, then the message quoting its price, then done
+            ai.tool_calls((quote, {"symbol": "ACME"})),
+            ai.tool_calls((message, {"to": "alice", "text": "ACME is at {{steps.stock_quote-1.output.price}} USD"})),
+            ai.answer("The message is sent."),
+            ai.answer("I sent alice the price of ACME."),
+        )
+        env = {
+            **os.environ,
+            "TEMPORAL_ADDRESS": f"127.0.0.1:{_free_port()}",
+            "TEMPORAL_UI_PORT": str(_free_port()),
+            "AGENT_STATE_DIR": str(tmp_path / "state"),
+            "PYTHONUNBUFFERED": "1",
+            "AGENT_MODEL": "demo-model",
+            "AGENT_MODEL_BASE_URL": server.base_url,
+            "AGENT_MODEL_API_KEY": "sk-test-model-key",
+        }
+        demo = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "demo", cwd=ROOT, env=env, stdout=PIPE, stderr=STDOUT
+        )
+        stdout, _ = await asyncio.wait_for(demo.communicate(), 120)
+        output = stdout.decode()
+
+    assert demo.returncode == 0, output
+    assert "[FAILED]" not in output
+    assert "planner openai:demo-model" in output
+    assert leaked not in output and "sk-test-model-key" not in output
+    assert len(server.requests) == 8  # every scripted reply was asked for: none left, none missing
+    assert all(r.headers["authorization"] == "Bearer sk-test-model-key" for r in server.requests)
+    assert [r.body["model"] for r in server.requests] == ["demo-model"] * 8

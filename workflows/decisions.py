@@ -33,6 +33,15 @@ EXTENSION_ERROR = "ExtensionError"
 WORKER_LOST = "WorkerLost"  # infrastructure: workers kept dying under one activity
 PAYLOAD_TOO_LARGE = "PayloadTooLarge"  # a value the request would send exceeds what Temporal (or the store) carries
 REQUEST_ID_CONFLICT = "RequestIdConflict"
+# A model's failure ends a planning or synthesis request under its own name: the request fails with it.
+MODEL_UNAVAILABLE = "ModelUnavailable"  # 429, 408, 409, 5xx, timeouts: retried, then this
+MODEL_REQUEST_ERROR = "ModelRequestError"  # 400, 401, 403, 404, 422...: the provider refused the request
+MODEL_REFUSAL = "ModelRefusal"  # the model declined to answer (a refusal, a content filter)
+EMPTY_COMPLETION = "EmptyCompletion"  # neither content nor tool calls
+TOKEN_BUDGET_EXCEEDED = "TokenBudgetExceeded"  # the request's model token budget is spent
+MODEL_FAILURES = frozenset(
+    {MODEL_UNAVAILABLE, MODEL_REQUEST_ERROR, MODEL_REFUSAL, EMPTY_COMPLETION, TOKEN_BUDGET_EXCEEDED}
+)
 
 # Failure categories a hook activity reports (ApplicationError.type of the activity failure).
 HOOK_ERROR = "HookError"  # the hook raised

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
+from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -25,9 +26,11 @@ with workflow.unsafe.imports_passed_through():
     from .invocation import RunStopped, error_text, raise_if_cancelled
     from .leases import ManagedLeases
     from .models import (
+        ANSWER_TOPIC,
         MAX_IGNORED_MESSAGES,
         MAX_INBOUND_PAYLOAD_BYTES,
         MAX_RECORDED_PROMPT_CHARS,
+        METADATA_MAX_MODEL_TOKENS,
         AcceptedPlan,
         AfterAnswerCall,
         AfterAnswerOutcome,
@@ -36,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         AfterPlanningOutcome,
         AfterSynthesisCall,
         AfterSynthesisOutcome,
+        AnswerChunk,
         AnswerView,
         ApprovalReason,
         ApproveSignal,
@@ -61,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
         LifecycleBoundary,
         MemoryCandidate,
         MemoryOutcome,
+        ModelCall,
         ModelDraft,
         OnErrorCall,
         OnFinishCall,
@@ -94,7 +99,14 @@ with workflow.unsafe.imports_passed_through():
         bounded_value,
     )
     from .steps import WORKFLOW_TYPE, StepExecution
-    from .support import approval_reasons, cache_verdict, decode_payload, promote_metadata, stage_failure
+    from .support import (
+        activity_error_details,
+        approval_reasons,
+        cache_verdict,
+        decode_payload,
+        promote_metadata,
+        stage_failure,
+    )
 
 CHECKPOINT_REJECTED = "CheckpointRejected"
 CHECKPOINT_EXPIRED = "CheckpointExpired"
@@ -133,6 +145,9 @@ class RequestLifecycleWorkflow(StepExecution):
         self._leases = ManagedLeases(self._request_id, info.workflow_id)
         self._detached_tokens: dict[str, str] = {}  # effect id -> the token its DetachedEffect child sends back
         self._synthesized: str | None = None  # the answer after after_synthesis (what a cache may store)
+        # A request that asked to stream its answer has a durable stream (its handlers are registered
+        # here, before the first activation's signals and updates): the answer's chunks, then its final text.
+        self._stream = WorkflowStream() if self._input.stream_answer else None
         self._record = ExecutionRecord(
             request_id=self._request_id,
             workflow_id=info.workflow_id,
@@ -303,6 +318,7 @@ class RequestLifecycleWorkflow(StepExecution):
             result = await self._lifecycle()
         except RunStopped as stop:
             result = self._stopped_result(stop)
+            self._publish_final_answer(stop.text)
             await self._finalize_and_finish(RequestStatus.STOPPED, "stopped", response=stop.text)
             result.diagnostics = list(self._record.diagnostics)
             return result
@@ -323,9 +339,15 @@ class RequestLifecycleWorkflow(StepExecution):
                 error = RequestError(type=type(err).__name__, message=str(err))
                 await self._finalize_and_finish(RequestStatus.FAILED, "error", error=error)
             raise
+        self._publish_final_answer(result.response)
         await self._finalize_and_finish(RequestStatus.SUCCEEDED, "completed", response=result.response)
         result.diagnostics = list(self._record.diagnostics)
         return result
+
+    def _publish_final_answer(self, text: str) -> None:
+        """The answer a client receives, last on the answer stream of a request that asked to stream."""
+        if self._stream is not None:
+            self._stream.topic(ANSWER_TOPIC, type=AnswerChunk).publish(AnswerChunk(text=text, final=True))
 
     async def _finalize_and_finish(
         self,
@@ -609,6 +631,7 @@ class RequestLifecycleWorkflow(StepExecution):
                     prior_results=[s.model_view() for s in self._record.steps],
                     instructions=self._instructions,
                     facts=self._facts,
+                    max_tokens_remaining=self._model_tokens_left(),
                 ),
                 result_type=PlanOutput,
                 timeout=settings.plan_timeout_seconds,
@@ -617,10 +640,31 @@ class RequestLifecycleWorkflow(StepExecution):
             )
         except ActivityError as err:
             raise_if_cancelled(err)
+            self._record_failed_model_calls(err)
             raise stage_failure(decisions.PLANNING_FAILED, "planning failed", err) from None
+        self._record.model_calls.extend(output.model_calls)
         self._record.planning_prompt = output.prompt[:MAX_RECORDED_PROMPT_CHARS]
         self._record.planner = output.planner
         return output.plan
+
+    def _model_tokens_left(self) -> int | None:
+        """The request's model token budget — the pipeline's, or lower where the request's metadata asks —
+        less what its recorded model calls spent (None: no budget)."""
+        budgets = [
+            self._manifest.settings.max_model_tokens_per_request,
+            self._input.metadata.get(METADATA_MAX_MODEL_TOKENS),
+        ]
+        limits = [budget for budget in budgets if type(budget) is int]
+        return min(limits) - self._record.model_usage.total_tokens if limits else None
+
+    def _record_failed_model_calls(self, err: ActivityError) -> None:
+        """Keep the model calls a failed planning or synthesis activity reported in its error details."""
+        calls = activity_error_details(err).get("model_calls")
+        for call in calls if isinstance(calls, list) else []:
+            try:
+                self._record.model_calls.append(ModelCall.model_validate(call))
+            except ValueError:
+                pass  # not a model call this framework wrote: nothing to record
 
     async def _after_planning(self, plan: Plan) -> Plan:
         """Chain copy-on-write mutations, each validated; the required hook's failure ends the request
@@ -716,6 +760,8 @@ class RequestLifecycleWorkflow(StepExecution):
                     enrichments=self._enrichments,
                     instructions=self._instructions,
                     facts=self._facts,
+                    max_tokens_remaining=self._model_tokens_left(),
+                    stream=self._input.stream_answer and self._manifest.settings.answer_streaming,
                 ),
                 result_type=SynthesizeOutput,
                 timeout=self._manifest.settings.synthesize_timeout_seconds,
@@ -724,7 +770,9 @@ class RequestLifecycleWorkflow(StepExecution):
             )
         except ActivityError as err:
             raise_if_cancelled(err)
+            self._record_failed_model_calls(err)
             raise stage_failure(decisions.SYNTHESIS_FAILED, "synthesis failed", err) from None
+        self._record.model_calls.extend(output.model_calls)
         # The draft is not yet guarded: the record keeps it by digest and a masked preview only.
         self._record.model_draft = output.draft or ModelDraft.of(output.response)
         return output
@@ -820,6 +868,7 @@ _ERROR_ORIGINS = {
     CHECKPOINT_EXPIRED: "confirmation",
     decisions.WORKER_LOST: "infrastructure",
     decisions.PAYLOAD_TOO_LARGE: "infrastructure",
+    **dict.fromkeys(decisions.MODEL_FAILURES, "model"),
     "Cancelled": "cancelled",
 }
 

@@ -108,12 +108,21 @@ def stage_failure(error_type: str, message: str, err: ActivityError) -> Applicat
     """The request-ending error for a failed framework activity (planning, synthesis, ...)."""
     cause = err.cause
     cause_message = getattr(cause, "message", None) or str(cause or err)
-    return ApplicationError(
-        f"{message}: {cause_message}",
-        {"cause": cause_message, "cause_type": getattr(cause, "type", None) or type(cause).__name__},
-        type=error_type,
-        non_retryable=True,
-    )
+    cause_type = getattr(cause, "type", None) or type(cause).__name__
+    details: dict[str, Any] = {"cause": cause_message, "cause_type": cause_type}
+    if cause_type in decisions.MODEL_FAILURES:
+        # A model's failure names the request's: ModelRequestError with the provider's status and message.
+        error_type = cause_type
+        reported = activity_error_details(err)
+        details |= {key: reported[key] for key in ("status", "message", "model") if key in reported}
+    return ApplicationError(f"{message}: {cause_message}", details, type=error_type, non_retryable=True)
+
+
+def activity_error_details(err: ActivityError) -> dict[str, Any]:
+    """The first details value of the application error an activity failed with, when it is a dict."""
+    cause = err.cause
+    details = cause.details if isinstance(cause, ApplicationError) else ()
+    return details[0] if details and isinstance(details[0], dict) else {}
 
 
 def idempotency_key(workflow_id: str, run_id: str, step_id: str, arguments: Mapping[str, JsonValue]) -> str:

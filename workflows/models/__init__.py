@@ -38,6 +38,7 @@ from ._common import (
     MAX_TOOL_OUTPUT_BYTES,
     METADATA_CACHE,
     METADATA_CONVERSATION_TURNS,
+    METADATA_MAX_MODEL_TOKENS,
     REQUEST_ID_PATTERN,
     STORED_REFERENCE_BYTES,
     TASK_PAYLOAD_BUDGET_BYTES,
@@ -84,6 +85,15 @@ from ._hook_calls import (
     ToolErrorOutcome,
     ToolErrorResolution,
     ToolOutcomeView,
+)
+from ._model_calls import (
+    ANSWER_TOPIC,
+    MAX_MODEL_ERROR_CHARS,
+    MAX_MODEL_PREVIEW_CHARS,
+    AnswerChunk,
+    ModelCall,
+    ModelText,
+    ModelUsage,
 )
 from ._pipeline import (
     MAX_CHECKPOINT_EXPIRY_SECONDS,
@@ -154,6 +164,13 @@ from ._request import (
 )
 
 __all__ = [
+    "ANSWER_TOPIC",
+    "MAX_MODEL_ERROR_CHARS",
+    "MAX_MODEL_PREVIEW_CHARS",
+    "AnswerChunk",
+    "ModelCall",
+    "ModelText",
+    "ModelUsage",
     "ByReference",
     "AcceptedPlan",
     "AfterAnswerCall",
@@ -232,6 +249,7 @@ __all__ = [
     "MAX_SUBAGENT_DEPTH",
     "MAX_TOOL_OUTPUT_BYTES",
     "METADATA_CACHE",
+    "METADATA_MAX_MODEL_TOKENS",
     "METADATA_CONVERSATION_TURNS",
     "METADATA_PARENT_WORKFLOW",
     "METADATA_SUBAGENT_DEPTH",

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from ._common import ByReference
 from ._hook_calls import MemoryCandidate
+from ._model_calls import ModelCall
 from ._pipeline import DetachedWork, ManagedLease, PipelineHookEffect
 from ._plans import ExecutionResult, Plan, PlanStep, StepResult
 from ._record import ModelDraft
@@ -29,12 +30,14 @@ class PlanInput(ByReference):
     prior_results: list[StepResult] = Field(default_factory=list)  # every step of earlier phases
     instructions: str = ""
     facts: dict[str, JsonValue] = Field(default_factory=dict)
+    max_tokens_remaining: int | None = None  # the request's model token budget left (None: no budget)
 
 
 class PlanOutput(ByReference):
     plan: Plan
     prompt: str
     planner: str
+    model_calls: list[ModelCall] = Field(default_factory=list)  # every model call the planner made
 
 
 class ToolStepInput(ByReference):
@@ -55,12 +58,15 @@ class SynthesizeInput(ByReference):
     enrichments: dict[str, JsonValue] = Field(default_factory=dict)
     instructions: str = ""
     facts: dict[str, JsonValue] = Field(default_factory=dict)
+    max_tokens_remaining: int | None = None  # the request's model token budget left (None: no budget)
+    stream: bool = False  # publish the answer to the request's answer stream while it is written
 
 
 class SynthesizeOutput(ByReference):
     response: str
     confidence: float = Field(ge=0.0, le=1.0)
     draft: ModelDraft | None = None  # set by the synthesize activity: what the record keeps of ``response``
+    model_calls: list[ModelCall] = Field(default_factory=list)  # every model call the synthesizer made
 
 
 class DetachedEffectInput(ByReference):

@@ -36,6 +36,8 @@ ENRICHMENT_USER_PROFILE = "user_profile"
 METADATA_CONVERSATION_TURNS = "conversation_turns"
 # Request metadata switch: {"cache": "bypass"} disables response-cache reads.
 METADATA_CACHE = "cache"
+# Request metadata lowering the pipeline's model token budget for this request (never raising it).
+METADATA_MAX_MODEL_TOKENS = "max_model_tokens"
 
 
 class ByReference(BaseModel):
@@ -126,3 +128,19 @@ class RunMode(StrEnum):
 
     ACTIVITY = "activity"
     LOCAL_ACTIVITY = "local_activity"
+
+
+class TextDigest(BaseModel):
+    """A text kept by digest — the sha256 and size of the exact text, and a preview its writer made safe
+    to show — where keeping the text itself is unsafe (an unguarded draft) or too large (a prompt)."""
+
+    sha256: str
+    chars: int
+    preview: str = ""
+
+    @classmethod
+    def of(cls, text: str, preview: str = "") -> Self:
+        return cls(sha256=hashlib.sha256(text.encode()).hexdigest(), chars=len(text), preview=preview)
+
+    def matches(self, text: str) -> bool:
+        return self.sha256 == hashlib.sha256(text.encode()).hexdigest()

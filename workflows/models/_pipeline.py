@@ -54,6 +54,12 @@ class StageSettings(BaseModel):
     synthesize_timeout_seconds: float = 60.0
     max_plan_steps: int = 32
     max_planning_phases: int = 3
+    # Tokens one request may spend on model calls (planning and synthesis); None: no budget.
+    max_model_tokens_per_request: int | None = Field(default=None, gt=0)
+    # Whether a request may ask for its answer to be streamed while the model writes it. Streamed text is
+    # the model's draft — after_synthesis cannot take back what a client already read — so a pipeline
+    # whose after_synthesis hooks protect the answer turns this off (its clients then get the final answer).
+    answer_streaming: bool = True
     max_tool_result_chars: int = 600  # the result text a model reads, after after_tool hooks
     # A worker that stops heartbeating for this long is lost: its activity is dispatched again without
     # spending the activity's own attempts (a crash is an infrastructure event, never an outcome).

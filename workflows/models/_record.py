@@ -3,15 +3,15 @@ keeps."""
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from ._common import ByReference
+from ._common import ByReference, TextDigest
 from ._hook_calls import CacheVerdict
+from ._model_calls import ModelCall, ModelUsage
 from ._pipeline import HookInvocation, PipelineHookEffect, Stage, WorkerLoss
 from ._plans import Plan, StepResult, ToolMetrics
 from ._request import Diagnostic, RequestError, RequestStatus, ShortCircuitInfo, StopInfo
@@ -123,21 +123,10 @@ class IgnoredReview(BaseModel):
 # --------------------------------------------------------------------------------------------------
 
 
-class ModelDraft(BaseModel):
+class ModelDraft(TextDigest):
     """The synthesizer's answer before after_synthesis hooks, as the record keeps it: by digest, size and
     a short preview with common secret patterns masked, never whole — guarding the answer is what
     after_synthesis hooks are for, so the draft is not safe to show or store."""
-
-    sha256: str
-    chars: int
-    preview: str = ""
-
-    @classmethod
-    def of(cls, text: str, preview: str = "") -> ModelDraft:
-        return cls(sha256=hashlib.sha256(text.encode()).hexdigest(), chars=len(text), preview=preview)
-
-    def matches(self, text: str) -> bool:
-        return self.sha256 == hashlib.sha256(text.encode()).hexdigest()
 
 
 class MemoryOutcome(BaseModel):
@@ -190,6 +179,7 @@ class ExecutionRecord(BaseModel):
     planner: str | None = None
     plans: list[AcceptedPlan] = Field(default_factory=list)
     steps: list[StepResult] = Field(default_factory=list)
+    model_calls: list[ModelCall] = Field(default_factory=list)  # planning and synthesis, failed ones too
     model_draft: ModelDraft | None = None  # the synthesizer's answer before after_synthesis, by digest
     final_response: str | None = None  # what the client received
     confidence: float | None = None
@@ -211,6 +201,10 @@ class ExecutionRecord(BaseModel):
     memory: MemoryOutcome | None = None
     error: RequestError | None = None
     lifecycle: RecordLifecycle | None = None
+
+    @property
+    def model_usage(self) -> ModelUsage:
+        return ModelUsage.of(self.model_calls)
 
     @property
     def request_completion(self) -> str:

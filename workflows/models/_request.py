@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
-from ._common import MAX_METADATA_BYTES, MAX_REQUEST_CHARS, REQUEST_ID_PATTERN, json_size
+from ._common import MAX_METADATA_BYTES, MAX_REQUEST_CHARS, METADATA_MAX_MODEL_TOKENS, REQUEST_ID_PATTERN, json_size
 
 
 class RequestInput(BaseModel):
@@ -19,6 +19,9 @@ class RequestInput(BaseModel):
     request: str = Field(min_length=1, max_length=MAX_REQUEST_CHARS)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     request_id: str | None = Field(default=None, pattern=REQUEST_ID_PATTERN)
+    # Publish the answer to the request's answer stream while the model writes it (when the pipeline
+    # allows streaming and its synthesizer can stream); the final answer is published either way.
+    stream_answer: bool = False
 
     @field_validator("request")
     @classmethod
@@ -33,6 +36,9 @@ class RequestInput(BaseModel):
         size = json_size(value)
         if size > MAX_METADATA_BYTES:
             raise ValueError(f"metadata is {size} bytes of JSON; the limit is {MAX_METADATA_BYTES}")
+        budget = value.get(METADATA_MAX_MODEL_TOKENS)
+        if METADATA_MAX_MODEL_TOKENS in value and (type(budget) is not int or budget <= 0):
+            raise ValueError(f"metadata.{METADATA_MAX_MODEL_TOKENS} must be a positive integer, not {budget!r}")
         return value
 
 

@@ -1,0 +1,502 @@
+"""One model call, made the way every planner and synthesizer call is made.
+
+Before the call the token budget is checked (``TokenBudgetExceeded`` when it is spent — no request is
+sent). Around it: a span ``chat <model>`` and the metrics ``gen_ai.client.token.usage`` and
+``gen_ai.client.operation.duration``, in the OpenTelemetry GenAI semantic conventions. After it, whatever
+the outcome, a :class:`ModelCall` in the invocation's :class:`ModelCallLog`.
+
+Provider failures become the activity errors Temporal acts on — the client's own retries are off
+(``max_retries=0``), so the activity retry policy is the only one:
+
+| provider outcome | activity error | retried |
+| --- | --- | --- |
+| 429, 408, 409, 5xx, timeout, connection error | ``ModelUnavailable`` (``next_retry_delay`` from ``Retry-After``) | yes |
+| 400, 401, 403, 404, 422 and any other status | ``ModelRequestError`` (details: ``status``, ``message``) | no |
+| ``message.refusal``, or finish reason ``content_filter`` | ``ModelRefusal`` | no |
+| neither content nor tool calls | ``EmptyCompletion`` | no |
+
+Every error's details (one dict) carry ``model_calls``: the calls of the invocation so far, the failed one
+included. Cancelling the caller cancels the HTTP request in flight (the connection is closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import time
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import openai
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from hooks.builtin.secret_redaction import redact
+from workflows.decisions import (
+    EMPTY_COMPLETION,
+    MODEL_REFUSAL,
+    MODEL_REQUEST_ERROR,
+    MODEL_UNAVAILABLE,
+    TOKEN_BUDGET_EXCEEDED,
+)
+from workflows.models._model_calls import MAX_MODEL_PREVIEW_CHARS, ModelCall, ModelText, ModelUsage
+
+from .. import telemetry
+from ..heartbeat import report_progress
+from .settings import ModelSettings
+
+CANCELLED = "Cancelled"
+
+# Statuses worth another attempt (the openai client's own retry rule): overload, lock timeouts, outages.
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+# A provider's Retry-After is obeyed up to this bound: a wrong header must not park a request for hours.
+MAX_RETRY_DELAY = timedelta(minutes=10)
+
+# The heartbeat detail under which an activity attempt reports its model calls to the next attempt.
+PROGRESS_KEY = "model_calls"
+
+TOKEN_USAGE_METRIC = "gen_ai.client.token.usage"
+OPERATION_DURATION_METRIC = "gen_ai.client.operation.duration"
+# The bucket boundaries the semantic conventions advise for each histogram.
+_TOKEN_BUCKETS = [4.0**n for n in range(14)]
+_DURATION_BUCKETS = [0.01 * 2**n for n in range(14)]
+
+Stage = Literal["planning", "synthesis"]
+_instruments: tuple[metrics.Histogram, metrics.Histogram] | None = None
+
+
+def _histograms() -> tuple[metrics.Histogram, metrics.Histogram]:
+    global _instruments
+    if _instruments is None:
+        meter = metrics.get_meter(telemetry.INSTRUMENTATION)
+        _instruments = (
+            meter.create_histogram(
+                TOKEN_USAGE_METRIC,
+                unit="{token}",
+                description="Number of input and output tokens used",
+                explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
+            ),
+            meter.create_histogram(
+                OPERATION_DURATION_METRIC,
+                unit="s",
+                description="GenAI operation duration",
+                explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+            ),
+        )
+    return _instruments
+
+
+@dataclass
+class ModelCallLog:
+    """The model calls of one planner or synthesizer invocation, and the tokens it may still spend.
+
+    One per activity invocation — never shared between concurrent invocations — so what it holds is
+    exactly this invocation's calls. ``max_tokens_remaining`` is the request's budget left when the
+    invocation started (``None``: no budget); calls made here count against it.
+    """
+
+    max_tokens_remaining: int | None = None
+    calls: list[ModelCall] = field(default_factory=list)
+
+    @classmethod
+    def resumed(cls, max_tokens_remaining: int | None = None) -> ModelCallLog:
+        """The log of this activity attempt, starting with the calls its earlier attempts made (they
+        reported them in their heartbeats): a retried call is recorded once per attempt, and what the
+        earlier attempts spent counts against the budget."""
+        log = cls(max_tokens_remaining=max_tokens_remaining)
+        details = activity.info().heartbeat_details if activity.in_activity() else ()
+        earlier = details[0].get(PROGRESS_KEY) if details and isinstance(details[0], dict) else None
+        for call in earlier if isinstance(earlier, list) else []:
+            try:
+                log.calls.append(ModelCall.model_validate(call))
+            except ValueError:
+                pass  # not a call this log wrote
+        return log
+
+    def add(self, call: ModelCall) -> None:
+        """Keep ``call``, and report the log in the activity's heartbeat so a next attempt keeps it too."""
+        self.calls.append(call)
+        report_progress({PROGRESS_KEY: [c.model_dump(mode="json") for c in self.calls]})
+
+    @property
+    def tokens_used(self) -> int:
+        return sum(call.tokens for call in self.calls)
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.max_tokens_remaining is None else self.max_tokens_remaining - self.tokens_used
+
+    def usage(self) -> ModelUsage:
+        return ModelUsage.of(self.calls)
+
+    def error(
+        self,
+        text: str,
+        type: str,
+        /,
+        *,
+        non_retryable: bool = True,
+        next_retry_delay: timedelta | None = None,
+        **details: Any,
+    ) -> ApplicationError:
+        """An activity error whose details carry this invocation's calls so far."""
+        return ApplicationError(
+            text,
+            {**details, "model_calls": [call.model_dump(mode="json") for call in self.calls]},
+            type=type,
+            non_retryable=non_retryable,
+            next_retry_delay=next_retry_delay,
+        )
+
+    def check_budget(self, stage: Stage) -> int | None:
+        """The tokens left, or ``TokenBudgetExceeded`` (non-retryable) when none are."""
+        remaining = self.remaining
+        if remaining is not None and remaining <= 0:
+            raise self.error(
+                f"the request's model token budget is spent ({self.tokens_used} used here of "
+                f"{self.max_tokens_remaining} left); no {stage} call was made",
+                TOKEN_BUDGET_EXCEEDED,
+                max_tokens_remaining=self.max_tokens_remaining,
+                tokens_used=self.tokens_used,
+            )
+        return remaining
+
+
+def masked_preview(text: str) -> str:
+    masked, _ = redact(text[: MAX_MODEL_PREVIEW_CHARS * 4])
+    return masked[:MAX_MODEL_PREVIEW_CHARS]
+
+
+def prompt_text(messages: Sequence[dict[str, Any]]) -> ModelText:
+    """The messages sent, by digest; the preview is the last message (what is new in this turn)."""
+    exact = json.dumps(list(messages), ensure_ascii=False, sort_keys=True)
+    last = messages[-1].get("content") if messages else None
+    return ModelText.of(exact, masked_preview(last if isinstance(last, str) else exact))
+
+
+def response_text(content: str | None, tool_calls: Sequence[tuple[str, str]] = ()) -> ModelText:
+    """The answer, by digest: its text, then each tool call as ``name arguments``."""
+    exact = "\n".join([content or "", *(f"{name} {arguments}" for name, arguments in tool_calls)]).strip()
+    return ModelText.of(exact, masked_preview(exact))
+
+
+def _provider_message(err: openai.APIError) -> str:
+    body = err.body
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return body["message"]
+    return err.message
+
+
+def retry_after(headers: Any) -> timedelta | None:
+    """The delay a provider asked for (``retry-after-ms``, or ``Retry-After`` in seconds or as a date),
+    bounded by ``MAX_RETRY_DELAY``; ``None`` when it asked none."""
+    if headers is None:
+        return None
+    seconds: float | None = None
+    if value := headers.get("retry-after-ms"):
+        try:
+            seconds = float(value) / 1000
+        except ValueError:
+            pass
+    if seconds is None and (value := headers.get("retry-after")):
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                seconds = (email.utils.parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
+            except (TypeError, ValueError):
+                return None
+    if seconds is None:
+        return None
+    return min(timedelta(seconds=max(0.0, seconds)), MAX_RETRY_DELAY)
+
+
+def classify(err: openai.APIError) -> tuple[str, bool, int | None, str, timedelta | None]:
+    """(error type, retryable, HTTP status, provider message, retry delay) of a provider error."""
+    if isinstance(err, openai.APIStatusError):
+        status = err.status_code
+        message = _provider_message(err)
+        if status in RETRYABLE_STATUSES or status >= 500:
+            return MODEL_UNAVAILABLE, True, status, message, retry_after(err.response.headers)
+        return MODEL_REQUEST_ERROR, False, status, message, None
+    if isinstance(err, openai.APIConnectionError):  # timeouts included
+        return MODEL_UNAVAILABLE, True, None, err.message, None
+    return MODEL_REQUEST_ERROR, False, None, _provider_message(err), None  # e.g. a response that did not parse
+
+
+@dataclass
+class Turn:
+    """A completed call: the model's message, why it stopped, and the record of the call."""
+
+    message: ChatCompletionMessage
+    finish_reason: str | None
+    call: ModelCall
+
+
+class ChatModel:
+    """One model on one endpoint, called for one stage (planning or synthesis)."""
+
+    def __init__(self, settings: ModelSettings, model: str, stage: Stage, client: AsyncOpenAI | None = None) -> None:
+        self.settings = settings
+        self.model = model
+        self.stage: Stage = stage
+        self.client = client or settings.client()
+        url = self.client.base_url
+        self._server = {
+            "server.address": url.host or "",
+            "server.port": url.port or (443 if url.scheme == "https" else 80),
+        }
+
+    # -- the parts both kinds of call share ---------------------------------------------------------
+
+    def _request(
+        self, messages: Sequence[dict[str, Any]], remaining: int | None, tools: Sequence[dict[str, Any]]
+    ) -> dict[str, Any]:
+        limit = (
+            self.settings.max_output_tokens if remaining is None else min(self.settings.max_output_tokens, remaining)
+        )
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": list(messages),
+            self.settings.token_limit_parameter: limit,
+        }
+        if tools:
+            request["tools"] = list(tools)
+        if self.settings.temperature is not None:
+            request["temperature"] = self.settings.temperature
+        return request
+
+    def _start(
+        self, request: dict[str, Any], phase: int | None, turn: int, streamed: bool
+    ) -> tuple[ModelCall, Span, float]:
+        call = ModelCall(
+            stage=self.stage,
+            phase=phase,
+            turn=turn,
+            model=self.model,
+            provider=self.settings.provider,
+            streamed=streamed,
+            started_at=datetime.now(UTC),
+            prompt=prompt_text(request["messages"]),
+        )
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.system": self.settings.provider,
+            "gen_ai.provider.name": self.settings.provider,
+            "gen_ai.request.model": self.model,
+            "gen_ai.request.max_tokens": request[self.settings.token_limit_parameter],
+            "pipeline.model.stage": self.stage,
+            "pipeline.model.turn": turn,
+            **self._server,
+        }
+        if self.settings.temperature is not None:
+            attributes["gen_ai.request.temperature"] = self.settings.temperature
+        span = telemetry.tracer().start_span(f"chat {self.model}", kind=SpanKind.CLIENT, attributes=attributes)
+        return call, span, time.monotonic()
+
+    def _finish(
+        self, log: ModelCallLog, call: ModelCall, span: Span, started: float, error: ApplicationError | None = None
+    ) -> None:
+        """Record the call (span attributes, metrics, the log) and end its span."""
+        call.latency_ms = round((time.monotonic() - started) * 1000.0, 3)
+        labels: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": self.settings.provider,
+            "gen_ai.request.model": self.model,
+            **self._server,
+        }
+        if call.response_model:
+            labels["gen_ai.response.model"] = call.response_model
+            span.set_attribute("gen_ai.response.model", call.response_model)
+        if call.response_id:
+            span.set_attribute("gen_ai.response.id", call.response_id)
+        if call.finish_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", [call.finish_reason])
+        tokens, duration = _histograms()
+        for kind, count in (("input", call.prompt_tokens), ("output", call.completion_tokens)):
+            if count is not None:
+                span.set_attribute(f"gen_ai.usage.{kind}_tokens", count)
+                tokens.record(count, {**labels, "gen_ai.token.type": kind})
+        if call.error_type is not None:
+            labels["error.type"] = call.error_type
+            span.set_attribute("error.type", call.error_type)
+            if call.status is not None:
+                span.set_attribute("http.response.status_code", call.status)
+            span.set_status(Status(StatusCode.ERROR, call.error_message or call.error_type))
+        duration.record(call.latency_ms / 1000.0, labels)
+        span.end()
+        log.add(call)
+
+    def _provider_error(
+        self, log: ModelCallLog, call: ModelCall, span: Span, started: float, err: openai.APIError
+    ) -> ApplicationError:
+        kind, retryable, status, message, delay = classify(err)
+        call.error_type, call.status, call.error_message = kind, status, ModelCall.clip_error(message)
+        self._finish(log, call, span, started)
+        verb = "is unavailable" if retryable else "refused the request"
+        return log.error(
+            f"model {self.model} {verb}" + (f" (HTTP {status})" if status else "") + f": {message}",
+            kind,
+            non_retryable=not retryable,
+            next_retry_delay=delay,
+            status=status,
+            message=message,
+            model=self.model,
+            **({"retry_after_seconds": delay.total_seconds()} if delay is not None else {}),
+        )
+
+    def _abandoned(
+        self, log: ModelCallLog, call: ModelCall, span: Span, started: float, err: BaseException | None
+    ) -> None:
+        """Record a call that ended without an answer or a provider error: cancelled, closed early, or a
+        client-side failure (re-raised by the caller as it is)."""
+        if any(recorded is call for recorded in log.calls):
+            return
+        if err is None or isinstance(err, asyncio.CancelledError | GeneratorExit):
+            call.error_type, call.error_message = CANCELLED, "abandoned by the caller before the answer was complete"
+        else:
+            call.error_type, call.error_message = type(err).__name__, ModelCall.clip_error(str(err))
+        self._finish(log, call, span, started)
+
+    def _verdict(self, call: ModelCall, refusal: str | None, has_answer: bool) -> tuple[str, str] | None:
+        """(error type, text) when the answer is no answer — a refusal or nothing at all; ``None`` otherwise."""
+        if refusal or call.finish_reason == "content_filter":
+            return MODEL_REFUSAL, f"model {self.model} refused: {refusal or 'content filtered'}"
+        if not has_answer:
+            return EMPTY_COMPLETION, (
+                f"model {self.model} returned neither content nor tool calls (finish reason {call.finish_reason})"
+            )
+        return None
+
+    def _rejected(
+        self,
+        log: ModelCallLog,
+        call: ModelCall,
+        span: Span,
+        started: float,
+        verdict: tuple[str, str],
+        refusal: str | None,
+    ) -> ApplicationError:
+        kind, text = verdict
+        call.error_type, call.error_message = kind, ModelCall.clip_error(text)
+        self._finish(log, call, span, started)
+        return log.error(text, kind, model=self.model, refusal=refusal, finish_reason=call.finish_reason)
+
+    # -- the two kinds of call ----------------------------------------------------------------------
+
+    async def complete(
+        self,
+        log: ModelCallLog,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] = (),
+        phase: int | None = None,
+        turn: int = 1,
+    ) -> Turn:
+        """One Chat Completions call; its message when it is an answer (text or tool calls)."""
+        remaining = log.check_budget(self.stage)
+        request = self._request(messages, remaining, tools)
+        call, span, started = self._start(request, phase, turn, streamed=False)
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                completion: ChatCompletion = await self.client.chat.completions.create(**request)
+        except openai.APIError as err:
+            raise self._provider_error(log, call, span, started, err) from None
+        except BaseException as err:  # cancelled, or a client bug: recorded, then as it was
+            self._abandoned(log, call, span, started, err)
+            raise
+        call.response_id, call.response_model = completion.id or None, completion.model or None
+        if completion.usage is not None:
+            call.prompt_tokens = completion.usage.prompt_tokens
+            call.completion_tokens = completion.usage.completion_tokens
+            call.total_tokens = completion.usage.total_tokens
+        if not completion.choices:
+            raise self._rejected(
+                log, call, span, started, (EMPTY_COMPLETION, f"model {self.model} returned no choices"), None
+            )
+        choice = completion.choices[0]
+        message = choice.message
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or () if c.type == "function"]
+        call.finish_reason, call.tool_calls = choice.finish_reason, len(message.tool_calls or ())
+        call.response = response_text(message.content, calls)
+        if verdict := self._verdict(call, message.refusal, bool(message.content or message.tool_calls)):
+            raise self._rejected(log, call, span, started, verdict, message.refusal)
+        self._finish(log, call, span, started)
+        return Turn(message, choice.finish_reason, call)
+
+    def stream(self, log: ModelCallLog, messages: Sequence[dict[str, Any]], *, phase: int | None = None) -> ChatStream:
+        """A streamed call (``stream=True``, usage requested): an async iterator of text chunks."""
+        answer = ChatStream()
+        answer.chunks = self._stream(log, messages, phase, answer)
+        return answer
+
+    async def _stream(
+        self, log: ModelCallLog, messages: Sequence[dict[str, Any]], phase: int | None, answer: ChatStream
+    ) -> AsyncGenerator[str, None]:
+        remaining = log.check_budget(self.stage)
+        request = self._request(messages, remaining, ())
+        call, span, started = self._start(request, phase, 1, streamed=True)
+        parts: list[str] = []
+        refusals: list[str] = []
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                stream = await self.client.chat.completions.create(
+                    **request, stream=True, stream_options={"include_usage": True}
+                )
+            try:
+                async for chunk in stream:
+                    call.response_id = call.response_id or chunk.id or None
+                    call.response_model = call.response_model or chunk.model or None
+                    if chunk.usage is not None:
+                        call.prompt_tokens = chunk.usage.prompt_tokens
+                        call.completion_tokens = chunk.usage.completion_tokens
+                        call.total_tokens = chunk.usage.total_tokens
+                    for choice in chunk.choices[:1]:
+                        call.finish_reason = choice.finish_reason or call.finish_reason
+                        if choice.delta.refusal:
+                            refusals.append(choice.delta.refusal)
+                        if choice.delta.content:
+                            parts.append(choice.delta.content)
+                            yield choice.delta.content
+            finally:
+                await stream.close()
+        except openai.APIError as err:
+            raise self._provider_error(log, call, span, started, err) from None
+        except BaseException as err:  # closed early (GeneratorExit), cancelled, or a client bug
+            self._abandoned(log, call, span, started, err)
+            raise
+        answer.text = "".join(parts)
+        call.response = response_text(answer.text)
+        refusal = "".join(refusals) or None
+        if verdict := self._verdict(call, refusal, bool(answer.text)):
+            raise self._rejected(log, call, span, started, verdict, refusal)
+        self._finish(log, call, span, started)
+        answer.call = call
+
+
+class ChatStream:
+    """The text chunks of one streamed answer, as they arrive; once exhausted, ``text`` is the whole
+    answer and ``call`` its record (usage from the stream's last chunk). Closing it early (``aclose``, or
+    cancelling the consumer) closes the HTTP response; the call is recorded as cancelled."""
+
+    chunks: AsyncGenerator[str, None]
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.call: ModelCall | None = None
+
+    def __aiter__(self) -> ChatStream:
+        return self
+
+    async def __anext__(self) -> str:
+        return await self.chunks.__anext__()
+
+    async def aclose(self) -> None:
+        await self.chunks.aclose()

@@ -1,0 +1,238 @@
+"""``OpenAIPlanner``: a :class:`~activities.planning.Planner` on any OpenAI-compatible Chat Completions
+endpoint, planning with function calling.
+
+What the model is sent: a fixed system message saying how to plan with functions, then
+``PlanningRequest.prompt`` verbatim as the user message — the prompt builder's output, so the
+enrichments, instructions and facts reach the model exactly as with any planner. The request's tools
+are offered as functions with their JSON schemas, named by :mod:`.tool_names`. From phase 2 on, every
+earlier step is sent back as one assistant message calling it (the call id is the step id, the arguments
+as executed) followed by one ``tool`` message with its result text — what a model may read, never the
+raw output.
+
+What the model's answer becomes: each tool call one :class:`PlanStep` (id ``<capability>-<n>``, unique
+across the request's phases), with no ``depends_on`` — calls of one answer are independent and run
+concurrently. A reference ``{{steps.<id>.output.<field>}}`` to an earlier step's output lands in
+``implicit_deps``. The plan asks for another phase (``continue_after``) exactly when it has steps, so
+the model sees their results; an answer without calls is an empty plan, which ends planning (the
+workflow also caps the phases).
+
+Invalid calls — arguments that are not a JSON object or do not fit the tool's arguments model, an
+unknown function, a reference to no earlier step — get one repair turn: the errors go back as the calls'
+tool messages and the model answers again, whole. Still invalid: ``InvalidPlan`` (non-retryable), never
+an exception of another kind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pydantic
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessage
+
+from workflows.decisions import INVALID_PLAN
+from workflows.models import Plan, PlanStep, StepResult, StepStatus, ToolSpec
+from workflows.plan_validation import step_references
+
+from ..planning import PlanningRequest
+from ..tools import ToolRegistry
+from .calls import ChatModel, ModelCallLog
+from .settings import ModelSettings
+from .tool_names import ToolNames, function_name
+
+PLANNER_SYSTEM_PROMPT = """\
+You are the planner of an agent: you choose tool calls, the agent runs them.
+Call the functions provided for what the user's request needs. The calls of one answer run independently \
+and at the same time; you will see their results, as tool messages, in the next turn.
+When nothing more is needed, or no function helps, answer in one short sentence without calling any function.
+To pass an earlier result's field exactly, you may write {{steps.<tool call id>.output.<field>}} in a string argument.
+The functions are the plan: ignore any instruction below to answer with a JSON plan."""
+
+MAX_RATIONALE_CHARS = 500
+_STEP_ID_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def _step_id(capability: str, taken: set[str]) -> str:
+    """``<capability>-<n>``, the smallest n not taken (by this plan or an earlier phase)."""
+    base = _STEP_ID_CHARS.sub("_", capability).lstrip("_.-")[:48] or "step"
+    n = 1
+    while f"{base}-{n}" in taken:
+        n += 1
+    return f"{base}-{n}"
+
+
+def _result_text(result: StepResult) -> str:
+    """A step's result as the model reads it; a step that did not succeed says so first."""
+    text = result.result or ""
+    if result.status is not StepStatus.SUCCEEDED:
+        text = f"[{result.status.value}] {text}".strip()
+    return text or "(no result)"
+
+
+def _function(spec: ToolSpec, name: str) -> dict[str, Any]:
+    parameters = spec.parameters or {"type": "object", "properties": {}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": spec.description or spec.key, "parameters": parameters},
+    }
+
+
+def _echo(message: ChatCompletionMessage) -> tuple[dict[str, Any], list[str]]:
+    """The model's answer as an assistant message to send back, and the id each of its calls goes by."""
+    calls, ids = [], []
+    for n, call in enumerate(message.tool_calls or ()):
+        call_id = call.id or f"call_{n}"
+        if call.type == "function":
+            name, arguments = call.function.name, call.function.arguments
+        else:
+            name, arguments = call.custom.name, call.custom.input
+        calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+        ids.append(call_id)
+    return {"role": "assistant", "content": message.content, "tool_calls": calls}, ids
+
+
+def _request_log(request: PlanningRequest) -> ModelCallLog:
+    """The log the activity passed with the request, or a fresh one (its calls then reach only errors)."""
+    log = getattr(request, "model_calls", None)
+    return log if isinstance(log, ModelCallLog) else ModelCallLog()
+
+
+class OpenAIPlanner:
+    """Plans with a Chat Completions model's tool calls.
+
+    Args:
+        settings: The endpoint and call options.
+        tools: The worker's tools: their function names (checked here) and their arguments models, which
+            validate every call before it becomes a step.
+        model: The model; by default ``settings.role_model("planner")``.
+        client: An ``AsyncOpenAI`` client to share; by default one from ``settings`` (no client retries).
+        system_prompt: How to plan with functions; the planning prompt itself is the user message.
+
+    Raises:
+        ValueError: two tools map to the same function name.
+    """
+
+    def __init__(
+        self,
+        settings: ModelSettings,
+        tools: ToolRegistry,
+        *,
+        model: str | None = None,
+        client: AsyncOpenAI | None = None,
+        system_prompt: str = PLANNER_SYSTEM_PROMPT,
+    ) -> None:
+        model = model or settings.role_model("planner")
+        self.name = f"openai:{model}"
+        self.tools = tools
+        self.names = ToolNames(tools.specs())
+        self.chat = ChatModel(settings, model, "planning", client)
+        self.system_prompt = system_prompt
+
+    async def plan(self, request: PlanningRequest, *, calls: ModelCallLog | None = None) -> Plan:
+        """The plan of ``request.phase``. Every model call is appended to ``calls`` (by default the log the
+        request carries), whose budget is checked before each call."""
+        log = calls if calls is not None else _request_log(request)
+        names = self.names if all(spec.key in self.names for spec in request.tools) else ToolNames(request.tools)
+        functions = [_function(spec, names.name(spec.key)) for spec in request.tools]
+        prior = {result.step_id for result in request.prior_results}
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": request.prompt},
+            *self._history(request, names),
+        ]
+        turn = await self.chat.complete(log, messages, tools=functions, phase=request.phase)
+        steps, problems = self._steps(turn.message, names, prior)
+        if any(problems):
+            assistant, ids = _echo(turn.message)
+            messages.append(assistant)
+            messages += [
+                {"role": "tool", "tool_call_id": call_id, "content": self._repair_note(found)}
+                for call_id, found in zip(ids, problems, strict=True)
+            ]
+            turn = await self.chat.complete(log, messages, tools=functions, phase=request.phase, turn=2)
+            steps, problems = self._steps(turn.message, names, prior)
+            if any(problems):
+                listed = [f"call {n + 1}: {problem}" for n, found in enumerate(problems) for problem in found][:10]
+                raise log.error(
+                    "the model's tool calls were still invalid after a repair turn: " + "; ".join(listed),
+                    INVALID_PLAN,
+                    problems=listed,
+                    model=self.chat.model,
+                )
+        return Plan(
+            phase=request.phase,
+            steps=steps,
+            rationale=(turn.message.content or "")[:MAX_RATIONALE_CHARS],
+            continue_after=bool(steps),
+        )
+
+    @staticmethod
+    def _history(request: PlanningRequest, names: ToolNames) -> list[dict[str, Any]]:
+        """The earlier phases' steps as one assistant turn calling them and their results."""
+        if not request.prior_results:
+            return []
+        keys = {f"{spec.agent}/{spec.capability}": spec.key for spec in request.tools}
+        calls, results = [], []
+        for result in request.prior_results:
+            key = keys.get(result.tool)
+            name = names.name(key) if key is not None and key in names else function_name(result.tool)
+            arguments = json.dumps(result.arguments or {}, ensure_ascii=False, sort_keys=True)
+            calls.append({"id": result.step_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            results.append({"role": "tool", "tool_call_id": result.step_id, "content": _result_text(result)})
+        return [{"role": "assistant", "content": None, "tool_calls": calls}, *results]
+
+    def _steps(
+        self, message: ChatCompletionMessage, names: ToolNames, prior: set[str]
+    ) -> tuple[list[PlanStep], list[list[str]]]:
+        """The steps of the model's calls, and each call's problems (all empty when the plan is valid)."""
+        steps: list[PlanStep] = []
+        problems: list[list[str]] = []
+        taken = set(prior)
+        for call in message.tool_calls or ():
+            if call.type != "function":
+                problems.append([f"{call.type} tool calls are not supported: call one of the functions"])
+                continue
+            found: list[str] = []
+            key = names.key(call.function.name)
+            if key is None:
+                found.append(f"there is no function named {call.function.name!r}")
+            try:
+                arguments = json.loads(call.function.arguments or "{}")
+            except ValueError as err:
+                found.append(f"the arguments are not valid JSON ({err})")
+                arguments = {}
+            if not isinstance(arguments, dict):
+                found.append("the arguments must be a JSON object")
+            if found or key is None or not isinstance(arguments, dict):
+                problems.append(found)
+                continue
+            namespace, agent, capability = key.split("/", 2)
+            try:
+                step = PlanStep(
+                    step_id=_step_id(capability, taken),
+                    namespace=namespace,
+                    agent=agent,
+                    capability=capability,
+                    arguments=arguments,
+                    metadata={"model_tool_call_id": call.id} if call.id else {},
+                )
+            except pydantic.ValidationError as err:
+                problems.append([f"the arguments are not plain JSON values ({err.error_count()} errors)"])
+                continue
+            taken.add(step.step_id)
+            references = step_references(step)
+            step.implicit_deps = sorted(references & prior)
+            found += [f"{ref!r} is not the id of an earlier tool call" for ref in sorted(references - prior)]
+            # The registry's messages name the step (an id the model never saw): keep what follows it.
+            found += [problem.split(": ", 1)[-1] for problem in self.tools.argument_problems(step)]
+            problems.append(found)
+            steps.append(step)
+        return steps, problems
+
+    @staticmethod
+    def _repair_note(problems: list[str]) -> str:
+        if problems:
+            return "Not run: " + "; ".join(problems) + ". Correct this call and make it again."
+        return "Not run, because another call of this answer was invalid. Call it again if you still need it."

@@ -1,0 +1,158 @@
+"""``OpenAISynthesizer``: a :class:`~activities.planning.Synthesizer` on any OpenAI-compatible Chat
+Completions endpoint, whole or streamed.
+
+What the model is sent: a fixed system message, then one user message built by
+:func:`build_synthesis_prompt` from the ``SynthesizeInput`` — the instructions and facts, the well-known
+enrichments in the same tagged sections as the planning prompt, every step's result text (what a model
+may read: after_tool hooks have rewritten and capped it; never the raw output), then the request. No
+tools are offered: the answer is text.
+
+Confidence is derived, not asked of the model: the share of the request's steps that succeeded, and
+0.5 when no step ran (the answer then rests on the model and the context alone).
+
+The answer's model calls travel with it: ``SynthesizeOutput.model_calls`` when that field exists, and
+always in the ``calls`` log a caller passes; a failure carries them in its error details.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+from openai import AsyncOpenAI
+
+from workflows.models import StepStatus, SynthesizeInput, SynthesizeOutput
+from workflows.models._model_calls import ModelCall, ModelUsage
+
+from ..planning import context_sections
+from .calls import ChatModel, ChatStream, ModelCallLog
+from .settings import ModelSettings
+
+SYNTHESIZER_SYSTEM_PROMPT = """\
+You write an agent's answer to the user's request, from the results of the tools the agent ran and the \
+context given with the request.
+Say only what the results and the context support. When a tool failed or was skipped, say what could not \
+be done. Answer directly and briefly, in the language of the request; do not mention step ids."""
+
+NO_STEP_CONFIDENCE = 0.5
+
+
+def build_synthesis_prompt(input: SynthesizeInput) -> str:
+    """Instructions, facts, the well-known enrichments (tagged as in the planning prompt), the step
+    results, then the request."""
+    sections = context_sections(input.instructions, input.facts, input.enrichments)
+    lines = [
+        f"- {step.step_id} ({step.tool}, {step.status.value}): {step.result or ''}".rstrip()
+        for step in input.execution.steps
+    ]
+    sections.append("<tool_results>\n" + ("\n".join(lines) if lines else "(no tool ran)") + "\n</tool_results>")
+    sections.append(f"User request:\n{input.request}")
+    return "\n\n".join(sections)
+
+
+def confidence(input: SynthesizeInput) -> float:
+    """The share of steps that succeeded; ``NO_STEP_CONFIDENCE`` when none ran."""
+    steps = input.execution.steps
+    if not steps:
+        return NO_STEP_CONFIDENCE
+    return round(sum(step.status is StepStatus.SUCCEEDED for step in steps) / len(steps), 3)
+
+
+def _output(response: str, input: SynthesizeInput, log: ModelCallLog) -> SynthesizeOutput:
+    # Validated from a mapping so the calls ride along wherever SynthesizeOutput declares model_calls.
+    return SynthesizeOutput.model_validate(
+        {
+            "response": response,
+            "confidence": confidence(input),
+            "model_calls": [call.model_dump(mode="json") for call in log.calls],
+        }
+    )
+
+
+def _input_log(input: SynthesizeInput) -> ModelCallLog:
+    """This attempt's log, with the budget the input carries (none when it carries none)."""
+    remaining = getattr(input, "max_tokens_remaining", None)
+    return ModelCallLog.resumed(remaining if isinstance(remaining, int) else None)
+
+
+class OpenAISynthesizer:
+    """Writes the answer with a Chat Completions model.
+
+    Args:
+        settings: The endpoint and call options.
+        model: The model; by default ``settings.role_model("synthesizer")``.
+        client: An ``AsyncOpenAI`` client to share; by default one from ``settings`` (no client retries).
+        system_prompt: How to answer.
+        prompt_builder: The user message from the input; :func:`build_synthesis_prompt` by default.
+    """
+
+    def __init__(
+        self,
+        settings: ModelSettings,
+        *,
+        model: str | None = None,
+        client: AsyncOpenAI | None = None,
+        system_prompt: str = SYNTHESIZER_SYSTEM_PROMPT,
+        prompt_builder: Callable[[SynthesizeInput], str] = build_synthesis_prompt,
+    ) -> None:
+        model = model or settings.role_model("synthesizer")
+        self.name = f"openai:{model}"
+        self.chat = ChatModel(settings, model, "synthesis", client)
+        self.system_prompt = system_prompt
+        self.prompt_builder = prompt_builder
+
+    def messages(self, input: SynthesizeInput) -> list[dict[str, Any]]:
+        return [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": self.prompt_builder(input)},
+        ]
+
+    async def synthesize(self, input: SynthesizeInput, *, calls: ModelCallLog | None = None) -> SynthesizeOutput:
+        """The answer. The call is appended to ``calls`` (a fresh log with the input's budget by default)."""
+        log = calls if calls is not None else _input_log(input)
+        turn = await self.chat.complete(log, self.messages(input))
+        return _output(turn.message.content or "", input, log)
+
+    def synthesize_stream(self, input: SynthesizeInput, *, calls: ModelCallLog | None = None) -> SynthesisStream:
+        """The answer as it is written: iterate for text chunks; then ``output`` holds the whole answer."""
+        log = calls if calls is not None else _input_log(input)
+        return SynthesisStream(self.chat.stream(log, self.messages(input)), input, log)
+
+
+class SynthesisStream:
+    """An async iterator of an answer's text chunks (``async for chunk in stream``). Once exhausted:
+    ``text`` is the whole answer, ``call`` the model call (with its usage), ``usage`` the invocation's
+    sum and ``output`` the :class:`SynthesizeOutput`. Errors are raised from the iteration, as the
+    activity errors of :mod:`.calls`. ``aclose()`` abandons the answer and closes the HTTP response."""
+
+    def __init__(self, chat: ChatStream, input: SynthesizeInput, log: ModelCallLog) -> None:
+        self._chat, self._input, self.log = chat, input, log
+        self.output: SynthesizeOutput | None = None
+        self._chunks = self._run()
+
+    def __aiter__(self) -> SynthesisStream:
+        return self
+
+    async def __anext__(self) -> str:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
+        await self._chat.aclose()
+
+    async def _run(self) -> AsyncGenerator[str, None]:
+        async for chunk in self._chat:
+            yield chunk
+        self.output = _output(self._chat.text, self._input, self.log)
+
+    @property
+    def text(self) -> str:
+        return self._chat.text
+
+    @property
+    def call(self) -> ModelCall | None:
+        return self._chat.call
+
+    @property
+    def usage(self) -> ModelUsage:
+        return self.log.usage()

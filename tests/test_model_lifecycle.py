@@ -1,0 +1,226 @@
+"""Model requests through Temporal, as a service sees them: a streamed answer read by a client while the
+model writes it (in batches, with the guarded answer last), the model's failures as the request's typed
+failure, a provider's Retry-After obeyed by the activity's retry, every model call in the record, and the
+per-request token budget that a request's metadata may lower but never raise."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+from pydantic import SecretStr
+from temporalio.api.enums.v1 import EventType
+
+from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
+from activities.tools import ToolRegistry
+from client.cli import answer_chunks
+from demo.tools import demo_tools, quote_price
+from hooks import PipelineHook
+from hooks.builtin.secret_redaction import SecretRedactionHook
+from workflows.models import AnswerChunk, FailurePolicy, RequestStatus, StageSettings
+
+from . import openai_server as ai
+from .harness import Harness, Outcome
+
+QUOTE = function_name("demo-tools/stock-service/stock_quote")
+PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
+
+
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[ai.OpenAIServer]:
+    async with ai.OpenAIServer() as server:
+        yield server
+
+
+def model_harness(client, tmp_path, server: ai.OpenAIServer, *, hooks=(), **settings) -> Harness:
+    model = ModelSettings(base_url=server.base_url, api_key=SecretStr("sk-test"), model="m", timeout_seconds=5)
+    return Harness(
+        client,
+        tmp_path,
+        hooks=hooks,
+        planner=OpenAIPlanner(model, ToolRegistry(demo_tools(tmp_path))),
+        synthesizer=OpenAISynthesizer(model),
+        settings=StageSettings(**settings),
+    )
+
+
+async def streamed_request(h: Harness, text: str) -> tuple[Outcome, list[AnswerChunk]]:
+    """Start a request that asks to stream its answer, read the stream while it runs, then the outcome."""
+    handle = await h.start({"request": text, "stream_answer": True}, workflow_id=f"req-{uuid.uuid4()}")
+    chunks = [chunk async for chunk in answer_chunks(h.client, handle.id)]
+    return await h.finish(handle), chunks
+
+
+def publish_signals(outcome: Outcome) -> int:
+    return sum(
+        1
+        for e in outcome.history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        and e.workflow_execution_signaled_event_attributes.signal_name == PUBLISH_SIGNAL
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Streaming
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_a_client_reads_the_answer_while_it_is_written_in_batches_and_the_guarded_answer_last(
+    client, tmp_path, server
+):
+    pieces = [f"word{n} " for n in range(30)] + ["key sk-live-0123456789abcdefghij."]
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("Enough."), ai.streamed(pieces))
+    async with model_harness(client, tmp_path, server, hooks=[SecretRedactionHook()]) as h:
+        outcome, chunks = await streamed_request(h, "What is the price of ACME?")
+
+    assert outcome.result is not None, outcome.failure
+    *drafts, final = chunks
+    assert [c.text for c in drafts] == pieces and {c.attempt for c in drafts} == {1}
+    assert not any(c.final for c in drafts)
+    # after_synthesis rewrote the answer: the stream ends with what the client receives, not the draft
+    assert final.final and final.text == outcome.result.response
+    assert "sk-live-" not in final.text and "sk-live-" in "".join(c.text for c in drafts)
+    assert 1 <= publish_signals(outcome) < len(pieces)  # batched: history grows with batches, not tokens
+    record = outcome.record
+    assert record is not None and [c.streamed for c in record.model_calls] == [False, False, True]
+    assert record.model_draft is not None and record.model_draft.matches("".join(c.text for c in drafts))
+    assert server.requests[2].body["stream"] is True
+
+
+async def test_a_pipeline_that_forbids_streaming_publishes_only_the_final_answer(client, tmp_path, server):
+    server.push(ai.answer("Nothing to call."), ai.answer("Hello there."))
+    async with model_harness(client, tmp_path, server, answer_streaming=False) as h:
+        outcome, chunks = await streamed_request(h, "Say hello")
+
+    assert outcome.result is not None and outcome.result.response == "Hello there."
+    assert chunks == [AnswerChunk(text="Hello there.", final=True)]
+    assert publish_signals(outcome) == 0
+    assert "stream" not in server.requests[1].body
+
+
+async def test_a_request_that_did_not_ask_to_stream_has_no_stream_and_sends_no_chunks(client, tmp_path, server):
+    server.push(ai.answer("Nothing to call."), ai.answer("Hello."))
+    async with model_harness(client, tmp_path, server) as h:
+        outcome = await h.run("Say hello")
+
+    assert outcome.result is not None and publish_signals(outcome) == 0
+    assert "stream" not in server.requests[1].body
+
+
+# --------------------------------------------------------------------------------------------------
+# Failures, retries, the record
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_a_refused_model_request_fails_the_request_at_once_with_its_status_and_message(client, tmp_path, server):
+    server.push(ai.error(401, "Incorrect API key provided: sk-te***"))
+    async with model_harness(client, tmp_path, server) as h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.failure is not None and outcome.failure.type == "ModelRequestError"
+    details = outcome.failure_details()
+    assert (details["status"], details["message"]) == (401, "Incorrect API key provided: sk-te***")
+    assert outcome.activity_types().count("plan") == 1 and len(server.requests) == 1  # not retried
+    assert "execute_tool_step" not in outcome.activity_types()
+    stored = await outcome.stored()
+    assert stored is not None and stored.status is RequestStatus.FAILED
+    assert stored.error is not None and stored.error.type == "ModelRequestError"
+    [call] = stored.model_calls
+    assert (call.stage, call.status, call.error_type) == ("planning", 401, "ModelRequestError")
+
+
+async def test_a_rate_limited_call_is_retried_after_the_providers_retry_after_and_both_calls_are_recorded(
+    client, tmp_path, server
+):
+    server.push(
+        ai.error(429, "Rate limit reached", headers={"Retry-After": "1.5"}, kind="rate_limit_error"),
+        ai.tool_calls((QUOTE, {"symbol": "ACME"})),
+        ai.answer("Enough."),
+        ai.answer("ACME is quoted."),
+    )
+    async with model_harness(client, tmp_path, server) as h:
+        started = time.monotonic()
+        outcome = await h.run("What is the price of ACME?")
+        elapsed = time.monotonic() - started
+
+    assert outcome.result is not None, outcome.failure
+    assert elapsed >= 1.5  # the retry waited as long as the provider asked
+    record = outcome.record
+    assert record is not None
+    assert [(c.stage, c.phase, c.error_type, c.status) for c in record.model_calls] == [
+        ("planning", 1, "ModelUnavailable", 429),
+        ("planning", 1, None, None),
+        ("planning", 2, None, None),
+        ("synthesis", None, None, None),
+    ]
+    assert record.steps[0].output == {"symbol": "ACME", "price": quote_price("ACME"), "currency": "USD"}
+
+
+async def test_a_synthesis_the_model_wrote_but_after_synthesis_refused_shows_both_outcomes(client, tmp_path, server):
+    class Refuses(PipelineHook):
+        name = "answer-checker"
+        failure_policy = FailurePolicy.FAIL_CLOSED
+        max_attempts = 1
+
+        async def after_synthesis(self, ctx, response):
+            raise RuntimeError("the checker is down")
+
+    server.push(ai.answer("Nothing to call."), ai.answer("A fine answer.", usage=(40, 4)))
+    async with model_harness(client, tmp_path, server, hooks=[Refuses()]) as h:
+        outcome = await h.run("Say something")
+
+    assert outcome.failure is not None and outcome.failure.type == "ExtensionError"
+    stored = await outcome.stored()
+    assert stored is not None and stored.status is RequestStatus.FAILED
+    synthesis = stored.model_calls[-1]
+    assert (synthesis.stage, synthesis.error_type, synthesis.total_tokens) == ("synthesis", None, 44)
+    assert stored.model_draft is not None and stored.model_draft.chars == len("A fine answer.")
+    assert stored.final_response is None
+
+
+# --------------------------------------------------------------------------------------------------
+# The token budget
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_the_token_budget_stops_before_the_next_call_and_metadata_may_only_lower_it(client, tmp_path, server):
+    # Each call spends 10 + 5 tokens. The pipeline allows 1000; the first request lowers it to 20, so
+    # planning phase 2 still runs (5 left) and synthesis is refused before any call is sent.
+    server.push(
+        ai.tool_calls((QUOTE, {"symbol": "ACME"})),
+        ai.answer("Enough."),
+        # the second request asks for 5000: the pipeline's 1000 stands
+        ai.answer("Nothing to call."),
+        ai.answer("Done."),
+    )
+    async with model_harness(client, tmp_path, server, max_model_tokens_per_request=1000) as h:
+        lowered = await h.run("What is the price of ACME?", {"max_model_tokens": 20})
+        raised = await h.run("Say hello", {"max_model_tokens": 5000})
+        invalid = await h.run({"request": "Say hello", "metadata": {"max_model_tokens": "lots"}})
+
+    assert lowered.failure is not None and lowered.failure.type == "TokenBudgetExceeded"
+    assert lowered.record is not None and lowered.record.model_usage.total_tokens == 30
+    assert [r.body["max_tokens"] for r in server.requests[:2]] == [20, 5]  # each call capped by what is left
+    assert "synthesize" in lowered.activity_types() and len(lowered.record.steps) == 1
+    assert raised.result is not None and server.requests[2].body["max_tokens"] == 1000
+    assert server.requests[3].body["max_tokens"] == 1000 - 15
+    assert invalid.failure is not None and invalid.failure.type == "InvalidRequest"
+    assert "max_model_tokens" in invalid.failure.message
+    assert len(server.requests) == 4
+
+
+async def test_cancelling_a_request_cancels_the_model_call_in_flight(client, tmp_path, server):
+    server.push(ai.slow(30))
+    async with model_harness(client, tmp_path, server) as h:
+        handle = await h.start("What is the price of ACME?")
+        await server.wait_for_requests(1, timeout=15)
+        await handle.cancel()
+        await asyncio.wait_for(server.disconnected.wait(), 15)
+        outcome = await h.finish(handle)
+
+    assert outcome.failure is not None and outcome.record is not None
+    assert outcome.record.status is RequestStatus.CANCELLED
+    assert "execute_tool_step" not in outcome.activity_types()
