@@ -26,7 +26,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities import LifecycleActivities
-from client import Settings, connect, exit_process
+from client import Settings, connect, database, exit_process
 from client.devserver import start_dev_server
 from client.search import ensure_search_attributes
 from client.telemetry import configure_telemetry, shutdown_telemetry
@@ -96,6 +96,9 @@ async def prepare(client: Client, settings: Settings, activities: LifecycleActiv
     learn they cannot be), so requests set them and a reviewer's inbox can find waiting requests."""
     activities.manifest.search_attributes = await ensure_search_attributes(client, settings.temporal_namespace)
     activities.manifest.payload_store = client.data_converter.external_storage is not None
+    db = database(settings)
+    if db is not None:  # every store's schema on it, before any request
+        await db.migrate()
 
 
 @contextlib.asynccontextmanager

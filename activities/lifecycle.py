@@ -25,6 +25,7 @@ from temporalio.exceptions import ApplicationError
 from hooks.builtin.secret_redaction import redact
 from hooks.contracts import DetachedContext, LeaseContext
 from hooks.registry import HookRegistry
+from storage.executions import ExecutionStore
 from workflows import decisions
 from workflows.models import (
     MAX_TOOL_OUTPUT_BYTES,
@@ -62,7 +63,6 @@ from .hook_stages import HookStageActivities, ResultRejected, call_hook, returne
 from .memory import ConversationMemory
 from .models.calls import ModelCallLog
 from .planning import Planner, PlanningRequest, PromptBuilder, PromptInput, Synthesizer, build_planning_prompt
-from .store import ExecutionStore
 from .tools import ToolContext, ToolRegistry
 
 logger = logging.getLogger(__name__)

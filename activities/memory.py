@@ -2,10 +2,12 @@
 and coordination hooks use — episodic events, per-user facts, knowledge fragments and the activity
 coordinator's signal registry.
 
-The default is one SQLite file that needs no server and is safe for several worker processes at once:
-WAL journal, a busy timeout, one short transaction per call. Writes are idempotent by id, so a retried
-activity never stores a thing twice. The shared-memory facets **fail open**: a SQLite error
-is logged and returned as ``read_failed`` / ``provider_call_status="error"``, never raised into a request.
+The default is one SQLite file that needs no server and is safe for the worker processes of one machine
+(WAL journal, a busy timeout, one short transaction per call); given a PostgreSQL ``Database``
+(``AGENT_DATABASE_URL``) the same statements run there, shared by workers on several machines. Writes are
+idempotent by id (upserts), so a retried activity never stores a thing twice. The shared-memory facets
+**fail open**: a database error is logged and returned as ``read_failed`` /
+``provider_call_status="error"``, never raised into a request.
 """
 
 from __future__ import annotations
@@ -13,16 +15,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sqlite3
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from hooks import sqlite
 from hooks.memory import ActivitySignal, EpisodicEvent, KnowledgeFragment, ReadResult, UserFact, WriteResult
+from storage import sqlite
+from storage.postgres import STORE_ERRORS, Database, Migration, from_sqlite_schema
 from workflows.models import MemoryCandidate
 
 logger = logging.getLogger(__name__)
@@ -96,6 +98,12 @@ CREATE INDEX IF NOT EXISTS activity_signals_expiry ON activity_signals (expires_
 """
 
 
+MIGRATIONS = (
+    Migration("conversation_memory", 1, from_sqlite_schema(_SCHEMA)),
+    Migration("shared_memory", 1, from_sqlite_schema(_SHARED_SCHEMA)),
+)
+
+
 class ConversationMemory(Protocol):
     async def save(self, candidate: MemoryCandidate, *, request_id: str) -> None: ...
 
@@ -112,27 +120,50 @@ def _entity_keys(entities: Sequence[str]) -> list[str]:
     return sorted({e.strip().lower() for e in entities if e and e.strip()})
 
 
-class SQLiteConversationMemory:
-    """Conversation memory in one SQLite file (what ``remember`` saves, what conversation history reads)."""
+class ConversationMemoryStore:
+    """Conversation memory (what ``remember`` saves, what conversation history reads).
 
-    def __init__(self, path: str | Path, *, busy_timeout_seconds: float = 5.0) -> None:
-        self.path = Path(path)
+    Args:
+        location: A SQLite file (created with its directory), or a PostgreSQL :class:`Database`.
+        busy_timeout_seconds: On SQLite, how long a call waits for another process's write lock.
+    """
+
+    def __init__(self, location: str | Path | Database, *, busy_timeout_seconds: float = 5.0) -> None:
+        self.database = location if isinstance(location, Database) else None
+        self.path = None if isinstance(location, Database) else Path(location)
         self.busy_timeout_seconds = busy_timeout_seconds
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with sqlite.connection(self.path, busy_timeout_seconds=busy_timeout_seconds) as db:
-            db.executescript(self._schema())
+        if self.database is not None:
+            self.database.require(self._migrations())
+        else:
+            assert self.path is not None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with sqlite.connection(self.path, busy_timeout_seconds=busy_timeout_seconds) as db:
+                db.executescript(self._schema())
 
     def _schema(self) -> str:
         return _SCHEMA
 
-    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        """One short transaction on a fresh connection, closed afterwards (several processes share the file)."""
-        return sqlite.immediate(self.path, busy_timeout_seconds=self.busy_timeout_seconds)
+    def _migrations(self) -> tuple[Migration, ...]:
+        return MIGRATIONS[:1]
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """One short transaction (on SQLite on a fresh connection, closed afterwards: several processes
+        share the file); its ``execute`` and ``executemany`` take ``?`` placeholders on both backends."""
+        if self.database is not None:
+            with self.database.statements() as db:
+                yield db
+            return
+        assert self.path is not None
+        with sqlite.immediate(self.path, busy_timeout_seconds=self.busy_timeout_seconds) as db:
+            yield db
 
     def _save(self, candidate: MemoryCandidate, request_id: str) -> None:
         with self._transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO conversation_memory VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO conversation_memory VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (conversation_id, request_id) "
+                "DO UPDATE SET request = excluded.request, answer = excluded.answer, facts = excluded.facts, "
+                "saved_at = excluded.saved_at",
                 (
                     candidate.conversation_id,
                     request_id,
@@ -162,39 +193,46 @@ class SQLiteConversationMemory:
         return await asyncio.to_thread(self._recent, conversation_id, limit)
 
 
-class SQLiteMemory(SQLiteConversationMemory):
-    """The embedded memory backend: conversation memory plus every shared-memory facet of
-    :mod:`hooks.memory` (episodic events, user facts, knowledge fragments, activity signals), in one file.
+class MemoryStore(ConversationMemoryStore):
+    """The memory backend: conversation memory plus every shared-memory facet of :mod:`hooks.memory`
+    (episodic events, user facts, knowledge fragments, activity signals), in one database.
 
     Args:
-        path: The SQLite file (created with its directory).
+        location: A SQLite file (created with its directory), or a PostgreSQL :class:`Database`.
         busy_timeout_seconds: How long a call waits for another process's write lock before it fails
             (open: the hook reports the error and the request continues).
         clock: Wall-clock seconds, for recording times and signal expiry (injectable for tests).
     """
 
     def __init__(
-        self, path: str | Path, *, busy_timeout_seconds: float = 5.0, clock: Callable[[], float] = time.time
+        self,
+        location: str | Path | Database,
+        *,
+        busy_timeout_seconds: float = 5.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.clock = clock
-        super().__init__(path, busy_timeout_seconds=busy_timeout_seconds)
+        super().__init__(location, busy_timeout_seconds=busy_timeout_seconds)
 
     def _schema(self) -> str:
         return _SCHEMA + ";\n" + _SHARED_SCHEMA
+
+    def _migrations(self) -> tuple[Migration, ...]:
+        return MIGRATIONS
 
     # -- fail-open plumbing ---------------------------------------------------------------------------
 
     async def _read(self, what: str, fn: Callable[[], list[T]]) -> ReadResult[T]:
         try:
             return ReadResult("read_succeeded", await asyncio.to_thread(fn))
-        except (sqlite3.Error, ValueError) as err:
+        except (*STORE_ERRORS, ValueError) as err:
             logger.warning("memory %s failed (continuing without it): %s", what, err)
             return ReadResult("read_failed", error=f"{type(err).__name__}: {err}")
 
     async def _write(self, what: str, fn: Callable[[], dict]) -> WriteResult:
         try:
             return WriteResult("returned", detail=await asyncio.to_thread(fn))
-        except (sqlite3.Error, ValueError) as err:
+        except (*STORE_ERRORS, ValueError) as err:
             logger.warning("memory %s failed (continuing without it): %s", what, err)
             return WriteResult("error", error=f"{type(err).__name__}: {err}")
 
@@ -207,7 +245,7 @@ class SQLiteMemory(SQLiteConversationMemory):
             with self._transaction() as db:
                 for event in events:
                     cursor = db.execute(
-                        "INSERT OR IGNORE INTO episodic_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO episodic_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                         (
                             event.event_id,
                             event.agent_domain,
@@ -225,7 +263,7 @@ class SQLiteMemory(SQLiteConversationMemory):
                     if cursor.rowcount:
                         inserted.append(event.event_id)
                         db.executemany(
-                            "INSERT OR IGNORE INTO episodic_entities VALUES (?, ?)",
+                            "INSERT INTO episodic_entities VALUES (?, ?) ON CONFLICT DO NOTHING",
                             [(entity, event.event_id) for entity in _entity_keys(event.entities)],
                         )
             return {
@@ -286,7 +324,9 @@ class SQLiteMemory(SQLiteConversationMemory):
         def write() -> dict:
             with self._transaction() as db:
                 db.executemany(
-                    "INSERT OR REPLACE INTO user_facts VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO user_facts VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, key) DO UPDATE SET "
+                    "value = excluded.value, source_request_id = excluded.source_request_id, "
+                    "recorded_at = excluded.recorded_at",
                     [(f.user_id, f.key, f.value, f.source_request_id, self.clock()) for f in facts],
                 )
             return {"submitted": len(facts)}
@@ -314,7 +354,7 @@ class SQLiteMemory(SQLiteConversationMemory):
         def write() -> dict:
             with self._transaction() as db:
                 cursor = db.execute(
-                    "INSERT OR IGNORE INTO knowledge_fragments VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO knowledge_fragments VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     (
                         fragment.fragment_id,
                         fragment.agent_domain,
@@ -326,7 +366,7 @@ class SQLiteMemory(SQLiteConversationMemory):
                     ),
                 )
                 db.executemany(
-                    "INSERT OR IGNORE INTO knowledge_entities VALUES (?, ?)",
+                    "INSERT INTO knowledge_entities VALUES (?, ?) ON CONFLICT DO NOTHING",
                     [(entity, fragment.fragment_id) for entity in _entity_keys(fragment.entities)],
                 )
             return {"inserted": bool(cursor.rowcount)}
@@ -396,7 +436,10 @@ class SQLiteMemory(SQLiteConversationMemory):
             expires = now + ttl_seconds
             with self._transaction() as db:
                 db.execute(
-                    "INSERT OR REPLACE INTO activity_signals VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
+                    "INSERT INTO activity_signals VALUES (?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT (signal_id) DO UPDATE SET "
+                    "agent = excluded.agent, activity = excluded.activity, entities = excluded.entities, "
+                    "request_id = excluded.request_id, announced_at = excluded.announced_at, "
+                    "expires_at = excluded.expires_at, renewals = 0",
                     (
                         signal.signal_id,
                         signal.agent,

@@ -5,13 +5,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from datetime import timedelta
 from typing import NoReturn
 
 from temporalio.client import Client
 from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.converter import DataConverter
 
-from activities.payload_store import SQLitePayloadStore, external_storage
+from storage.executions import ExecutionStore, PostgresExecutionStore, SQLiteExecutionStore
+from storage.payloads import PostgresPayloadStore, SQLitePayloadStore, external_storage
+from storage.postgres import Database
+from storage.responses import PostgresResponseCacheStore, ResponseCacheStore, SQLiteResponseCacheStore
 from workflows.converter import data_converter
 
 from .settings import Settings
@@ -28,12 +32,15 @@ def exit_process(code: int) -> NoReturn:
 
 
 def process_data_converter(settings: Settings) -> DataConverter:
-    """The project's data converter with this deployment's payload store (large payloads by reference),
-    unless ``AGENT_PAYLOAD_STORE=off``."""
+    """The project's data converter with this deployment's payload store (large payloads by reference):
+    in the database with ``AGENT_DATABASE_URL`` (every machine reads what any other wrote), else the
+    SQLite file; none with ``AGENT_PAYLOAD_STORE=off``."""
     path = settings.payload_store_path
     if path is None:
         return data_converter
-    return dataclasses.replace(data_converter, external_storage=external_storage(SQLitePayloadStore(path)))
+    db = database(settings)
+    driver = PostgresPayloadStore(db) if db is not None else SQLitePayloadStore(path)
+    return dataclasses.replace(data_converter, external_storage=external_storage(driver))
 
 
 async def connect(settings: Settings, *, tracing: bool = True) -> Client:
@@ -45,3 +52,35 @@ async def connect(settings: Settings, *, tracing: bool = True) -> Client:
         data_converter=process_data_converter(settings),
         interceptors=[TracingInterceptor()] if tracing else [],
     )
+
+
+_databases: dict[str, Database] = {}
+
+
+def database(settings: Settings) -> Database | None:
+    """This process's pool to ``AGENT_DATABASE_URL`` (one per URL, shared by every store), or None."""
+    if settings.database_url is None:
+        return None
+    url = settings.database_url.get_secret_value()
+    if url not in _databases:
+        _databases[url] = Database(url, pool_size=settings.database_pool_size)
+    return _databases[url]
+
+
+def response_cache_store(settings: Settings) -> ResponseCacheStore:
+    """The response cache the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else a SQLite file
+    in the state directory."""
+    db = database(settings)
+    if db is not None:
+        return PostgresResponseCacheStore(db)
+    return SQLiteResponseCacheStore(settings.state_dir / "response-cache.sqlite3")
+
+
+def execution_store(settings: Settings) -> ExecutionStore:
+    """The execution store the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else the SQLite file."""
+    retention = timedelta(days=settings.record_retention_days)
+    error_retention = timedelta(days=settings.error_retention_days)
+    db = database(settings)
+    if db is not None:
+        return PostgresExecutionStore(db, retention=retention, error_retention=error_retention)
+    return SQLiteExecutionStore(settings.execution_store_path, retention=retention, error_retention=error_retention)

@@ -40,7 +40,6 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from activities.store import SQLiteExecutionStore
 from workflows import WORKFLOW_TYPE, data_converter, search_attributes
 from workflows.decisions import REQUEST_ID_CONFLICT
 from workflows.models import (
@@ -54,7 +53,7 @@ from workflows.models import (
     ReviewRequest,
 )
 
-from . import Settings, connect, declared_hooks, exit_process
+from . import Settings, connect, declared_hooks, execution_store, exit_process
 
 
 def workflow_id_for(request_id: str) -> str:
@@ -345,11 +344,13 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "hooks":
         return await declared_hooks.run(args, settings)
     if args.command in ("record", "list") and not getattr(args, "live", False):
-        store = SQLiteExecutionStore(settings.execution_store_path)
+        store = execution_store(settings)
         records = [await store.get(args.key)] if args.command == "record" else await store.recent(args.limit)
         records = [r for r in records if r is not None]
         if not records:
-            print(f"no stored record for {args.key!r} in {settings.execution_store_path}", file=sys.stderr)
+            where = "the database" if settings.database_url else settings.execution_store_path
+            what = f"no stored record for {args.key!r}" if args.command == "record" else "no stored records"
+            print(f"{what} in {where}", file=sys.stderr)
             return 1
         for record in records:
             print(record.model_dump_json(indent=2) if args.json else format_record(record) + "\n")

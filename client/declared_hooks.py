@@ -19,6 +19,7 @@ from hooks.declarative import (
     load_hooks_file,
 )
 
+from . import database
 from .settings import Settings
 
 
@@ -30,7 +31,7 @@ def secret_box(settings: Settings) -> SecretBox | None:
 def hook_runtime(settings: Settings) -> DeclaredHookRuntime:
     secrets = secret_box(settings)
     return DeclaredHookRuntime(
-        store=HookStore(settings.hook_store_path, secrets=secrets),
+        store=HookStore(database(settings) or settings.hook_store_path, secrets=secrets),
         secrets=secrets,
         allow_loopback=settings.hook_allow_loopback,
     )
@@ -94,7 +95,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     runtime = hook_runtime(settings)
     if command == "enable":
         if not runtime.store.enable(args.hook_id, actor=args.actor):
-            print(f"no hook {args.hook_id!r} in {runtime.store.path}", file=sys.stderr)
+            where = runtime.store.database.location if runtime.store.database else runtime.store.path
+            print(f"no hook {args.hook_id!r} in {where}", file=sys.stderr)
             return 1
         print(f"hook {args.hook_id} enabled; breaker reset")
         return 0

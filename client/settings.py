@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from workflows.models import MAX_CHECKPOINT_EXPIRY_SECONDS
 
@@ -39,6 +39,8 @@ _ENVIRONMENT = {
     "AGENT_HOOK_ALLOW_LOOPBACK": "hook_allow_loopback",
     "AGENT_PAYLOAD_STORE": "payload_store",
     "AGENT_WORKFLOW_SANDBOX": "workflow_sandbox",
+    "AGENT_DATABASE_URL": "database_url",
+    "AGENT_DATABASE_POOL_SIZE": "database_pool_size",
 }
 _LIST_ENVIRONMENT = {
     "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
@@ -58,7 +60,9 @@ class Settings(BaseModel):
     ``AGENT_TOOL_ALLOW_LIST`` (comma-separated ``agent/capability``: the allow-list plugin),
     ``AGENT_HOOKS_FILE`` (declared hooks), ``AGENT_HOOK_STORE``, ``AGENT_HOOK_SECRET_KEY`` (base64, 32
     bytes), ``AGENT_HOOK_ALLOW_LOOPBACK`` (tests only), ``AGENT_PAYLOAD_STORE`` (file, or ``off``),
-    ``AGENT_WORKFLOW_SANDBOX`` (``true``: run the workflows in Temporal's sandbox).
+    ``AGENT_WORKFLOW_SANDBOX`` (``true``: run the workflows in Temporal's sandbox), ``AGENT_DATABASE_URL``
+    (``postgresql://…``: every store on PostgreSQL, shared by workers on several machines),
+    ``AGENT_DATABASE_POOL_SIZE``.
     """
 
     temporal_address: str = "localhost:7233"
@@ -80,10 +84,21 @@ class Settings(BaseModel):
     hook_store: Path | None = None
     hook_secret_key: SecretStr | None = None
     hook_allow_loopback: bool = False
-    # Large payloads by reference (see activities.payload_store): the store file, or "off".
+    # Large payloads by reference (see storage.payloads): the store file, or "off" (with database_url the
+    # store is in the database).
     payload_store: str | None = None
     # Run the workflows in Temporal's sandbox (see worker.build_worker for why the default is not to).
     workflow_sandbox: bool = False
+    # PostgreSQL for the stores workers on several machines share (see storage); unset: SQLite files.
+    database_url: SecretStr | None = None
+    database_pool_size: int = Field(default=10, ge=1, le=1000)
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value
 
     @property
     def hook_store_path(self) -> Path:

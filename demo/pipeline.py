@@ -6,12 +6,12 @@ A pipeline factory takes the process :class:`~client.settings.Settings` and retu
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
-from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
-from activities.memory import SQLiteMemory
+from activities import LifecycleActivities, ToolRegistry
+from activities.memory import MemoryStore
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer
+from client import database, execution_store, response_cache_store
 from client.declared_hooks import settings_declared_hooks
 from client.settings import Settings
 from hooks import HookRegistry, allow_list, redact
@@ -35,12 +35,12 @@ KNOWLEDGE_FILE = Path(__file__).with_name("knowledge.json")
 AGENT_DOMAIN = "demo-agent"
 
 
-def demo_memory(settings: Settings) -> SQLiteMemory:
+def demo_memory(settings: Settings) -> MemoryStore:
     """The demo's one memory file: conversation memory (``remember``) and shared memory (the hooks)."""
-    return SQLiteMemory(settings.state_dir / "memory.sqlite3")
+    return MemoryStore(database(settings) or settings.state_dir / "memory.sqlite3")
 
 
-def demo_hooks(settings: Settings, memory: SQLiteMemory | None = None) -> list:
+def demo_hooks(settings: Settings, memory: MemoryStore | None = None) -> list:
     """The default pipeline.
 
     ``secret-redaction`` fails closed at after_synthesis: if it cannot run, the request fails rather than
@@ -64,7 +64,7 @@ def demo_hooks(settings: Settings, memory: SQLiteMemory | None = None) -> list:
         allow_list(settings.tool_allow_list),
         redact(),
         SecretRedactionHook(),
-        ResponseCacheHook(settings.state_dir / "response-cache.sqlite3", ttl_seconds=settings.cache_ttl_seconds),
+        ResponseCacheHook(response_cache_store(settings), ttl_seconds=settings.cache_ttl_seconds),
         KnowledgeContextHook(KNOWLEDGE_FILE),
         *memory_hooks,
         AllowedOperationsHook(settings.allowed_operations),
@@ -85,11 +85,7 @@ def build_activities(settings: Settings) -> LifecycleActivities:
         synthesizer=OpenAISynthesizer(model) if model.configured("synthesizer") else TemplateSynthesizer(),
         # secret-redaction protects the answer after synthesis: a streamed draft would bypass it.
         settings=StageSettings(max_model_tokens_per_request=model.max_tokens_per_request, answer_streaming=False),
-        store=SQLiteExecutionStore(
-            settings.execution_store_path,
-            retention=timedelta(days=settings.record_retention_days),
-            error_retention=timedelta(days=settings.error_retention_days),
-        ),
+        store=execution_store(settings),
         review=ReviewSettings(
             reviewers=settings.reviewers, checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds
         ),

@@ -2,7 +2,7 @@
 
 A backend implements any of four facets — episodic events, per-user facts, knowledge fragments, the
 activity coordinator's signal registry — and the builders wire the hooks for the facets configured. The
-embedded default, :class:`activities.memory.SQLiteMemory`, implements all four (and conversation memory)
+embedded default, :class:`activities.memory.MemoryStore`, implements all four (and conversation memory)
 in one SQLite file.
 
 Backends **fail open**: an internal failure is logged and returned as a neutral result —
@@ -193,5 +193,5 @@ class MemoryBackends:
 
     @classmethod
     def all(cls, backend: Any) -> MemoryBackends:
-        """One backend that implements every facet (such as ``SQLiteMemory``)."""
+        """One backend that implements every facet (such as ``MemoryStore``)."""
         return cls(episodic=backend, users=backend, knowledge=backend, coordinator=backend)

@@ -21,7 +21,10 @@ from temporalio.testing import WorkflowEnvironment
 
 from client import Settings, process_data_converter
 from client.devserver import temporal_cli_path, time_skipping_server_path
+from storage.postgres import Database
 from workflows import data_converter, search_attributes
+
+from .postgres_cluster import Cluster
 
 # OpenTelemetry globals can be set once per process: install in-memory providers for the session.
 SPAN_EXPORTER = InMemorySpanExporter()
@@ -98,3 +101,51 @@ async def leftovers(client: Client) -> AsyncIterator[list[WorkflowHandle]]:
                 await handle.terminate("test cleanup")
         except RPCError:
             pass
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Cluster]:
+    """One throwaway PostgreSQL cluster for the session, started when a test first needs it."""
+    cluster = Cluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster: Cluster) -> str:
+    """The URL of a fresh, empty database of the session's cluster."""
+    return postgres_cluster.database()
+
+
+class Backend:
+    """Where a store under test keeps its data, for one backend: ``file(name)`` in the test's directory
+    (SQLite), or ``database()`` — another worker's own pool to the test's fresh PostgreSQL database."""
+
+    def __init__(self, name: str, tmp_path: Path, url: str | None) -> None:
+        self.name, self.tmp_path, self.url = name, tmp_path, url
+        self.databases: list[Database] = []
+
+    @property
+    def postgres(self) -> bool:
+        return self.url is not None
+
+    def file(self, name: str) -> Path:
+        return self.tmp_path / name
+
+    def database(self) -> Database:
+        assert self.url is not None, "a SQLite backend has no database"
+        self.databases.append(Database(self.url, pool_size=2))
+        return self.databases[-1]
+
+
+@pytest_asyncio.fixture(params=["sqlite", "postgres"])
+async def backend(request, tmp_path) -> AsyncIterator[Backend]:
+    """Each test that takes it runs twice: on SQLite and on PostgreSQL (the session's cluster)."""
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
+    chosen = Backend(request.param, tmp_path, url)
+    yield chosen
+    for database in chosen.databases:
+        await database.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.memory import SQLiteConversationMemory, SQLiteMemory
+from activities.memory import ConversationMemoryStore, MemoryStore
 from client.devserver import temporal_cli_path
 from client.settings import Settings
 from demo.pipeline import demo_hooks
@@ -136,7 +136,7 @@ async def main(rewrite_all: bool) -> None:
     try:
         with tempfile.TemporaryDirectory() as state:
             settings = Settings(state_dir=Path(state))
-            memory = SQLiteConversationMemory(Path(state) / "memory.sqlite3")
+            memory = ConversationMemoryStore(Path(state) / "memory.sqlite3")
             async with Harness(env.client, Path(state), hooks=demo_hooks(settings), memory=memory) as h:
                 for name, (text, metadata, reviewer) in SCENARIOS.items():
                     if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
@@ -148,7 +148,7 @@ async def main(rewrite_all: bool) -> None:
                     print(f"wrote {name}.json ({len(out.history.events)} events)")
         with tempfile.TemporaryDirectory() as state:
             settings = Settings(state_dir=Path(state))
-            memory = SQLiteMemory(Path(state) / "memory.sqlite3")
+            memory = MemoryStore(Path(state) / "memory.sqlite3")
             async with Harness(
                 env.client, Path(state), hooks=demo_hooks(settings, memory), memory=memory, pipeline="demo"
             ) as h:

@@ -16,7 +16,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import CancelledError
 
-from activities.memory import SQLiteMemory
+from activities.memory import MemoryStore
 from hooks import HookRejection, PipelineHook, PipelineShortCircuit, RequiredAfterPlanningHook, ToolDecision
 from hooks.builtin import ActivityAnnouncementHook, ActivityCleanupHook, activity_signal_id
 from hooks.memory import ActivitySignal, ReadResult, WriteResult
@@ -86,7 +86,7 @@ def assert_released_after_join(out: Outcome, record: ExecutionRecord, exit: str)
 
 
 async def test_a_managed_request_announces_renews_nothing_quick_and_cleans_up_on_success(client, tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     async with Harness(
         client, tmp_path, hooks=coordination_hooks(memory), planner=FixedPlanner(quote("q", "ACME"))
     ) as h:
@@ -156,7 +156,7 @@ EXITS = {
 @pytest.mark.parametrize("exit_path", list(EXITS))
 async def test_cleanup_runs_on_every_exit_after_the_renewal_loop_is_joined(client, tmp_path, exit_path):
     extra, planner, exit, failure_type, status = EXITS[exit_path]
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     hooks = [coordination_hooks(memory)[0], *extra, coordination_hooks(memory)[1]]
     async with Harness(client, tmp_path, hooks=hooks, planner=planner or FixedPlanner(quote("q", "ACME"))) as h:
         out = await h.run(QUOTE)
@@ -172,7 +172,7 @@ async def test_cleanup_runs_on_every_exit_after_the_renewal_loop_is_joined(clien
 
 
 async def test_cleanup_runs_when_a_checkpoint_is_rejected(client, tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     async with Harness(client, tmp_path, hooks=coordination_hooks(memory), planner=FixedPlanner(message())) as h:
         handle = await h.start("Send a message to bob")
         checkpoint = await h.wait_for_checkpoint(handle)
@@ -188,7 +188,7 @@ async def test_cleanup_runs_when_a_checkpoint_is_rejected(client, tmp_path):
 
 
 async def test_cleanup_runs_when_the_request_is_cancelled(client, tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     tool = BlockingTool()
     planner = FixedPlanner(
         PlanStep(step_id="wait", namespace="test-tools", agent="slow-service", capability="wait_forever")
@@ -210,7 +210,7 @@ async def test_cleanup_runs_when_the_request_is_cancelled(client, tmp_path):
 class RecordingCoordinator:
     """The real SQLite registry, remembering what each renewal reported (the expiry it set)."""
 
-    def __init__(self, memory: SQLiteMemory) -> None:
+    def __init__(self, memory: MemoryStore) -> None:
         self.memory = memory
         self.renewals: list[WriteResult] = []
 
@@ -233,7 +233,7 @@ async def test_a_checkpoint_wait_renews_the_lease_without_adding_history_and_cle
     """A request waiting for review keeps its lease alive (each renewal reaches the registry before the
     TTL runs out) while its history does not grow: renewals happen inside one heartbeating activity, so
     a wait of a day costs what a wait of seconds does."""
-    coordinator = RecordingCoordinator(SQLiteMemory(tmp_path / "memory.sqlite3"))
+    coordinator = RecordingCoordinator(MemoryStore(tmp_path / "memory.sqlite3"))
     hooks = coordination_hooks(coordinator, ttl_seconds=3.0, renew_interval_seconds=1.0)
     async with Harness(
         client,
@@ -275,7 +275,7 @@ def _fired(events) -> int:
 
 
 async def test_direct_cleanup_hook_removes_the_signal_itself_when_no_owner_holds_it(client, tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     async with Harness(
         client, tmp_path, hooks=coordination_hooks(memory, managed=False), planner=FixedPlanner(quote("q", "ACME"))
     ) as h:
@@ -295,7 +295,7 @@ class SeeEachOther:
     """The real registry, whose ``active()`` waits until both agents have announced (so neither request
     reads before the other has written)."""
 
-    def __init__(self, memory: SQLiteMemory) -> None:
+    def __init__(self, memory: MemoryStore) -> None:
         self.memory = memory
 
     async def announce(self, signal, *, ttl_seconds):
@@ -315,7 +315,7 @@ class SeeEachOther:
 
 
 async def test_two_concurrent_requests_of_different_agents_see_each_others_activity(client, tmp_path):
-    coordinator = SeeEachOther(SQLiteMemory(tmp_path / "memory.sqlite3"))
+    coordinator = SeeEachOther(MemoryStore(tmp_path / "memory.sqlite3"))
     planners = {"research-agent": CapturingPlanner(), "trading-desk": CapturingPlanner()}
     async with (
         Harness(
@@ -352,7 +352,7 @@ async def test_two_concurrent_requests_of_different_agents_see_each_others_activ
 
 async def test_an_unreadable_registry_fails_open_and_no_lease_is_declared(client, tmp_path):
     path = tmp_path / "memory.sqlite3"
-    memory = SQLiteMemory(path)
+    memory = MemoryStore(path)
     path.write_bytes(b"not a database" * 512)
     async with Harness(
         client, tmp_path, hooks=coordination_hooks(memory), planner=FixedPlanner(quote("q", "ACME"))

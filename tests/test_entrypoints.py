@@ -3,6 +3,7 @@ the Temporal CLI alone, and the `agent-lifecycle` CLI reading results and record
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,8 +13,10 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from client.devserver import temporal_cli_path
@@ -27,9 +30,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def dev_worker(tmp_path):
-    """`python worker.py --dev` on free ports; yields its environment; stops it with SIGTERM."""
+@contextlib.contextmanager
+def _running_worker(tmp_path, **extra_env: str) -> Iterator[dict]:
+    """`python worker.py --dev` on free ports with ``extra_env``; yields its environment; stops it with SIGTERM."""
     port, ui_port = _free_port(), _free_port()
     env = {
         **os.environ,
@@ -37,6 +40,7 @@ def dev_worker(tmp_path):
         "TEMPORAL_UI_PORT": str(ui_port),
         "AGENT_STATE_DIR": str(tmp_path / "state"),
         "PYTHONUNBUFFERED": "1",
+        **extra_env,
     }
     log = open(tmp_path / "worker.log", "w+")
     proc = subprocess.Popen(
@@ -49,11 +53,20 @@ def dev_worker(tmp_path):
         time.sleep(0.2)
     env["_LOG"] = str(tmp_path / "worker.log")
     env["_PID"] = str(proc.pid)
-    yield env
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-    log.close()
+    try:
+        yield env
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture
+def dev_worker(tmp_path):
+    """`python worker.py --dev` on free ports; yields its environment; stops it with SIGTERM."""
+    with _running_worker(tmp_path) as env:
+        yield env
 
 
 def _temporal(env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -146,3 +159,36 @@ def test_worker_stops_cleanly_with_its_dev_server(dev_worker):
                 break
         assert time.monotonic() < deadline, "the embedded dev server is still listening"
         time.sleep(0.2)
+
+
+def test_a_worker_on_postgresql_writes_records_the_cli_reads_from_the_database(tmp_path, postgres_url):
+    with _running_worker(tmp_path, AGENT_DATABASE_URL=postgres_url) as env:
+        ran = _cli(
+            env, "run", "What is the price of ACME?", "--request-id", "pg-1", "--metadata", '{"cache": "bypass"}'
+        )
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert "ACME is trading at" in json.loads(ran.stdout)["response"]
+        record = _cli(env, "record", "pg-1", "--json")
+        listed = _cli(env, "list")
+    assert record.returncode == 0, record.stderr
+    assert json.loads(record.stdout)["status"] == "succeeded"
+    assert "request pg-1" in listed.stdout
+    # nothing went to a SQLite execution store: the records are in the database only
+    assert not (tmp_path / "state" / "executions.sqlite3").exists()
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT request_id, status FROM agent_executions").fetchall() == [("pg-1", "succeeded")]
+
+
+def test_a_worker_whose_database_is_unreachable_stops_with_a_clear_error(tmp_path, postgres_cluster):
+    url = postgres_cluster.url().replace("agent@", "agent:s3cret@").replace(str(postgres_cluster.port), "1")
+    env = {**os.environ, "AGENT_STATE_DIR": str(tmp_path / "state"), "AGENT_DATABASE_URL": url}
+    done = subprocess.run(
+        [sys.executable, "worker.py", "--dev"],
+        cwd=ROOT,
+        env={**env, "TEMPORAL_ADDRESS": f"127.0.0.1:{_free_port()}", "TEMPORAL_UI_PORT": str(_free_port())},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "error: no connection to the database" in done.stderr and "s3cret" not in done.stdout + done.stderr

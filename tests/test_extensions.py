@@ -15,7 +15,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from activities import SQLiteExecutionStore
-from activities.memory import SQLiteConversationMemory
+from activities.memory import ConversationMemoryStore
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import quote_price
 from hooks import (
@@ -646,7 +646,7 @@ async def test_a_completed_run_remembers_its_exchange_under_the_conversation(cli
             Peek.seen.append(candidate.model_copy(deep=True))
             return None
 
-    memory = SQLiteConversationMemory(tmp_path / "memory.sqlite3")
+    memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
     async with Harness(client, tmp_path, hooks=[FactsAtStart(), AnswerTag(), Peek()], memory=memory) as h:
         with_conversation = await h.run(ACME_ASK, {"conversation_id": "conv-1"})
         without = await h.run(ACME_ASK, request_id="req-no-conversation")
@@ -691,7 +691,7 @@ async def test_a_before_remember_replacement_is_what_is_saved(client, tmp_path):
             Next.seen.append(candidate.model_copy(deep=True))
             return None
 
-    memory = SQLiteConversationMemory(tmp_path / "memory.sqlite3")
+    memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
     async with Harness(client, tmp_path, hooks=[FactsAtStart(), Redactor(), Next()], memory=memory) as h:
         out = await h.run(ACME_ASK, {"conversation_id": "conv-2"})
 
@@ -723,7 +723,7 @@ async def test_skip_memory_saves_nothing_and_ends_the_before_remember_chain(clie
             Restore.calls += 1
             return candidate
 
-    memory = SQLiteConversationMemory(tmp_path / "memory.sqlite3")
+    memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
     async with Harness(client, tmp_path, hooks=[Private(), Restore()], memory=memory) as h:
         out = await h.run(ACME_ASK, {"conversation_id": "conv-3"})
 
@@ -760,7 +760,7 @@ async def test_stopped_and_failed_runs_are_not_remembered(client, tmp_path, endi
         "stopped-after-answer": _StopAfterAnswer(),
         "failed": RefuseAtStart(),
     }[ending]
-    memory = SQLiteConversationMemory(tmp_path / "memory.sqlite3")
+    memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
     async with Harness(client, tmp_path, hooks=[first, Peek()], memory=memory) as h:
         out = await h.run(ACME_ASK, {"conversation_id": "conv-4"})
 
@@ -805,7 +805,7 @@ async def test_a_failing_before_remember_is_an_extension_error_and_saves_nothing
     client, tmp_path, hook, cause, cause_type
 ):
     finisher = Finisher("finisher")
-    memory = SQLiteConversationMemory(tmp_path / "memory.sqlite3")
+    memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
     async with Harness(client, tmp_path, hooks=[hook(), finisher], memory=memory) as h:
         out = await h.run(ACME_ASK, {"conversation_id": "conv-6"})
 
@@ -817,7 +817,7 @@ async def test_a_failing_before_remember_is_an_extension_error_and_saves_nothing
     assert seen.status == "error" and seen.error.origin == "extension"
 
 
-class BrokenMemory(SQLiteConversationMemory):
+class BrokenMemory(ConversationMemoryStore):
     async def save(self, candidate, *, request_id):
         raise OSError("disk full")
 
@@ -1203,7 +1203,7 @@ class Peer:
 async def test_private_state_grows_across_a_hooks_stages_and_no_other_hook_or_prompt_sees_it(client, tmp_path):
     counter, peer = Counter(), Peer()
     planner, synthesizer = RecordingPlanner(), RecordingSynthesizer()
-    memory = SQLiteConversationMemory(tmp_path / "memory.sqlite3")
+    memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
     async with Harness(
         client, tmp_path, hooks=[counter, peer], planner=planner, synthesizer=synthesizer, memory=memory
     ) as h:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from temporalio.api.enums.v1 import EventType, ParentClosePolicy
 
-from activities.memory import SQLiteMemory
+from activities.memory import MemoryStore
 from demo.tools import quote_price
 from hooks.builtin import (
     ActivityAnnouncementHook,
@@ -51,7 +51,7 @@ class StalledModel(HeuristicMemoryModel):
         return await super().complete(prompt)
 
 
-def memory_hooks(memory: SQLiteMemory, **options) -> list:
+def memory_hooks(memory: MemoryStore, **options) -> list:
     hooks, coordinator = build_memory_hooks(
         MemoryBackends(episodic=memory, knowledge=None, coordinator=None),
         options=MemoryOptions(agent_domain=DOMAIN, **options),
@@ -61,7 +61,7 @@ def memory_hooks(memory: SQLiteMemory, **options) -> list:
 
 
 async def test_what_one_request_records_reaches_the_next_planners_prompt_inside_agent_memory(client, tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     planner = CapturingPlanner()
     async with Harness(client, tmp_path, hooks=memory_hooks(memory), planner=planner) as h:
         first = await h.run("What is the price of ACME?")
@@ -91,7 +91,7 @@ async def test_what_one_request_records_reaches_the_next_planners_prompt_inside_
 
 
 async def test_one_event_is_recorded_per_step_with_entities_outcome_and_importance(client, tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     async with Harness(client, tmp_path, hooks=memory_hooks(memory)) as h:
         out = await h.run("What are the prices of ACME and MSFT?")
 
@@ -119,7 +119,7 @@ async def test_one_event_is_recorded_per_step_with_entities_outcome_and_importan
 
 
 async def test_a_summarizer_that_overruns_its_bound_falls_back_to_heuristic_summaries(client, tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     model = StalledModel()
     options = MemoryOptions(agent_domain=DOMAIN, summarizer_timeout_seconds=0.5)
     recorder = MemoryRecordHook(memory, model=model, options=options)
@@ -141,7 +141,7 @@ async def test_a_summarizer_that_overruns_its_bound_falls_back_to_heuristic_summ
 
 
 async def test_user_memory_does_nothing_without_a_user_id_and_recalls_facts_with_one(client, tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     planner = CapturingPlanner()
     async with Harness(client, tmp_path, hooks=build_user_memory_hooks(memory), planner=planner) as h:
         anonymous = await h.run("My name is Zed. What is the price of ACME?")
@@ -171,7 +171,7 @@ async def test_user_memory_does_nothing_without_a_user_id_and_recalls_facts_with
 
 
 async def test_knowledge_extraction_finishes_after_the_request_in_a_detached_child(client, tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     hook = KnowledgeExtractionHook(memory, options=MemoryOptions(agent_domain=DOMAIN))
     async with Harness(client, tmp_path, hooks=[hook]) as h:
         out = await h.run("What is the price of ACME?")
@@ -208,7 +208,7 @@ async def test_knowledge_extraction_finishes_after_the_request_in_a_detached_chi
 
 async def test_an_unreadable_memory_database_fails_open(client, tmp_path):
     path = tmp_path / "memory.sqlite3"
-    memory = SQLiteMemory(path)
+    memory = MemoryStore(path)
     path.write_bytes(b"this is not a database" * 256)
     hooks = [
         MemoryEnrichmentHook(memory, options=MemoryOptions(agent_domain=DOMAIN), knowledge=memory),
@@ -232,7 +232,7 @@ async def test_an_unreadable_memory_database_fails_open(client, tmp_path):
 
 
 async def test_conversation_history_reads_what_the_remember_stage_saved(client, tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")  # one store: remember writes, the hook reads
+    memory = MemoryStore(tmp_path / "memory.sqlite3")  # one store: remember writes, the hook reads
     planner = CapturingPlanner()
     async with Harness(client, tmp_path, hooks=[ConversationHistoryHook(memory)], planner=planner, memory=memory) as h:
         await h.run("What is the price of ACME?", {"conversation_id": "chat-7"})
@@ -245,7 +245,7 @@ async def test_conversation_history_reads_what_the_remember_stage_saved(client, 
 
 
 def test_the_builders_order_and_gate_hooks_by_the_configured_backends(tmp_path):
-    memory = SQLiteMemory(tmp_path / "memory.sqlite3")
+    memory = MemoryStore(tmp_path / "memory.sqlite3")
     hooks, coordinator = build_memory_hooks(MemoryBackends.all(memory), options=MemoryOptions(agent_domain="ops"))
     assert [type(h) for h in hooks] == [
         ActivityAnnouncementHook,

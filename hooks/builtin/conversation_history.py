@@ -20,7 +20,7 @@ class ConversationHistoryHook(PipelineHook):
     error is recorded and the request plans without the stored history.
 
     Args:
-        source: The conversation memory the ``remember`` stage writes (e.g. ``SQLiteMemory``).
+        source: The conversation memory the ``remember`` stage writes (e.g. ``MemoryStore``).
         max_turns: Exchanges to read.
         max_chars: Each side of an exchange is cut to this many characters.
     """

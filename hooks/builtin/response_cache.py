@@ -16,14 +16,13 @@ stored is the answer after every after_synthesis hook (a served answer skips the
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 from pathlib import Path
 
+from storage.responses import CachedResponse, ResponseCacheStore, SQLiteResponseCacheStore
 from workflows.models import RunOutcomeView
 
-from .. import sqlite
 from ..contracts import (
     PipelineContext,
     PipelineGate,
@@ -33,16 +32,6 @@ from ..contracts import (
     ShortCircuitKind,
 )
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS response_cache (
-    key         TEXT PRIMARY KEY,
-    response    TEXT NOT NULL,
-    variation   TEXT NOT NULL,
-    written_at  REAL NOT NULL,
-    request_id  TEXT NOT NULL
-)
-"""
-
 
 def normalize_request(text: str) -> str:
     """Case, surrounding punctuation and runs of whitespace do not change the cache key."""
@@ -50,54 +39,50 @@ def normalize_request(text: str) -> str:
 
 
 class ResponseCacheHook(PipelineHook):
-    """Serve a repeated request from a local SQLite cache.
+    """Serve a repeated request from the response cache.
 
     Args:
-        path: The cache database file.
+        store: Where the entries are: a ``ResponseCacheStore`` (PostgreSQL for workers on several
+            machines), or the path of a SQLite file.
         ttl_seconds: How long an entry may be served.
     """
 
     name = "response-cache"
     timeout_seconds = 5.0
 
-    def __init__(self, path: str | Path, *, ttl_seconds: float = 300.0) -> None:
-        self.path = Path(path)
+    def __init__(self, store: ResponseCacheStore | str | Path, *, ttl_seconds: float = 300.0) -> None:
+        self.store = SQLiteResponseCacheStore(store) if isinstance(store, str | Path) else store
         self.ttl_seconds = ttl_seconds
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with sqlite.connection(self.path) as db:
-            db.execute(_SCHEMA)
 
     @staticmethod
     def _key(request: str) -> str:
         return hashlib.sha256(normalize_request(request).encode()).hexdigest()
 
-    def before_planning_decision(self, ctx: PipelineContext, gate: PipelineGate) -> PipelineShortCircuitDecision | None:
+    async def before_planning_decision(
+        self, ctx: PipelineContext, gate: PipelineGate
+    ) -> PipelineShortCircuitDecision | None:
         key = self._key(ctx.request)
-        with sqlite.connection(self.path) as db:
-            row = db.execute(
-                "SELECT response, variation, written_at, request_id FROM response_cache WHERE key = ?", (key,)
-            ).fetchone()
-        fresh = row is not None and time.time() - row[2] <= self.ttl_seconds
+        entry = await self.store.get(key)
+        fresh = entry is not None and time.time() - entry.written_at <= self.ttl_seconds
         ctx.report_effect(
             "response_cache_lookup",
             name="Response cache lookup",
-            data={"key": key[:16], "found": row is not None, "fresh": fresh},
-            summary="hit" if fresh else "stale" if row else "miss",
+            data={"key": key[:16], "found": entry is not None, "fresh": fresh},
+            summary="hit" if fresh else "stale" if entry else "miss",
         )
-        if row is None or not fresh:
+        if entry is None or not fresh:
             return None
-        response, variation, written_at, source_request = row
         return PipelineShortCircuitDecision(
             short_circuit=PipelineShortCircuit(
-                response=response,
+                response=entry.response,
                 source=self.name,
-                metadata={"cached_at": written_at, "cached_from_request": source_request},
+                metadata={"cached_at": entry.written_at, "cached_from_request": entry.request_id},
             ),
             kind=ShortCircuitKind.CACHE,
-            cached_against=json.loads(variation),
+            cached_against=entry.variation,
         )
 
-    def on_finish(self, ctx: PipelineContext, outcome: RunOutcomeView) -> None:
+    async def on_finish(self, ctx: PipelineContext, outcome: RunOutcomeView) -> None:
         cache = outcome.cache
         key = self._key(ctx.request)
         if not cache.cacheable or cache.response is None:
@@ -109,11 +94,7 @@ class ResponseCacheHook(PipelineHook):
             )
             return
         variation = ctx.gate.cache_vary()
-        with sqlite.connection(self.path) as db:
-            db.execute(
-                "INSERT OR REPLACE INTO response_cache VALUES (?, ?, ?, ?, ?)",
-                (key, cache.response, json.dumps(variation, sort_keys=True), time.time(), ctx.request_id),
-            )
+        await self.store.put(key, CachedResponse(cache.response, variation, time.time(), ctx.request_id))
         ctx.report_effect(
             "response_cache_write",
             name="Response cache write",

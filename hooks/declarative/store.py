@@ -1,4 +1,5 @@
-"""The declared hooks' shared state, in one SQLite file used by every worker process.
+"""The declared hooks' shared state: one SQLite file used by the worker processes of one machine, or
+PostgreSQL (``AGENT_DATABASE_URL``) shared by workers on several machines.
 
 Tables:
 
@@ -13,21 +14,28 @@ Tables:
 * ``hook_decision_cache`` — prompt decisions shared by all workers, with an expiry.
 * ``tenant_hook_budget`` — per-tenant monthly token budgets, deducted atomically.
 
-Every write is one ``BEGIN IMMEDIATE`` transaction; WAL and a busy timeout let processes share the file.
+Every read-check-write is one function run in one transaction that behaves as if it ran alone: a
+``BEGIN IMMEDIATE`` transaction on SQLite (WAL and a busy timeout let processes share the file), a
+serializable one on PostgreSQL, retried on a conflict — so a breaker trips once, an audit row is written
+once per dedup key, a budget deduction and a turn's call count are exact, whatever the number of workers.
+The statements are the same on both backends (upserts as ``INSERT … ON CONFLICT``); only the schema
+differs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from .. import sqlite
+from storage import sqlite
+from storage.postgres import Database, Migration, from_sqlite_schema
+
 from .security import SecretBox
 
 logger = logging.getLogger(__name__)
@@ -110,6 +118,16 @@ CREATE TABLE IF NOT EXISTS tenant_hook_budget (
 """
 
 
+# The same tables on PostgreSQL.
+MIGRATIONS = (Migration("declared_hooks", 1, from_sqlite_schema(_SCHEMA)),)
+
+
+class Statements(Protocol):
+    """What a read-check-write function is given: ``execute`` with ``?`` placeholders, on either backend."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Any: ...
+
+
 @dataclass
 class ExecutionRow:
     """One audit row as written (and as read back)."""
@@ -152,10 +170,10 @@ class BudgetCharge:
 
 
 class HookStore:
-    """The SQLite store of declared hooks.
+    """The store of declared hooks.
 
     Args:
-        path: The database file (its directory is created); may be the execution store's file.
+        location: A SQLite database file (its directory is created), or a PostgreSQL :class:`Database`.
         secrets: Encrypts ``error_detail``; without it the full error is not kept (only the truncated text).
         breaker_threshold: Consecutive blocks/timeouts that trip a hook (default 5) ...
         breaker_window_seconds: ... within this rolling window (default one minute).
@@ -164,7 +182,7 @@ class HookStore:
 
     def __init__(
         self,
-        path: str | Path,
+        location: str | Path | Database,
         *,
         secrets: SecretBox | None = None,
         breaker_threshold: int = DEFAULT_BREAKER_THRESHOLD,
@@ -172,22 +190,34 @@ class HookStore:
         default_budget: int = DEFAULT_MONTHLY_TOKEN_BUDGET,
         clock=time.time,
     ) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.database = location if isinstance(location, Database) else None
+        self.path = None if isinstance(location, Database) else Path(location)
         self.secrets = secrets
         self.breaker_threshold = breaker_threshold
         self.breaker_window_seconds = breaker_window_seconds
         self.default_budget = default_budget
         self._clock = clock
-        with sqlite.connection(self.path) as db:
-            db.executescript(_SCHEMA)
+        if self.database is not None:
+            self.database.require(MIGRATIONS)
+        else:
+            assert self.path is not None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with sqlite.connection(self.path) as db:
+                db.executescript(_SCHEMA)
 
     def _transaction(self, work):
-        """``work(db, now)`` in one immediate transaction (foreign keys on: deleting a hook nulls its rows)."""
+        """``work(db, now)`` in one transaction that behaves as if it ran alone (on SQLite an immediate one,
+        foreign keys on: deleting a hook nulls its rows; on PostgreSQL a serializable one, retried)."""
+        if self.database is not None:
+            return self.database.run(work, self._clock)
+        assert self.path is not None
         with sqlite.immediate(self.path, foreign_keys=True) as db:
             return work(db, self._clock())
 
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
+        if self.database is not None:
+            return self.database.run(lambda db, now: db.execute(sql, params).fetchall(), self._clock)
+        assert self.path is not None
         with sqlite.connection(self.path, foreign_keys=True) as db:
             return db.execute(sql, params).fetchall()
 
@@ -199,7 +229,7 @@ class HookStore:
         """Record a declared hook's definition; a new hook starts enabled, an existing one keeps its state."""
         definition = hook.model_dump_json()
 
-        def work(db: sqlite3.Connection, now: float) -> None:
+        def work(db: Statements, now: float) -> None:
             db.execute(
                 "INSERT INTO agent_hooks (id, version, event, handler_type, scope, tenant_id, agent_id, definition, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET version = excluded.version, "
@@ -231,7 +261,7 @@ class HookStore:
     def enable(self, hook_id: str, *, actor: str = "operator") -> bool:
         """Re-enable a hook and reset its breaker (audited). False when no such hook is recorded."""
 
-        def work(db: sqlite3.Connection, now: float) -> bool:
+        def work(db: Statements, now: float) -> bool:
             changed = db.execute(
                 "UPDATE agent_hooks SET enabled = 1, consecutive_blocks = 0, window_started_at = NULL, tripped_at = NULL, "
                 "updated_at = ? WHERE id = ?",
@@ -286,15 +316,16 @@ class HookStore:
         hook's breaker in the same transaction. Returns whether this write tripped the breaker."""
         error, detail, nonce = self.seal_error(row.error, row.dedup_key)
 
-        def work(db: sqlite3.Connection, now: float) -> bool:
+        def work(db: Statements, now: float) -> bool:
             known = (
                 row.hook_id is not None
                 and db.execute("SELECT 1 FROM agent_hooks WHERE id = ?", (row.hook_id,)).fetchone()
             )
             inserted = db.execute(
-                "INSERT OR IGNORE INTO hook_executions (dedup_key, hook_id, hook_label, hook_version, event, handler_type, "
+                "INSERT INTO hook_executions (dedup_key, hook_id, hook_label, hook_version, event, handler_type, "
                 "tenant_id, workflow_id, run_id, activity_id, request_id, decision, reason, status, duration_ms, error, "
-                "error_detail, error_nonce, metadata, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "error_detail, error_nonce, metadata, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (dedup_key) DO NOTHING",
                 (
                     row.dedup_key,
                     row.hook_id if known else None,
@@ -322,9 +353,17 @@ class HookStore:
                 return False
             return self._move_breaker(db, now, row.hook_id, counts_as_block)
 
-        return self._transaction(work)
+        tripped = self._transaction(work)
+        if tripped:  # logged once committed (a transaction may run again after a conflict)
+            logger.warning(
+                "security.hook.circuit_breaker hook=%s %d consecutive blocks/timeouts within %gs",
+                row.hook_id,
+                self.breaker_threshold,
+                self.breaker_window_seconds,
+            )
+        return tripped
 
-    def _move_breaker(self, db: sqlite3.Connection, now: float, hook_id: str, counts_as_block: bool) -> bool:
+    def _move_breaker(self, db: Statements, now: float, hook_id: str, counts_as_block: bool) -> bool:
         enabled, consecutive, window_started = db.execute(
             "SELECT enabled, consecutive_blocks, window_started_at FROM agent_hooks WHERE id = ?", (hook_id,)
         ).fetchone()
@@ -349,7 +388,6 @@ class HookStore:
                 "INSERT INTO hook_breaker_events (hook_id, action, detail, actor, created_at) VALUES (?, 'trip', ?, NULL, ?)",
                 (hook_id, detail, now),
             )
-            logger.warning("security.hook.circuit_breaker hook=%s %s", hook_id, detail)
         return tripped
 
     def executions(
@@ -409,10 +447,11 @@ class HookStore:
         return json.loads(rows[0][0]) if rows else None
 
     def cache_decision(self, key: str, hook_id: str, decision: dict[str, Any], ttl_seconds: float) -> None:
-        def work(db: sqlite3.Connection, now: float) -> None:
+        def work(db: Statements, now: float) -> None:
             db.execute("DELETE FROM hook_decision_cache WHERE expires_at <= ?", (now,))
             db.execute(
-                "INSERT OR REPLACE INTO hook_decision_cache VALUES (?, ?, ?, ?)",
+                "INSERT INTO hook_decision_cache VALUES (?, ?, ?, ?) ON CONFLICT (cache_key) DO UPDATE SET "
+                "hook_id = excluded.hook_id, decision = excluded.decision, expires_at = excluded.expires_at",
                 (key, hook_id, json.dumps(decision, sort_keys=True), now + ttl_seconds),
             )
 
@@ -422,7 +461,7 @@ class HookStore:
         """Count one evaluator call of ``hook_id`` in a turn (a request run), atomically, unless the cap is
         reached: (allowed, calls so far). Concurrent steps of one run share the count."""
 
-        def work(db: sqlite3.Connection, now: float) -> tuple[bool, int]:
+        def work(db: Statements, now: float) -> tuple[bool, int]:
             db.execute("DELETE FROM hook_turn_invocations WHERE updated_at < ?", (now - 86_400,))
             row = db.execute(
                 "SELECT calls FROM hook_turn_invocations WHERE hook_id = ? AND turn_key = ?", (hook_id, turn_key)
@@ -432,7 +471,7 @@ class HookStore:
                 return False, calls
             db.execute(
                 "INSERT INTO hook_turn_invocations VALUES (?, ?, 1, ?) ON CONFLICT(hook_id, turn_key) "
-                "DO UPDATE SET calls = calls + 1, updated_at = excluded.updated_at",
+                "DO UPDATE SET calls = hook_turn_invocations.calls + 1, updated_at = excluded.updated_at",
                 (hook_id, turn_key, now),
             )
             return True, calls + 1
@@ -442,16 +481,17 @@ class HookStore:
     def _month(self, now: float) -> str:
         return datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
 
-    def _ensure_budget(self, db: sqlite3.Connection, tenant: str, month: str) -> None:
+    def _ensure_budget(self, db: Statements, tenant: str, month: str) -> None:
         db.execute(
-            "INSERT OR IGNORE INTO tenant_hook_budget (tenant_id, month, budget_total, used) VALUES (?, ?, ?, 0)",
+            "INSERT INTO tenant_hook_budget (tenant_id, month, budget_total, used) VALUES (?, ?, ?, 0) "
+            "ON CONFLICT (tenant_id, month) DO NOTHING",
             (tenant, month, self.default_budget),
         )
 
     def set_budget(self, tenant: str, total: int, *, used: int | None = None) -> None:
         """Set a tenant's budget for the current month (and optionally what is already used)."""
 
-        def work(db: sqlite3.Connection, now: float) -> None:
+        def work(db: Statements, now: float) -> None:
             month = self._month(now)
             self._ensure_budget(db, tenant, month)
             db.execute(
@@ -468,7 +508,7 @@ class HookStore:
     def budget_remaining(self, tenant: str) -> tuple[int, int]:
         """(remaining, total) of the tenant's budget this month."""
 
-        def work(db: sqlite3.Connection, now: float) -> tuple[int, int]:
+        def work(db: Statements, now: float) -> tuple[int, int]:
             month = self._month(now)
             self._ensure_budget(db, tenant, month)
             total, used = db.execute(
@@ -481,7 +521,7 @@ class HookStore:
     def charge_budget(self, tenant: str, tokens: int) -> BudgetCharge:
         """Deduct ``tokens`` atomically (one UPDATE in an immediate transaction) and report what is left."""
 
-        def work(db: sqlite3.Connection, now: float) -> BudgetCharge:
+        def work(db: Statements, now: float) -> BudgetCharge:
             month = self._month(now)
             self._ensure_budget(db, tenant, month)
             db.execute(

@@ -42,7 +42,7 @@ METADATA_MAX_MODEL_TOKENS = "max_model_tokens"
 
 class ByReference(BaseModel):
     """An activity's input or result. Above the payload store's threshold it travels through Temporal as
-    a reference to the store (see ``activities.payload_store``); what operators read — the request's input
+    a reference to the store (see ``storage.payloads``); what operators read — the request's input
     and result, signals, queries — stays inline unless it would not fit a payload at all.
 
     A local activity's input never leaves the worker: ``kept_inline()`` keeps it out of the store. Its

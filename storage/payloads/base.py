@@ -10,18 +10,21 @@ workers of one deployment share; every process that reads a request's history or
 needs the same store.
 
 Retention: an entry is kept for ``retention`` after it was last written or read (the sweep runs at
-most once an hour, from any process); it must outlive the histories that reference it.
+most once an hour per process, from any process); it must outlive the histories that reference it.
+
+Two backends share everything here but the two statements that write and read entries: one SQLite file
+for the processes of one machine (``SQLitePayloadStore``), PostgreSQL for workers on several machines
+(``PostgresPayloadStore``) — a reference written on one machine must be readable on every other.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
+from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import (
@@ -33,7 +36,6 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
-from hooks import sqlite
 from workflows.converter import BY_REFERENCE_METADATA
 
 DRIVER_NAME = "agent-payload-store"
@@ -46,47 +48,45 @@ MARKER_THRESHOLD_BYTES = 16 * 1024
 OTHER_THRESHOLD_BYTES = 1024 * 1024
 _THRESHOLDS = {b"reference": ACTIVITY_THRESHOLD_BYTES, b"marker": MARKER_THRESHOLD_BYTES}
 DEFAULT_RETENTION = timedelta(days=31)
-_SWEEP_INTERVAL_SECONDS = 3600.0
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS payloads (
-    key          TEXT PRIMARY KEY,
-    data         BLOB NOT NULL,
-    size         INTEGER NOT NULL,
-    last_used_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS payloads_last_used ON payloads (last_used_at);
-"""
+SWEEP_INTERVAL_SECONDS = 3600.0
 
 
 class PayloadNotFound(LookupError):
     """A reference whose payload is not (or no longer) in the store."""
 
 
-class SQLitePayloadStore(StorageDriver):
-    """The payload driver on one SQLite file, shared by the processes of one machine.
+class PayloadStore(StorageDriver):
+    """The payload driver: content-addressed entries, a bounded in-process cache of what this process
+    wrote or read, and an hourly sweep. A backend implements :meth:`_write` and :meth:`_read`.
 
     Args:
-        path: The database file; its directory is created.
         retention: How long an entry is kept after it was last written or read.
         cache_bytes: Bytes of recently written or read payloads kept in memory.
     """
 
-    def __init__(
-        self, path: str | Path, *, retention: timedelta = DEFAULT_RETENTION, cache_bytes: int = 64 * 1024 * 1024
-    ) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, *, retention: timedelta = DEFAULT_RETENTION, cache_bytes: int = 64 * 1024 * 1024) -> None:
         self.retention = retention
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._swept_at = 0.0
-        with sqlite.connection(self.path) as db:
-            db.executescript(_SCHEMA)
 
     def name(self) -> str:
         return DRIVER_NAME
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the entries are, for error messages (never a password)."""
+
+    @abstractmethod
+    async def _write(self, entries: list[tuple[str, bytes]], now: float, sweep_before: float | None) -> None:
+        """Insert ``entries`` (key, data), or refresh their last use; with ``sweep_before``, also delete
+        entries last used before it."""
+
+    @abstractmethod
+    async def _read(self, keys: list[str]) -> dict[str, bytes]:
+        """The stored data of those ``keys`` that are stored."""
 
     def _remember(self, key: str, data: bytes) -> None:
         if key in self._cache:
@@ -98,27 +98,6 @@ class SQLitePayloadStore(StorageDriver):
             _, dropped = self._cache.popitem(last=False)
             self._cache_bytes -= len(dropped)
 
-    def _write(self, entries: list[tuple[str, bytes]]) -> None:
-        now = time.time()
-        with sqlite.immediate(self.path) as db:
-            db.executemany(
-                "INSERT INTO payloads (key, data, size, last_used_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET last_used_at = excluded.last_used_at",
-                [(key, data, len(data), now) for key, data in entries],
-            )
-            if now - self._swept_at > _SWEEP_INTERVAL_SECONDS:
-                self._swept_at = now
-                db.execute("DELETE FROM payloads WHERE last_used_at < ?", (now - self.retention.total_seconds(),))
-
-    def _read(self, keys: list[str]) -> dict[str, bytes]:
-        found: dict[str, bytes] = {}
-        with sqlite.connection(self.path) as db:
-            for key in keys:
-                row = db.execute("SELECT data FROM payloads WHERE key = ?", (key,)).fetchone()
-                if row is not None:
-                    found[key] = row[0]
-        return found
-
     async def store(self, context: StorageDriverStoreContext, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
         entries = []
         for payload in payloads:
@@ -126,7 +105,11 @@ class SQLitePayloadStore(StorageDriver):
             entries.append((hashlib.sha256(data).hexdigest(), data))
         fresh = [(key, data) for key, data in entries if key not in self._cache]
         if fresh:
-            await asyncio.to_thread(self._write, fresh)
+            now = time.time()
+            sweep = now - self._swept_at > SWEEP_INTERVAL_SECONDS
+            if sweep:
+                self._swept_at = now
+            await self._write(fresh, now, now - self.retention.total_seconds() if sweep else None)
         for key, data in entries:
             self._remember(key, data)
         return [StorageDriverClaim({"key": key, "size": str(len(data))}) for key, data in entries]
@@ -137,13 +120,13 @@ class SQLitePayloadStore(StorageDriver):
         keys = [claim.claim_data["key"] for claim in claims]
         missing = [key for key in keys if key not in self._cache]
         if missing:
-            for key, data in (await asyncio.to_thread(self._read, missing)).items():
+            for key, data in (await self._read(missing)).items():
                 self._remember(key, data)
         payloads = []
         for key in keys:
             data = self._cache.get(key)
             if data is None:
-                raise PayloadNotFound(f"payload {key} is not in the payload store {self.path}")
+                raise PayloadNotFound(f"payload {key} is not in the payload store {self.location}")
             payloads.append(Payload.FromString(data))
         return payloads
 

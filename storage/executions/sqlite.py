@@ -1,19 +1,5 @@
-"""The execution store: versioned execution records, one per request run.
-
-Two kinds of write reach it:
-
-* **snapshots** — the whole record, persisted by the request workflow at each lifecycle boundary
-  (accepted plan, checkpoint opened, terminal). A snapshot is accepted only if its snapshot revision is
-  newer than the stored one, so a stale or replayed write never replaces a newer record.
-* **effect updates** — one effect brought to its terminal state by detached work, possibly after the
-  request finished. Each is kept per (run, effect id), accepted once, and merged over the newest
-  snapshot when the record is read, so a later snapshot cannot hide it and two concurrent completions
-  never overwrite each other. They change effects only: a failed request stays failed.
-
-The record's ``record_revision`` as read is the snapshot revision plus the number of accepted effect
-updates: it only grows. The default store is one SQLite file, safe for several worker processes (WAL
-journal, busy timeout, ``BEGIN IMMEDIATE`` around every read-check-write).
-"""
+"""The execution store in one SQLite file: the embedded default, safe for several worker processes on
+one machine (WAL journal, busy timeout, ``BEGIN IMMEDIATE`` around every read-check-write)."""
 
 from __future__ import annotations
 
@@ -22,13 +8,18 @@ import sqlite3
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
 
-from hooks import sqlite
-from workflows.models import EffectStatus, ExecutionRecord, PipelineHookEffect, RequestStatus
+from workflows.models import ExecutionRecord, PipelineHookEffect
 
-DEFAULT_RETENTION = timedelta(days=7)
-DEFAULT_ERROR_RETENTION = timedelta(days=30)
+from .. import sqlite
+from .base import (
+    DEFAULT_ERROR_RETENTION,
+    DEFAULT_RETENTION,
+    check_terminal,
+    merge_effects,
+    retention_for,
+    snapshot_revision,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
@@ -54,39 +45,6 @@ CREATE TABLE IF NOT EXISTS effect_updates (
     PRIMARY KEY (workflow_id, run_id, effect_id)
 );
 """
-
-
-class ExecutionStore(Protocol):
-    async def save(self, record: ExecutionRecord) -> tuple[int, bool]:
-        """Store a snapshot unless one at least as new is stored. Returns (record revision, written)."""
-        ...
-
-    async def update_effect(self, workflow_id: str, run_id: str, effect: PipelineHookEffect) -> tuple[int, bool]:
-        """Bring one effect of a run to its terminal state. Returns (record revision, written)."""
-        ...
-
-    async def get(self, key: str) -> ExecutionRecord | None:
-        """The newest record whose request id or workflow id is ``key``, effect updates merged."""
-        ...
-
-    async def recent(self, limit: int = 20) -> list[ExecutionRecord]: ...
-
-
-def snapshot_revision(record: ExecutionRecord) -> int:
-    return record.lifecycle.snapshot_revision if record.lifecycle is not None else record.record_revision
-
-
-def merge_effects(record: ExecutionRecord, updates: list[PipelineHookEffect]) -> ExecutionRecord:
-    """The record with each terminal effect update in place of the effect it updates (or appended when the
-    snapshot never saw the effect), and ``record_revision`` counting the updates."""
-    effects = list(record.effects)
-    for update in updates:
-        index = next((i for i, e in enumerate(effects) if e.effect_id == update.effect_id), None)
-        if index is None:
-            effects.append(update)
-        else:
-            effects[index] = update
-    return record.model_copy(update={"effects": effects, "record_revision": snapshot_revision(record) + len(updates)})
 
 
 class SQLiteExecutionStore:
@@ -140,8 +98,7 @@ class SQLiteExecutionStore:
 
     def _save(self, record: ExecutionRecord) -> tuple[int, bool]:
         revision = snapshot_revision(record)
-        failed = record.status in (RequestStatus.FAILED, RequestStatus.CANCELLED)
-        keep = self.error_retention if failed else self.retention
+        keep = retention_for(record, self.retention, self.error_retention)
 
         def work(db: sqlite3.Connection, now: float) -> tuple[int, bool]:
             row = db.execute(
@@ -170,8 +127,7 @@ class SQLiteExecutionStore:
         return self._write(work)
 
     def _update_effect(self, workflow_id: str, run_id: str, effect: PipelineHookEffect) -> tuple[int, bool]:
-        if effect.status is EffectStatus.PENDING:
-            raise ValueError(f"effect {effect.effect_id!r}: an effect update must be terminal, not pending")
+        check_terminal(effect)
 
         def work(db: sqlite3.Connection, now: float) -> tuple[int, bool]:
             inserted = db.execute(

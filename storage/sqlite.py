@@ -5,8 +5,6 @@ open connections here: autocommit mode, a WAL journal (readers never block the w
 timeout (a writer waits for another process's transaction instead of failing). A read-check-write runs
 in :func:`immediate`, which takes the write lock up front so two processes cannot interleave it.
 
-This module sits in ``hooks`` because the stores below ``activities`` (the built-in and declared hooks')
-need it too, and imports only flow downwards.
 """
 
 from __future__ import annotations

@@ -1,0 +1,197 @@
+"""The execution store on PostgreSQL, for workers on several machines.
+
+The same guarantees as the SQLite store, held by the database rather than a file lock: a snapshot is
+written by one ``INSERT … ON CONFLICT DO UPDATE … WHERE stored revision < new revision`` (so of two
+concurrent writers the newer revision wins, whatever their order); an effect update is one
+``INSERT … ON CONFLICT DO NOTHING`` (accepted once, by whichever worker comes first); a reader sees a
+snapshot and its effect updates from one transaction's snapshot. Expired rows are swept by writers a
+batch at a time with ``FOR UPDATE SKIP LOCKED``, so every worker may sweep at once without waiting on
+another.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any, LiteralString
+
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+
+from workflows.models import ExecutionRecord, PipelineHookEffect
+
+from ..postgres import Database, Migration
+from .base import (
+    DEFAULT_ERROR_RETENTION,
+    DEFAULT_RETENTION,
+    check_terminal,
+    merge_effects,
+    retention_for,
+    snapshot_revision,
+)
+
+MIGRATIONS = (
+    Migration(
+        "executions",
+        1,
+        """
+        CREATE TABLE agent_executions (
+            workflow_id       TEXT NOT NULL,
+            run_id            TEXT NOT NULL,
+            request_id        TEXT NOT NULL,
+            status            TEXT NOT NULL,
+            snapshot_revision INTEGER NOT NULL,
+            started_at        TIMESTAMPTZ NOT NULL,
+            updated_at        TIMESTAMPTZ NOT NULL,
+            expires_at        TIMESTAMPTZ NOT NULL,
+            record            JSONB NOT NULL,
+            PRIMARY KEY (workflow_id, run_id)
+        );
+        CREATE INDEX agent_executions_request ON agent_executions (request_id);
+        CREATE INDEX agent_executions_expiry ON agent_executions (expires_at);
+        CREATE INDEX agent_executions_recent ON agent_executions (started_at DESC, updated_at DESC);
+        CREATE TABLE agent_effect_updates (
+            workflow_id TEXT NOT NULL,
+            run_id      TEXT NOT NULL,
+            effect_id   TEXT NOT NULL,
+            effect      JSONB NOT NULL,
+            updated_at  TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (workflow_id, run_id, effect_id)
+        );
+        CREATE INDEX agent_effect_updates_age ON agent_effect_updates (updated_at);
+        """,
+    ),
+)
+
+SWEEP_BATCH = 500
+
+
+def _at(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+class PostgresExecutionStore:
+    """An :class:`~storage.executions.ExecutionStore` in a PostgreSQL database.
+
+    Args:
+        database: The pool (shared with the other stores of the process).
+        retention: How long a successful request's record is kept.
+        error_retention: How long a failed or cancelled request's record is kept.
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        retention: timedelta = DEFAULT_RETENTION,
+        error_retention: timedelta = DEFAULT_ERROR_RETENTION,
+        clock=time.time,
+    ) -> None:
+        self.database = database
+        database.require(MIGRATIONS)
+        self.retention = retention
+        self.error_retention = error_retention
+        self._clock = clock
+
+    async def migrate(self) -> None:
+        await self.database.migrate(MIGRATIONS)
+
+    async def _sweep(self, conn: AsyncConnection, now: float) -> None:
+        """Delete a batch of expired records, and effect updates whose run is gone and that are older than
+        any retention; rows another worker is deleting are skipped, not waited for."""
+        await conn.execute(
+            "DELETE FROM agent_executions WHERE ctid IN (SELECT ctid FROM agent_executions WHERE expires_at < %s "
+            "LIMIT %s FOR UPDATE SKIP LOCKED)",
+            (_at(now), SWEEP_BATCH),
+        )
+        orphan_age = now - max(self.retention, self.error_retention).total_seconds()
+        await conn.execute(
+            "DELETE FROM agent_effect_updates WHERE ctid IN (SELECT u.ctid FROM agent_effect_updates u "
+            "WHERE u.updated_at < %s AND NOT EXISTS (SELECT 1 FROM agent_executions e "
+            "WHERE e.workflow_id = u.workflow_id AND e.run_id = u.run_id) LIMIT %s FOR UPDATE SKIP LOCKED)",
+            (_at(orphan_age), SWEEP_BATCH),
+        )
+
+    @staticmethod
+    async def _revision(conn: AsyncConnection, workflow_id: str, run_id: str) -> int:
+        """The record revision as read: the stored snapshot's plus its accepted effect updates."""
+        cursor = await conn.execute(
+            "SELECT COALESCE((SELECT snapshot_revision FROM agent_executions WHERE workflow_id = %s AND run_id = %s), 0)"
+            " + (SELECT COUNT(*) FROM agent_effect_updates WHERE workflow_id = %s AND run_id = %s)",
+            (workflow_id, run_id, workflow_id, run_id),
+        )
+        row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    async def save(self, record: ExecutionRecord) -> tuple[int, bool]:
+        await self.migrate()
+        now = self._clock()
+        keep = retention_for(record, self.retention, self.error_retention)
+        async with self.database.transaction() as conn:
+            await self._sweep(conn, now)
+            cursor = await conn.execute(
+                "INSERT INTO agent_executions AS stored (workflow_id, run_id, request_id, status, snapshot_revision,"
+                " started_at, updated_at, expires_at, record) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (workflow_id, run_id) DO UPDATE SET request_id = EXCLUDED.request_id,"
+                " status = EXCLUDED.status, snapshot_revision = EXCLUDED.snapshot_revision,"
+                " started_at = EXCLUDED.started_at, updated_at = EXCLUDED.updated_at,"
+                " expires_at = EXCLUDED.expires_at, record = EXCLUDED.record"
+                " WHERE stored.snapshot_revision < EXCLUDED.snapshot_revision RETURNING 1",
+                (
+                    record.workflow_id,
+                    record.run_id,
+                    record.request_id,
+                    record.status.value,
+                    snapshot_revision(record),
+                    record.started_at,
+                    _at(now),
+                    _at(now + keep.total_seconds()),
+                    Jsonb(record.model_dump(mode="json")),
+                ),
+            )
+            written = await cursor.fetchone() is not None
+            return await self._revision(conn, record.workflow_id, record.run_id), written
+
+    async def update_effect(self, workflow_id: str, run_id: str, effect: PipelineHookEffect) -> tuple[int, bool]:
+        check_terminal(effect)
+        await self.migrate()
+        now = self._clock()
+        async with self.database.transaction() as conn:
+            await self._sweep(conn, now)
+            cursor = await conn.execute(
+                "INSERT INTO agent_effect_updates VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (workflow_id, run_id, effect.effect_id, Jsonb(effect.model_dump(mode="json")), _at(now)),
+            )
+            written = cursor.rowcount == 1
+            return await self._revision(conn, workflow_id, run_id), written
+
+    async def _query(self, where: LiteralString, params: tuple[Any, ...], limit: int) -> list[ExecutionRecord]:
+        await self.migrate()
+        async with self.database.transaction() as conn:
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor = await conn.execute(
+                f"SELECT workflow_id, run_id, record FROM agent_executions WHERE expires_at >= %s AND ({where}) "
+                "ORDER BY started_at DESC, updated_at DESC LIMIT %s",
+                (_at(self._clock()), *params, limit),
+            )
+            records = []
+            for workflow_id, run_id, record in await cursor.fetchall():
+                updates = await conn.execute(
+                    "SELECT effect FROM agent_effect_updates WHERE workflow_id = %s AND run_id = %s "
+                    "ORDER BY updated_at, effect_id",
+                    (workflow_id, run_id),
+                )
+                effects = [PipelineHookEffect.model_validate(row[0]) for row in await updates.fetchall()]
+                records.append(merge_effects(ExecutionRecord.model_validate(record), effects))
+            return records
+
+    async def get(self, key: str) -> ExecutionRecord | None:
+        rows = await self._query("request_id = %s OR workflow_id = %s", (key, key), 1)
+        return rows[0] if rows else None
+
+    async def get_run(self, workflow_id: str, run_id: str) -> ExecutionRecord | None:
+        rows = await self._query("workflow_id = %s AND run_id = %s", (workflow_id, run_id), 1)
+        return rows[0] if rows else None
+
+    async def recent(self, limit: int = 20) -> list[ExecutionRecord]:
+        return await self._query("TRUE", (), limit)
