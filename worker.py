@@ -29,7 +29,7 @@ from activities import LifecycleActivities
 from client import Settings, connect, database, exit_process
 from client.devserver import start_dev_server
 from client.search import ensure_search_attributes
-from client.telemetry import configure_telemetry, shutdown_telemetry
+from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
 from workflows import WORKFLOWS
@@ -159,7 +159,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         print("pipeline ok")
         return 0
-    configure_telemetry("agent-lifecycle-worker")
+    try:
+        configure_telemetry("agent-lifecycle-worker")
+    except TelemetryConfigError as err:
+        print(f"telemetry configuration error: {err}", file=sys.stderr)
+        return 2
     try:
         asyncio.run(run(settings, activities, dev=args.dev))
     except (RuntimeError, FileNotFoundError) as err:

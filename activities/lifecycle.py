@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pydantic
+from opentelemetry import trace
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -174,9 +175,9 @@ class LifecycleActivities(HookStageActivities):
         visible = self.registry.visible_entries(
             tenant if isinstance(tenant, str) else None, agent if isinstance(agent, str) else None
         )
-        if len(visible) == len(self.manifest.hooks):
-            return self.manifest
-        return self.manifest.model_copy(update={"hooks": visible})
+        span = trace.get_current_span().get_span_context()
+        trace_id = format(span.trace_id, "032x") if span.is_valid else None
+        return self.manifest.model_copy(update={"hooks": visible, "trace_id": trace_id})
 
     @activity.defn(name="remember")
     @heartbeating

@@ -9,7 +9,6 @@ from datetime import timedelta
 from typing import NoReturn
 
 from temporalio.client import Client
-from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.converter import DataConverter
 
 from storage.executions import ExecutionStore, PostgresExecutionStore, SQLiteExecutionStore
@@ -17,6 +16,7 @@ from storage.payloads import PostgresPayloadStore, SQLitePayloadStore, external_
 from storage.postgres import Database
 from storage.responses import PostgresResponseCacheStore, ResponseCacheStore, SQLiteResponseCacheStore
 from workflows.converter import data_converter
+from workflows.tracing import RequestTracing
 
 from .settings import Settings
 
@@ -50,7 +50,8 @@ async def connect(settings: Settings, *, tracing: bool = True) -> Client:
         settings.temporal_address,
         namespace=settings.temporal_namespace,
         data_converter=process_data_converter(settings),
-        interceptors=[TracingInterceptor()] if tracing else [],
+        # Every request one trace, even one started without a client span (the Temporal CLI, a schedule).
+        interceptors=[RequestTracing()] if tracing else [],
     )
 
 

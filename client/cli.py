@@ -6,7 +6,7 @@
     agent-lifecycle start "What is the price of ACME?"        # start only; prints the workflow id
     agent-lifecycle answer request-1a2b3c                     # follow a request started with --stream
     agent-lifecycle result request-1a2b3c                     # await an existing request
-    agent-lifecycle record request-1a2b3c [--live] [--json]   # stored record, or --live via query
+    agent-lifecycle record 1a2b3c [--live] [--json]           # stored record, or --live via query (request or workflow id)
     agent-lifecycle list                                      # recent stored records
 
 A reviewer's inbox:
@@ -38,7 +38,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, Work
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from workflows import WORKFLOW_TYPE, data_converter, search_attributes
 from workflows.decisions import REQUEST_ID_CONFLICT
@@ -54,6 +54,7 @@ from workflows.models import (
 )
 
 from . import Settings, connect, declared_hooks, execution_store, exit_process
+from .telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 
 
 def workflow_id_for(request_id: str) -> str:
@@ -124,6 +125,17 @@ async def started_input(handle: WorkflowHandle) -> RequestInput | None:
             return RequestInput.model_validate(value)
         except (ValueError, TypeError, ApplicationError):
             return None
+    return None
+
+
+async def live_record(client: Client, key: str) -> ExecutionRecord | None:
+    """The record of a request as it stands, by query: ``key`` is its workflow id or its request id."""
+    for workflow_id in dict.fromkeys((key, workflow_id_for(key))):
+        try:
+            return await client.get_workflow_handle(workflow_id).query("execution_record", result_type=ExecutionRecord)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
     return None
 
 
@@ -221,6 +233,8 @@ def format_record(record: ExecutionRecord) -> str:
         lines.append(
             "cacheable: yes" if record.cache.cacheable else f"cacheable: no ({'; '.join(record.cache.reasons[:3])})"
         )
+    if record.trace_id:
+        lines.append(f"trace {record.trace_id}")
     if record.planner:
         lines.append(f"planner {record.planner}")
     if record.model_calls:
@@ -380,8 +394,10 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         print(ack.model_dump_json(indent=2))
         return 0
     if args.command == "record":
-        handle = client.get_workflow_handle(args.key)
-        record = await handle.query("execution_record", result_type=ExecutionRecord)
+        record = await live_record(client, args.key)
+        if record is None:
+            print(f"no request {args.key!r}: neither a workflow id nor a request id", file=sys.stderr)
+            return 1
         print(record.model_dump_json(indent=2) if args.json else format_record(record))
         return 0
     if args.command in ("run", "start"):
@@ -439,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_argument("workflow_id")
     sub = commands.add_parser("record", help="print an execution record")
     sub.add_argument("key", help="request id or workflow id")
-    sub.add_argument("--live", action="store_true", help="query the running workflow instead of the store")
+    sub.add_argument(
+        "--live", action="store_true", help="query the workflow (by workflow id or request id) instead of the store"
+    )
     sub.add_argument("--json", action="store_true")
     commands.add_parser("inbox", help="requests awaiting review")
     sub = commands.add_parser("show", help="the pending checkpoint of a request: plan and reasons")
@@ -456,10 +474,17 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
+        configure_telemetry("agent-lifecycle-cli")
+    except TelemetryConfigError as err:
+        print(f"telemetry configuration error: {err}", file=sys.stderr)
+        return 2
+    try:
         return asyncio.run(_run(args, Settings.from_env()))
     except (ValueError, RuntimeError, RPCError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    finally:
+        shutdown_telemetry()  # the request's client spans reach the collector before the process ends
 
 
 def entry() -> None:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
+import sys
 
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.client import WorkflowFailureError
@@ -32,6 +32,7 @@ from temporalio.client import WorkflowFailureError
 from client import Settings, connect, exit_process
 from client.cli import describe_failure, format_checkpoint, format_record, pending_checkpoint, review, start_request
 from client.devserver import start_dev_server
+from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 from worker import build_worker, load_activities, prepare
 from workflows import search_attributes
 from workflows.models import ExecutionRecord
@@ -123,11 +124,14 @@ def _show(title: str, settings: Settings, workflow_id: str, result, failure, rec
 
 
 async def main(hold: bool) -> int:
+    # SIGTERM and SIGINT end the demo the same way: its dev server, worker and clients are shut down.
+    running = asyncio.current_task()
+    assert running is not None
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(stop, running.cancel)
     settings = Settings.from_env()
-    spans = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
-    trace.set_tracer_provider(provider)
+    spans = InMemorySpanExporter()  # the demo prints each request's hook spans; OTEL_* may export them too
+    configure_telemetry("agent-lifecycle-demo", span_processors=[SimpleSpanProcessor(spans)])
 
     activities = load_activities(settings)
     print(f"starting the embedded Temporal dev server on {settings.temporal_address} (UI port {settings.ui_port}) ...")
@@ -198,7 +202,7 @@ async def main(hold: bool) -> int:
             print("Each hook invocation is an activity labelled '<stage> · <hook>' in the event history.")
             print(f"Stored records: agent-lifecycle record <request id>  (store: {settings.execution_store_path})")
             if hold:
-                print("holding: the server, UI and worker stay up until Ctrl-C")
+                print("holding: the server, UI and worker stay up until Ctrl-C or SIGTERM", flush=True)
                 try:
                     await asyncio.Event().wait()
                 except asyncio.CancelledError:
@@ -211,6 +215,7 @@ async def main(hold: bool) -> int:
             return 0 if all(checks.values()) else 1
     finally:
         await env.shutdown()
+        shutdown_telemetry()  # exported spans and metrics reach the collector before the process ends
 
 
 if __name__ == "__main__":
@@ -218,5 +223,9 @@ if __name__ == "__main__":
     parser.add_argument("--hold", action="store_true", help="keep the server, UI and worker running afterwards")
     try:
         exit_process(asyncio.run(main(parser.parse_args().hold)))
-    except KeyboardInterrupt:
+    except TelemetryConfigError as err:
+        print(f"telemetry configuration error: {err}", file=sys.stderr)
+        exit_process(2)
+    except (KeyboardInterrupt, asyncio.CancelledError):  # stopped by a signal, after its shutdown ran
+        print("demo stopped; the dev server is shut down", flush=True)
         exit_process(130)

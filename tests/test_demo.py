@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from asyncio.subprocess import PIPE, STDOUT
 from pathlib import Path
 
@@ -86,3 +89,34 @@ async def test_the_demo_runs_its_requests_against_a_configured_model_and_passes_
     assert len(server.requests) == 8  # every scripted reply was asked for: none left, none missing
     assert all(r.headers["authorization"] == "Bearer sk-test-model-key" for r in server.requests)
     assert [r.body["model"] for r in server.requests] == ["demo-model"] * 8
+
+
+def test_sigterm_stops_a_holding_demo_and_its_dev_server(tmp_path):
+    port = _free_port()
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": f"127.0.0.1:{port}",
+        "TEMPORAL_UI_PORT": str(_free_port()),
+        "AGENT_STATE_DIR": str(tmp_path / "state"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = tmp_path / "demo.log"
+    with open(log, "w") as out:
+        demo = subprocess.Popen([sys.executable, "-m", "demo", "--hold"], cwd=ROOT, env=env, stdout=out, stderr=out)
+        deadline = time.monotonic() + 120
+        while "holding:" not in log.read_text():
+            assert demo.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert _listening(port)
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) == 0, log.read_text()[-3000:]
+    deadline = time.monotonic() + 10
+    while _listening(port) and time.monotonic() < deadline:  # the server's process exits with the demo
+        time.sleep(0.2)
+    assert not _listening(port), "the demo's dev server outlived it"
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0

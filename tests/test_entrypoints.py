@@ -4,20 +4,24 @@ the Temporal CLI alone, and the `agent-lifecycle` CLI reading results and record
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import psycopg
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from client.devserver import temporal_cli_path
 
@@ -192,3 +196,63 @@ def test_a_worker_whose_database_is_unreachable_stops_with_a_clear_error(tmp_pat
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "error: no connection to the database" in done.stderr and "s3cret" not in done.stdout + done.stderr
+
+
+def test_a_live_record_is_found_by_request_id_as_well_as_by_workflow_id(dev_worker):
+    env = dev_worker
+    ran = _cli(env, "run", "What is the price of ACME?", "--request-id", "live-1", "--metadata", '{"cache": "bypass"}')
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    by_request = _cli(env, "record", "live-1", "--live", "--json")
+    by_workflow = _cli(env, "record", "request-live-1", "--live", "--json")
+    missing = _cli(env, "record", "no-such-request", "--live")
+    assert by_request.returncode == by_workflow.returncode == 0, by_request.stderr + by_workflow.stderr
+    assert (
+        json.loads(by_request.stdout)["workflow_id"]
+        == json.loads(by_workflow.stdout)["workflow_id"]
+        == "request-live-1"
+    )
+    assert missing.returncode == 1 and "neither a workflow id nor a request id" in missing.stderr
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver on 127.0.0.1: keeps the span names of every ``POST /v1/traces``."""
+
+    spans: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        if self.path == "/v1/traces":
+            request = ExportTraceServiceRequest.FromString(body)
+            for resource in request.resource_spans:
+                for scope in resource.scope_spans:
+                    type(self).spans += [span.name for span in scope.spans]
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_the_cli_exports_its_spans_over_otlp_http_and_a_bad_exporter_is_a_startup_error(dev_worker):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {
+            **dev_worker,
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+        }
+        ran = _cli(env, "run", "What is the price of ACME?", "--metadata", '{"cache": "bypass"}')
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert "StartWorkflow:RequestLifecycle" in _Collector.spans
+    finally:
+        server.shutdown()
+    bad = _cli({**dev_worker, "OTEL_TRACES_EXPORTER": "jaeger"}, "list")
+    assert bad.returncode == 2 and "telemetry configuration error: OTEL_TRACES_EXPORTER" in bad.stderr
+    worker = subprocess.run(
+        [sys.executable, "worker.py"], cwd=ROOT, env={**dev_worker, "OTEL_METRICS_EXPORTER": "prometheus"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert worker.returncode == 2 and "unknown exporter 'prometheus'" in worker.stderr

@@ -565,6 +565,7 @@ class RequestLifecycleWorkflow(StepExecution):
             raise_if_cancelled(err)
             raise stage_failure(decisions.PIPELINE_UNAVAILABLE, "could not resolve the hook pipeline", err) from None
         self._record.pipeline = self._manifest.pipeline
+        self._record.trace_id = self._manifest.trace_id
         self._gate = decisions.gate_for_request(
             self._input.metadata, self._manifest.cache_variation, self._manifest.reserved_metadata_dimensions
         )

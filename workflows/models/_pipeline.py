@@ -99,6 +99,8 @@ class PipelineManifest(ByReference):
     search_attributes: bool = False
     # Whether the worker's data converter sends large activity payloads to the payload store (by reference).
     payload_store: bool = False
+    # The request's OpenTelemetry trace, as resolve_pipeline ran in it (None without tracing).
+    trace_id: str | None = None
 
     def participants(self, stage: Stage) -> list[HookEntry]:
         return [h for h in self.hooks if h.implements(stage)]

@@ -177,6 +177,7 @@ class ExecutionRecord(BaseModel):
     enrichments: dict[str, JsonValue] = Field(default_factory=dict)
     planning_prompt: str | None = None
     planner: str | None = None
+    trace_id: str | None = None  # the request's OpenTelemetry trace: every hook, tool and model call is in it
     plans: list[AcceptedPlan] = Field(default_factory=list)
     steps: list[StepResult] = Field(default_factory=list)
     model_calls: list[ModelCall] = Field(default_factory=list)  # planning and synthesis, failed ones too

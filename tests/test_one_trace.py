@@ -1,0 +1,44 @@
+"""One trace per request, whoever starts it: a request started without a client span (as the Temporal CLI
+or a schedule starts one) is still one trace — rooted at its workflow span, with every hook, tool and
+framework activity in it — and the execution record names that trace."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.client import Client
+
+from client.cli import format_record
+from workflows.models import RequestInput
+from workflows.tracing import RequestTracing, request_trace_parent
+
+from .harness import Harness
+
+
+async def test_a_request_started_without_a_client_span_is_one_trace_named_in_its_record(client, tmp_path, spans):
+    worker_client = Client(
+        client.service_client,
+        namespace=client.namespace,
+        data_converter=client.data_converter,
+        interceptors=[RequestTracing()],  # as client.connect sets it up
+    )
+    untraced = Client(client.service_client, namespace=client.namespace, data_converter=client.data_converter)
+    workflow_id = f"req-{uuid.uuid4()}"
+    async with Harness(worker_client, tmp_path) as h:
+        handle = await untraced.start_workflow(
+            "RequestLifecycle",
+            RequestInput(request="What is the price of ACME?", metadata={"cache": "bypass"}),
+            id=workflow_id,
+            task_queue=h.task_queue,
+        )
+        out = await h.finish(handle)
+
+    assert out.result is not None and out.record is not None
+    mine = [s for s in spans.get_finished_spans() if (s.attributes or {}).get("temporalWorkflowID") == workflow_id]
+    names = {s.name for s in mine}
+    assert {"RunWorkflow:RequestLifecycle", "RunActivity:plan", "RunActivity:execute_tool_step"} <= names
+    assert len({s.context.trace_id for s in mine}) == 1  # one trace, not one per workflow task
+    trace_id = format(mine[0].context.trace_id, "032x")
+    assert request_trace_parent(workflow_id, out.first_run_id).split("-")[1] == trace_id  # computable from the request
+    assert out.record.trace_id == trace_id
+    assert f"trace {trace_id}" in format_record(out.record)
