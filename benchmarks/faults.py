@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT_WAIT, SERVER_RESTART = "checkpoint_wait", "server_restart"
 KILL_POINTS = (*POINTS, CHECKPOINT_WAIT, SERVER_RESTART)
 RECOVERY_TARGET_SECONDS = 15.0
+NOTIFY_PREFERENCE_SECONDS = 12.0
 # What a client call may raise while the server restarts or a workflow's worker is being replaced.
 TRANSIENT = (RPCError, RPCTimeoutOrCancelledError, WorkflowQueryFailedError)
 REQUESTS = {  # kind -> ask; Suite.judge checks each kind's expected outcome
@@ -198,6 +199,8 @@ class Suite:
         self.kills: list[Kill] = []
         self.waiting: dict[str, Request] = {}  # at a checkpoint, not yet approved
         self.planned: set[str] = set()  # the kill points this run must reach
+        # Until when the first tool-step kill holds out for a message's send (see target).
+        self.notify_preference_until: float | None = None
         self.client_errors: list[str] = []
         self.restart: dict[str, Any] = {}
         self.feeding = True
@@ -365,11 +368,17 @@ class Suite:
             for pid, started in kinds["start"].items()
             if started > fresh and self.workers.alive(pid) and pid not in busy
         ]
-        # The first tool-step kill waits for a message's send, the step with a side effect (its retry
-        # must not send twice), as long as a message request is running.
+        # The first tool-step kill prefers a message's send, the step with a side effect (its retry must
+        # not send twice), while a message request is running — for at most NOTIFY_PREFERENCE_SECONDS, so
+        # a run whose messages wait at checkpoints still gets its tool-step kill from another request.
         if point == TOOL_STEP and not any(k.point == TOOL_STEP and k.key.endswith("__notify") for k in self.kills):
-            if any(r.kind == "message" for r in self.active()):
-                targets = [t for t in targets if t[0].endswith("__notify")]
+            sends = [t for t in targets if t[0].endswith("__notify")]
+            if self.notify_preference_until is None:
+                self.notify_preference_until = time.time() + NOTIFY_PREFERENCE_SECONDS
+            if sends or (
+                any(r.kind == "message" for r in self.active()) and time.time() < self.notify_preference_until
+            ):
+                targets = sends
         return targets[0] if targets else None
 
     async def kill_loop(self, plan: list[str]) -> None:

@@ -11,10 +11,18 @@ import pytest
 from benchmarks.fault_pipeline import DETACHED_EFFECT, TOOL_STEP
 from benchmarks.faults import CHECKPOINT_WAIT, RECOVERY_TARGET_SECONDS, SERVER_RESTART, report, run_suite
 
+COVERAGE = "every planned kill point killed"
 
-@pytest.mark.timeout(240)
+
+@pytest.mark.timeout(420)
 async def test_requests_survive_killed_workers_and_a_server_restart():
-    figures = await run_suite(short=True)
+    # Which points get a kill depends on timing (a kill needs a request at the point at the right
+    # moment). A run that lost, duplicated, mis-answered or stranded nothing but missed a planned point
+    # proves less than asked, not something wrong: run again with another seed, at most twice more.
+    for _ in range(3):
+        figures = await run_suite(short=True)
+        if figures["targets"][COVERAGE] or not all(met for name, met in figures["targets"].items() if name != COVERAGE):
+            break
     table = report(figures)  # every assertion shows the whole table: which point, which request
 
     totals = figures["totals"]
