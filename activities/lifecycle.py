@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from hooks.builtin.secret_redaction import redact
+from hooks.builtin.secret_redaction import masked_preview
 from hooks.contracts import DetachedContext, LeaseContext
 from hooks.registry import HookRegistry
 from storage.executions import ExecutionStore
@@ -309,8 +309,7 @@ class LifecycleActivities(HookStageActivities):
                 type="InvalidSynthesis",
                 non_retryable=True,
             )
-        masked, _ = redact(output.response[: DRAFT_PREVIEW_CHARS * 4])
-        preview = masked[:DRAFT_PREVIEW_CHARS] + ("…" if len(masked) > DRAFT_PREVIEW_CHARS else "")
+        preview = masked_preview(output.response, DRAFT_PREVIEW_CHARS, ellipsis=True)
         return self.bounded_result(
             output.model_copy(update={"draft": ModelDraft.of(output.response, preview)}), "synthesize"
         )

@@ -24,6 +24,7 @@ from client.devserver import temporal_cli_path, time_skipping_server_path
 from storage.postgres import Database
 from workflows import data_converter, search_attributes
 
+from .openai_server import OpenAIServer
 from .postgres_cluster import Cluster
 
 # OpenTelemetry globals can be set once per process: install in-memory providers for the session.
@@ -149,3 +150,10 @@ async def backend(request, tmp_path) -> AsyncIterator[Backend]:
     yield chosen
     for database in chosen.databases:
         await database.close()
+
+
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[OpenAIServer]:
+    """A scripted OpenAI-compatible server on 127.0.0.1 for this test (see ``tests/openai_server.py``)."""
+    async with OpenAIServer() as scripted:
+        yield scripted

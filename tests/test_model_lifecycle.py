@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 
-import pytest_asyncio
 from pydantic import SecretStr
 from temporalio.api.enums.v1 import EventType
 
@@ -27,12 +25,6 @@ from .harness import Harness, Outcome
 
 QUOTE = function_name("demo-tools/stock-service/stock_quote")
 PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
-
-
-@pytest_asyncio.fixture
-async def server() -> AsyncIterator[ai.OpenAIServer]:
-    async with ai.OpenAIServer() as server:
-        yield server
 
 
 def model_harness(client, tmp_path, server: ai.OpenAIServer, *, hooks=(), **settings) -> Harness:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import ClassVar
 
 import pytest
-import pytest_asyncio
 from pydantic import BaseModel, ConfigDict, SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -36,12 +34,6 @@ QUOTE = function_name("demo-tools/stock-service/stock_quote")
 TRADE = function_name("demo-tools/stock-service/execute_trade")
 MESSAGE = function_name("demo-tools/notify-service/send_message")
 API_KEY = "sk-test-0123456789abcdef"
-
-
-@pytest_asyncio.fixture
-async def server() -> AsyncIterator[ai.OpenAIServer]:
-    async with ai.OpenAIServer() as server:
-        yield server
 
 
 def model_settings(server: ai.OpenAIServer, **overrides) -> ModelSettings:

@@ -5,10 +5,8 @@ streamed variant, typed failures and the token budget."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 
@@ -24,12 +22,6 @@ from workflows.models import (
 )
 
 from . import openai_server as ai
-
-
-@pytest_asyncio.fixture
-async def server() -> AsyncIterator[ai.OpenAIServer]:
-    async with ai.OpenAIServer() as server:
-        yield server
 
 
 def synthesizer(server: ai.OpenAIServer, **overrides) -> OpenAISynthesizer:

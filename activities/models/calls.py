@@ -38,7 +38,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from hooks.builtin.secret_redaction import redact
+from hooks.builtin.secret_redaction import masked_preview
 from workflows.decisions import (
     EMPTY_COMPLETION,
     MODEL_REFUSAL,
@@ -169,22 +169,17 @@ class ModelCallLog:
         return remaining
 
 
-def masked_preview(text: str) -> str:
-    masked, _ = redact(text[: MAX_MODEL_PREVIEW_CHARS * 4])
-    return masked[:MAX_MODEL_PREVIEW_CHARS]
-
-
 def prompt_text(messages: Sequence[dict[str, Any]]) -> ModelText:
     """The messages sent, by digest; the preview is the last message (what is new in this turn)."""
     exact = json.dumps(list(messages), ensure_ascii=False, sort_keys=True)
     last = messages[-1].get("content") if messages else None
-    return ModelText.of(exact, masked_preview(last if isinstance(last, str) else exact))
+    return ModelText.of(exact, masked_preview(last if isinstance(last, str) else exact, MAX_MODEL_PREVIEW_CHARS))
 
 
 def response_text(content: str | None, tool_calls: Sequence[tuple[str, str]] = ()) -> ModelText:
     """The answer, by digest: its text, then each tool call as ``name arguments``."""
     exact = "\n".join([content or "", *(f"{name} {arguments}" for name, arguments in tool_calls)]).strip()
-    return ModelText.of(exact, masked_preview(exact))
+    return ModelText.of(exact, masked_preview(exact, MAX_MODEL_PREVIEW_CHARS))
 
 
 def _provider_message(err: openai.APIError) -> str:

@@ -38,6 +38,13 @@ def redact(text: str, patterns: dict[str, re.Pattern[str]] = COMMON_SECRET_PATTE
     return text, counts
 
 
+def masked_preview(text: str, limit: int, *, ellipsis: bool = False) -> str:
+    """At most ``limit`` characters of ``text`` with the common secret patterns masked (safe to show or
+    keep where the text itself is not); ``ellipsis`` marks a cut."""
+    masked, _ = redact(text[: limit * 4])
+    return masked[:limit] + ("…" if ellipsis and len(masked) > limit else "")
+
+
 class SecretRedactionHook(PipelineHook):
     """Mask API keys, tokens and private keys in the final response."""
 
