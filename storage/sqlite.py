@@ -18,13 +18,24 @@ DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
 
 
 def connect(
-    path: str | Path, *, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS, foreign_keys: bool = False
+    path: str | Path,
+    *,
+    busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+    foreign_keys: bool = False,
+    flush_every_commit: bool = True,
 ) -> sqlite3.Connection:
-    """An autocommit connection with WAL and a busy timeout (the caller closes it)."""
+    """An autocommit connection with WAL and a busy timeout (the caller closes it).
+
+    With ``flush_every_commit`` (the default) every commit is flushed to disk before it returns. Without
+    it (``synchronous=NORMAL``) the file stays consistent whatever happens, and a commit survives the
+    process crashing, but the last commits may be lost if the machine loses power — for data that is
+    rewritten from elsewhere, not for data that exists only here."""
     db = sqlite3.connect(path, timeout=busy_timeout_seconds, isolation_level=None)
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA busy_timeout={int(busy_timeout_seconds * 1000)}")
+        if not flush_every_commit:
+            db.execute("PRAGMA synchronous=NORMAL")
         if foreign_keys:
             db.execute("PRAGMA foreign_keys=ON")
     except BaseException:

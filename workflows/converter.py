@@ -13,7 +13,7 @@ fail a workflow task (which Temporal retries forever) instead of ending in a typ
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic
 import temporalio.api.common.v1
@@ -23,6 +23,7 @@ from temporalio.converter import (
     CompositePayloadConverter,
     DataConverter,
     DefaultPayloadConverter,
+    EncodingPayloadConverter,
     JSONPlainPayloadConverter,
 )
 from temporalio.exceptions import ApplicationError
@@ -59,15 +60,26 @@ class _ValidatingJSONConverter(PydanticJSONPlainPayloadConverter):
             ) from None
 
 
+def _encoding_converters() -> tuple[EncodingPayloadConverter, ...]:
+    """The SDK's encodings, JSON replaced by the validating converter; built once per process."""
+    json_converter = _ValidatingJSONConverter()
+    return tuple(
+        json_converter if isinstance(c, JSONPlainPayloadConverter) else c
+        for c in DefaultPayloadConverter.default_encoding_payload_converters
+    )
+
+
 class LifecyclePayloadConverter(CompositePayloadConverter):
+    # The SDK builds a new payload converter each time it binds a payload-store context to the data
+    # converter — several times per activity. The encoding converters hold no per-use state, so every
+    # instance shares one set of them, and with it one cache of pydantic type adapters: a fresh set would
+    # rebuild the adapter of every model it decodes (a large share of a local activity's cost).
+    _shared: ClassVar[tuple[EncodingPayloadConverter, ...] | None] = None
+
     def __init__(self) -> None:
-        json_converter = _ValidatingJSONConverter()
-        super().__init__(
-            *(
-                json_converter if isinstance(c, JSONPlainPayloadConverter) else c
-                for c in DefaultPayloadConverter.default_encoding_payload_converters
-            )
-        )
+        if LifecyclePayloadConverter._shared is None:
+            LifecyclePayloadConverter._shared = _encoding_converters()
+        super().__init__(*LifecyclePayloadConverter._shared)
 
     def from_payloads(
         self, payloads: Sequence[temporalio.api.common.v1.Payload], type_hints: list[type] | None = None

@@ -4,6 +4,7 @@ one machine (WAL journal, busy timeout, ``BEGIN IMMEDIATE`` around every read-ch
 from __future__ import annotations
 
 import asyncio
+import math
 import sqlite3
 import time
 from datetime import timedelta
@@ -20,6 +21,9 @@ from .base import (
     retention_for,
     snapshot_revision,
 )
+
+# Expired records are deleted by a write at most this often (per store object).
+PURGE_INTERVAL_SECONDS = 60.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
@@ -70,6 +74,7 @@ class SQLiteExecutionStore:
         self.retention = retention
         self.error_retention = error_retention
         self._clock = clock
+        self._purged_at = -math.inf
         with sqlite.immediate(self.path) as db:
             columns = {row[1] for row in db.execute("PRAGMA table_info(executions)")}
             if "record_revision" in columns:  # a store written before effect updates existed
@@ -78,16 +83,24 @@ class SQLiteExecutionStore:
             db.executescript(_SCHEMA)
 
     def _write(self, work) -> tuple[int, bool]:
-        """Run ``work(db, now)`` in one immediate transaction, after purging expired records."""
+        """Run ``work(db, now)`` in one immediate transaction, after purging expired records (at most once
+        per ``PURGE_INTERVAL_SECONDS`` of this store's clock: reads never return an expired record, so a
+        purge only reclaims space).
+
+        Commits are not flushed to disk one by one: a record is a snapshot of state its workflow holds
+        and writes again at its next boundary, and the file stays consistent whatever happens (see
+        :func:`storage.sqlite.connect`)."""
         now = self._clock()
-        with sqlite.immediate(self.path) as db:
-            db.execute("DELETE FROM executions WHERE expires_at < ?", (now,))
-            orphan_age = now - max(self.retention, self.error_retention).total_seconds()
-            db.execute(
-                "DELETE FROM effect_updates WHERE updated_at < ? AND NOT EXISTS (SELECT 1 FROM executions e "
-                "WHERE e.workflow_id = effect_updates.workflow_id AND e.run_id = effect_updates.run_id)",
-                (orphan_age,),
-            )
+        with sqlite.immediate(self.path, flush_every_commit=False) as db:
+            if now - self._purged_at >= PURGE_INTERVAL_SECONDS:
+                db.execute("DELETE FROM executions WHERE expires_at < ?", (now,))
+                orphan_age = now - max(self.retention, self.error_retention).total_seconds()
+                db.execute(
+                    "DELETE FROM effect_updates WHERE updated_at < ? AND NOT EXISTS (SELECT 1 FROM executions e "
+                    "WHERE e.workflow_id = effect_updates.workflow_id AND e.run_id = effect_updates.run_id)",
+                    (orphan_age,),
+                )
+                self._purged_at = now
             return work(db, now)
 
     @staticmethod
