@@ -10,7 +10,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from workflows.models import ExecutionRecord, PipelineHookEffect
+from workflows.models import ExecutionRecord, LifecycleBoundary, PipelineHookEffect
 
 from .. import sqlite
 from .base import (
@@ -82,16 +82,16 @@ class SQLiteExecutionStore:
         with sqlite.connection(self.path) as db:
             db.executescript(_SCHEMA)
 
-    def _write(self, work) -> tuple[int, bool]:
+    def _write(self, work, *, flush: bool = True) -> tuple[int, bool]:
         """Run ``work(db, now)`` in one immediate transaction, after purging expired records (at most once
         per ``PURGE_INTERVAL_SECONDS`` of this store's clock: reads never return an expired record, so a
         purge only reclaims space).
 
-        Commits are not flushed to disk one by one: a record is a snapshot of state its workflow holds
-        and writes again at its next boundary, and the file stays consistent whatever happens (see
-        :func:`storage.sqlite.connect`)."""
+        Unless ``flush``, the commit is not flushed to disk before this returns: for a snapshot its
+        workflow writes again at its next boundary — it survives a crash of the process, and the file
+        stays consistent whatever happens (see :func:`storage.sqlite.connect`)."""
         now = self._clock()
-        with sqlite.immediate(self.path, flush_every_commit=False) as db:
+        with sqlite.immediate(self.path, flush_every_commit=flush) as db:
             if now - self._purged_at >= PURGE_INTERVAL_SECONDS:
                 db.execute("DELETE FROM executions WHERE expires_at < ?", (now,))
                 orphan_age = now - max(self.retention, self.error_retention).total_seconds()
@@ -137,7 +137,9 @@ class SQLiteExecutionStore:
             )
             return revision + updates, True
 
-        return self._write(work)
+        # Only the terminal snapshot is final; an earlier one is superseded by the next boundary's.
+        final = record.lifecycle is None or record.lifecycle.boundary is LifecycleBoundary.TERMINAL
+        return self._write(work, flush=final)
 
     def _update_effect(self, workflow_id: str, run_id: str, effect: PipelineHookEffect) -> tuple[int, bool]:
         check_terminal(effect)
