@@ -27,9 +27,12 @@ _progress: ContextVar[list[Any] | None] = ContextVar("heartbeat_progress", defau
 
 
 async def _beat(interval: float, progress: list[Any]) -> None:
+    # The server times an attempt out when no heartbeat arrives within the heartbeat timeout of its start
+    # or of the last heartbeat, so the first beat can wait an interval: an activity that ends sooner (a
+    # plan, most tool calls) costs the server no heartbeat at all.
     while True:
-        activity.heartbeat(*progress)
         await asyncio.sleep(interval)
+        activity.heartbeat(*progress)
 
 
 def report_progress(*details: Any) -> None:
