@@ -16,6 +16,7 @@ than 408/429) are final; ``ReviewWebhookFailed`` (5xx, 408, 429, a connection th
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,9 +89,11 @@ def _mrkdwn(text: str) -> str:
 
 
 def decide_commands(workflow_id: str, checkpoint_id: str) -> dict[str, str]:
+    """The CLI commands that decide the checkpoint, ready to paste into a shell."""
+    target = f'{shlex.quote(workflow_id)} --checkpoint {shlex.quote(checkpoint_id)} --reviewer "$USER"'
     return {
-        "approve": f"agent-lifecycle approve {workflow_id} --checkpoint {checkpoint_id} --reviewer <you> --comment <why>",
-        "reject": f"agent-lifecycle reject {workflow_id} --checkpoint {checkpoint_id} --reviewer <you> --reason <why>",
+        "approve": f"agent-lifecycle approve {target} --comment 'checked'",
+        "reject": f"agent-lifecycle reject {target} --reason 'why not'",
     }
 
 
@@ -118,15 +121,12 @@ def review_payload(input: ReviewNotificationInput) -> dict[str, Any]:
         "reviewers": list(input.reviewers),
         "decide": {
             **commands,
+            # The workflow update the CLI sends: {"checkpoint_id", "decision", "reviewer", "comment"}.
             "update": {
                 "workflow_id": workflow_id,
                 "name": "review",
-                "argument": {
-                    "checkpoint_id": checkpoint.checkpoint_id,
-                    "decision": "approve | reject",
-                    "reviewer": "<you>",
-                    "comment": "<why>",
-                },
+                "checkpoint_id": checkpoint.checkpoint_id,
+                "decisions": ["approve", "reject"],
             },
         },
     }

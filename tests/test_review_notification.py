@@ -141,7 +141,12 @@ async def test_an_opening_checkpoint_posts_one_slack_compatible_notification(cli
     decide = review_fields["decide"]
     assert decide["approve"].startswith(f"agent-lifecycle approve {handle.id} --checkpoint {checkpoint.checkpoint_id}")
     assert decide["reject"].startswith(f"agent-lifecycle reject {handle.id} --checkpoint {checkpoint.checkpoint_id}")
-    assert decide["update"]["name"] == "review" and decide["update"]["workflow_id"] == handle.id
+    assert decide["update"] == {
+        "workflow_id": handle.id,
+        "name": "review",
+        "checkpoint_id": checkpoint.checkpoint_id,
+        "decisions": ["approve", "reject"],
+    }
 
     effect = await child.result()
     assert effect.status is EffectStatus.SUCCEEDED and effect.data == {"http_status": 200, "attempts": 1}
