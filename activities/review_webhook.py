@@ -15,6 +15,7 @@ than 408/429) are final; ``ReviewWebhookFailed`` (5xx, 408, 429, a connection th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class ReviewWebhook:
 
     url: str
     allow_loopback: bool = False
+    timeout_seconds: float = 10.0  # one POST, connection included (a hung receiver is a failed attempt)
 
     async def deliver(self, input: ReviewNotificationInput) -> ReviewNotificationResult:
         """POST the notification once (the workflow retries).
@@ -53,17 +55,18 @@ class ReviewWebhook:
                 or ``ReviewWebhookFailed``.
         """
         try:
-            response = await post_json(
-                self.url,
-                review_payload(input),
-                {},
-                allow_loopback=self.allow_loopback,
-                retry_5xx=False,
-            )
+            async with asyncio.timeout(self.timeout_seconds):
+                response = await post_json(
+                    self.url, review_payload(input), {}, allow_loopback=self.allow_loopback, retry_5xx=False
+                )
         except HandlerError as err:
             if err.metadata.get("ssrf_blocked"):
                 raise ApplicationError(str(err), type=WEBHOOK_REFUSED, non_retryable=True) from None
             raise ApplicationError(str(err), type=WEBHOOK_FAILED) from None
+        except TimeoutError:
+            raise ApplicationError(
+                f"the reviewers' webhook did not answer within {self.timeout_seconds:g} s", type=WEBHOOK_FAILED
+            ) from None
         status = response.status
         text = response.body[:200].decode(errors="replace")
         if 200 <= status < 300:

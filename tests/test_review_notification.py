@@ -5,7 +5,9 @@ HTTP server on 127.0.0.1; every history (the request's and the child's) is repla
 
 from __future__ import annotations
 
+import threading
 import time
+from datetime import UTC, datetime
 
 import pytest
 from temporalio.api.enums.v1 import EventType
@@ -13,13 +15,22 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, Work
 from temporalio.exceptions import ApplicationError
 
 from activities.review_webhook import REQUEST_EXCERPT_CHARS, ReviewWebhook
-from hooks import PlanStep
-from workflows.models import EffectStatus, PipelineHookEffect, ReviewAck, ReviewRequest, ReviewSettings
+from hooks import Plan, PlanStep
+from workflows.models import (
+    ApprovalReason,
+    Checkpoint,
+    EffectStatus,
+    PipelineHookEffect,
+    ReviewAck,
+    ReviewNotificationInput,
+    ReviewRequest,
+    ReviewSettings,
+)
 from workflows.notification import REVIEW_NOTIFICATION_WORKFLOW_TYPE, review_notification_workflow_id
 
 from .doubles import FixedPlanner, eventually
 from .harness import Harness
-from .hook_servers import Reply, Webhook
+from .hook_servers import Receiver, Reply, Webhook
 
 SECRET = "sk-" + "A1b2C3d4E5f6G7h8J9k0"  # matches the common API-key pattern masked_preview masks
 ASK = f"Tell bob the launch moved; my key is {SECRET}. " + "Background. " * 200
@@ -154,26 +165,32 @@ async def test_an_opening_checkpoint_posts_one_slack_compatible_notification(cli
     assert recorded is not None and recorded.status is EffectStatus.SUCCEEDED
 
 
-async def test_a_failing_receiver_is_retried_while_the_request_goes_on(client, tmp_path, leftovers, receiver):
-    server = receiver(Reply(status=500, body="down"), Reply(status=503, body="still down"), Reply(body={"ok": True}))
-    webhook = ReviewWebhook(server.url, allow_loopback=True)
-    async with Harness(client, tmp_path, planner=FixedPlanner(message("hi")), review_webhook=webhook) as h:
-        handle = await h.start("tell bob hi")
-        leftovers.append(handle)
-        checkpoint = await h.wait_for_checkpoint(handle)
-        await approve(handle, checkpoint.checkpoint_id)  # before the webhook has answered anything but 500
-        outcome = await h.finish(handle)
-        assert outcome.failure is None, outcome.failure
-        assert server.calls < 3, "the request waited for the webhook"
-        child = await notification(client, h, handle, checkpoint.checkpoint_id)
+async def test_a_failing_receiver_is_retried_until_it_answers_after_the_request_ended(client, tmp_path, leftovers):
+    ended = threading.Event()  # the receiver fails until the request has ended, then answers
+    server = Receiver(lambda _: Reply(body={"ok": True}) if ended.is_set() else Reply(status=503, body="down"))
+    try:
+        webhook = ReviewWebhook(server.url, allow_loopback=True)
+        async with Harness(client, tmp_path, planner=FixedPlanner(message("hi")), review_webhook=webhook) as h:
+            handle = await h.start("tell bob hi")
+            leftovers.append(handle)
+            checkpoint = await h.wait_for_checkpoint(handle)
+            await eventually(lambda: _async(server.received), what="the first POST")
+            await approve(handle, checkpoint.checkpoint_id)  # while the webhook answers nothing but 503
+            outcome = await h.finish(handle)
+            ended.set()
+            child = await notification(client, h, handle, checkpoint.checkpoint_id)
+    finally:
+        server.close()
 
+    assert outcome.failure is None and outcome.result is not None
     effect = await child.result()
-    assert effect.status is EffectStatus.SUCCEEDED and effect.data == {"http_status": 200, "attempts": 3}
-    assert server.calls == 3
+    attempts = len(server.received)
+    assert attempts >= 2 and effect.status is EffectStatus.SUCCEEDED
+    assert effect.data == {"http_status": 200, "attempts": attempts}
     assert activity_attempts(await child.fetch_history(), "notify_reviewers") == [
-        (3, "the reviewers' webhook answered 503: still down")
+        (attempts, "the reviewers' webhook answered 503: down")
     ]
-    # The request had ended when the notification succeeded: the stored record says so all the same.
+    # The request had ended when the notification succeeded: the stored record has its outcome all the same.
     effect_id = f"review_notification:{checkpoint.checkpoint_id}"
     await eventually(lambda: _stored_status(outcome, effect_id), what="the notification's outcome in the store")
 
@@ -223,6 +240,41 @@ async def test_without_a_webhook_a_checkpoint_starts_no_child(client, tmp_path, 
     assert outcome.failure is None and [c.status for c in outcome.record.checkpoints] == ["approved"]
     assert children(outcome.history) == []
     assert not [e for e in outcome.record.effects if e.effect_id.startswith("review_notification")]
+
+
+@pytest.mark.parametrize(
+    ("reply", "error_type", "retried"),
+    [
+        (Reply(status=404, body="no such hook"), "ReviewWebhookRejected", False),
+        (Reply(status=302, body=""), "ReviewWebhookRejected", False),  # redirects are not followed
+        (Reply(status=429, body="slow down"), "ReviewWebhookFailed", True),
+        (Reply(body={"ok": True}, delay=1.0), "ReviewWebhookFailed", True),  # no answer within the timeout
+    ],
+)
+async def test_each_failed_delivery_has_a_type_that_says_whether_it_is_retried(receiver, reply, error_type, retried):
+    server = receiver(reply)
+    webhook = ReviewWebhook(server.url, allow_loopback=True, timeout_seconds=0.3)
+    with pytest.raises(ApplicationError) as failed:
+        await webhook.deliver(_notice())
+    assert failed.value.type == error_type and failed.value.non_retryable is not retried
+
+
+def _notice() -> ReviewNotificationInput:
+    now = datetime.now(UTC)
+    plan = Plan(steps=[message("hi")])
+    reason = ApprovalReason(step_id="notify", tool="notify-service/send_message", reason="tool requires approval")
+    checkpoint = Checkpoint(
+        checkpoint_id="cp-1-0", phase=1, plan=plan, reasons=[reason], requested_at=now, expires_at=now
+    )
+    effect = PipelineHookEffect(effect_id="review_notification:cp-1-0", name="n", status=EffectStatus.PENDING)
+    return ReviewNotificationInput(
+        parent_workflow_id="req-1",
+        parent_run_id="run",
+        request_id="1",
+        request="hi",
+        checkpoint=checkpoint,
+        effect=effect,
+    )
 
 
 def test_a_bad_webhook_url_is_a_start_up_error(monkeypatch, capsys):

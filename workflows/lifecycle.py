@@ -704,7 +704,7 @@ class RequestLifecycleWorkflow(StepExecution):
         self._record.status = RequestStatus.SUSPENDED
         self._set_stage("awaiting_review", detail=f"checkpoint {checkpoint.checkpoint_id}: {len(reasons)} reason(s)")
         self._upsert_search_attributes("awaiting_review", awaiting_review=True)
-        if self._manifest.review.notify:  # no webhook: no command, so histories without one replay unchanged
+        if self._manifest.review.notify:  # without a reviewers' webhook a checkpoint adds no command
             await start_review_notification(
                 self._record, self._detached_tokens, self._manifest, checkpoint, self._input.request
             )
