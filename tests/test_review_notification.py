@@ -5,9 +5,13 @@ HTTP server on 127.0.0.1; every history (the request's and the child's) is repla
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
@@ -31,6 +35,7 @@ from workflows.notification import REVIEW_NOTIFICATION_WORKFLOW_TYPE, review_not
 from .doubles import FixedPlanner, eventually
 from .harness import Harness
 from .hook_servers import Receiver, Reply, Webhook
+from .test_entrypoints import ROOT, _cli, _running_worker
 
 SECRET = "sk-" + "A1b2C3d4E5f6G7h8J9k0"  # matches the common API-key pattern masked_preview masks
 ASK = f"Tell bob the launch moved; my key is {SECRET}. " + "Background. " * 200
@@ -295,3 +300,28 @@ async def _stored_status(outcome, effect_id: str) -> bool:
     record = await outcome.stored()
     effect = record.effect(effect_id) if record is not None else None
     return effect is not None and effect.status is EffectStatus.SUCCEEDED
+
+
+def test_a_worker_configured_by_the_environment_tells_the_webhook_and_its_command_approves(tmp_path, receiver):
+    """``worker.py`` with ``AGENT_REVIEW_WEBHOOK``: the reviewer pastes the payload's approve command into a
+    shell and the request completes."""
+    server = receiver(Reply(body={"ok": True}))
+    webhook = {"AGENT_REVIEW_WEBHOOK": server.url + "/slack", "AGENT_HOOK_ALLOW_LOOPBACK": "true"}
+    with _running_worker(tmp_path, **webhook) as env:
+        started = _cli(env, "start", "Send a message to alice with the price of ACME")
+        assert started.returncode == 0, started.stderr
+        workflow_id = started.stdout.split()[-1]
+        deadline = time.monotonic() + 30
+        while not server.received:
+            assert time.monotonic() < deadline, "the webhook was not told"
+            time.sleep(0.1)
+        decide = server.received[0].body["review"]["decide"]
+        shell_env = {**env, "USER": "alice", "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"}
+        approved = subprocess.run(
+            decide["approve"], shell=True, cwd=ROOT, env=shell_env, capture_output=True, text=True, timeout=60
+        )
+        assert approved.returncode == 0, approved.stderr
+        assert json.loads(approved.stdout)["reviewer"] == "alice"
+        result = _cli(env, "result", workflow_id)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert decide["update"]["workflow_id"] == workflow_id and len(server.received) == 1
