@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print("pipeline ok")
         return 0
     try:
-        configure_telemetry("agent-lifecycle-worker")
+        configure_telemetry("agent-lifecycle-worker", temporal_metrics=True)
     except TelemetryConfigError as err:
         print(f"telemetry configuration error: {err}", file=sys.stderr)
         return 2

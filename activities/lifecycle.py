@@ -47,6 +47,8 @@ from workflows.models import (
     PlanStep,
     RememberInput,
     ResolvePipelineInput,
+    ReviewNotificationInput,
+    ReviewNotificationResult,
     ReviewSettings,
     StageSettings,
     SynthesizeInput,
@@ -55,6 +57,7 @@ from workflows.models import (
     ToolStepOutput,
     json_size,
 )
+from workflows.notification import NOTIFY_REVIEWERS_ACTIVITY
 from workflows.plan_validation import plan_problems
 
 from . import telemetry
@@ -64,6 +67,7 @@ from .hook_stages import HookStageActivities, ResultRejected, call_hook, returne
 from .memory import ConversationMemory
 from .models.calls import ModelCallLog
 from .planning import Planner, PlanningRequest, PromptBuilder, PromptInput, Synthesizer, build_planning_prompt
+from .review_webhook import WEBHOOK_NOT_CONFIGURED, ReviewWebhook
 from .tools import ToolContext, ToolRegistry
 
 logger = logging.getLogger(__name__)
@@ -91,6 +95,8 @@ class LifecycleActivities(HookStageActivities):
         search_attributes: Whether the lifecycle search attributes exist on the namespace (the worker
             checks and sets this; without them the workflow does not upsert them).
         memory: Conversation memory: completed runs are remembered (after before_remember hooks).
+        review_webhook: Where each checkpoint that opens is announced (``AGENT_REVIEW_WEBHOOK``); None:
+            nobody is told, and a checkpoint starts no notification.
     """
 
     def __init__(
@@ -108,6 +114,7 @@ class LifecycleActivities(HookStageActivities):
         review: ReviewSettings | None = None,
         search_attributes: bool = False,
         memory: ConversationMemory | None = None,
+        review_webhook: ReviewWebhook | None = None,
     ) -> None:
         self.registry = registry
         self.tools = tools
@@ -117,6 +124,8 @@ class LifecycleActivities(HookStageActivities):
         self.settings = settings or StageSettings()
         self.prompt_builder = prompt_builder
         self.memory = memory
+        self.review_webhook = review_webhook
+        review = (review or ReviewSettings()).model_copy(update={"notify": review_webhook is not None})
         self.manifest = PipelineManifest(
             pipeline=registry.pipeline,
             hooks=registry.entries,
@@ -124,7 +133,7 @@ class LifecycleActivities(HookStageActivities):
             cache_variation={**self._builtin_variation(), **(cache_variation or {})},
             reserved_metadata_dimensions=list(reserved_metadata_dimensions),
             settings=self.settings,
-            review=review or ReviewSettings(),
+            review=review,
             search_attributes=search_attributes,
             memory=memory is not None,
         )
@@ -156,6 +165,7 @@ class LifecycleActivities(HookStageActivities):
             self.persist_execution_record,
             self.run_detached_work,
             self.merge_effect_update,
+            self.notify_reviewers,
             self.keep_lease,
             self.release_lease,
         ]
@@ -356,6 +366,25 @@ class LifecycleActivities(HookStageActivities):
         """Merge a terminal effect into the stored record of its request (accepted once per effect)."""
         revision, written = await self.store.update_effect(input.workflow_id, input.run_id, input.effect)
         return PersistRecordOutput(stored_revision=revision, written=written)
+
+    @activity.defn(name=NOTIFY_REVIEWERS_ACTIVITY)
+    @heartbeating
+    async def notify_reviewers(self, input: ReviewNotificationInput) -> ReviewNotificationResult:
+        """Tell the reviewers' webhook that a checkpoint opened (one attempt; the child retries)."""
+        if self.review_webhook is None:
+            raise ApplicationError(
+                "this worker has no reviewers' webhook (AGENT_REVIEW_WEBHOOK)",
+                type=WEBHOOK_NOT_CONFIGURED,
+                non_retryable=True,
+            )
+        with telemetry.tracer().start_as_current_span(
+            "pipeline.review.notify",
+            attributes={
+                "pipeline.checkpoint_id": input.checkpoint.checkpoint_id,
+                "pipeline.request_id": input.request_id,
+            },
+        ):
+            return await self.review_webhook.deliver(input)
 
     # ------------------------------------------------------------------------------------------------
     # Managed leases: renewed and released by the request owner (the workflow)

@@ -11,6 +11,7 @@ from typing import NoReturn
 from temporalio.client import Client
 from temporalio.converter import DataConverter
 
+from activities.review_webhook import ReviewWebhook
 from storage.executions import ExecutionStore, PostgresExecutionStore, SQLiteExecutionStore
 from storage.payloads import PostgresPayloadStore, SQLitePayloadStore, external_storage
 from storage.postgres import Database
@@ -75,6 +76,14 @@ def response_cache_store(settings: Settings) -> ResponseCacheStore:
     if db is not None:
         return PostgresResponseCacheStore(db)
     return SQLiteResponseCacheStore(settings.state_dir / "response-cache.sqlite3")
+
+
+def review_webhook(settings: Settings) -> ReviewWebhook | None:
+    """The reviewers' webhook ``AGENT_REVIEW_WEBHOOK`` names (guarded like HTTP hooks: loopback only with
+    ``AGENT_HOOK_ALLOW_LOOPBACK``), or None: no checkpoint notifications."""
+    if settings.review_webhook is None:
+        return None
+    return ReviewWebhook(settings.review_webhook.get_secret_value(), allow_loopback=settings.hook_allow_loopback)
 
 
 def execution_store(settings: Settings) -> ExecutionStore:

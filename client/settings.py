@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
@@ -41,6 +42,7 @@ _ENVIRONMENT = {
     "AGENT_WORKFLOW_SANDBOX": "workflow_sandbox",
     "AGENT_DATABASE_URL": "database_url",
     "AGENT_DATABASE_POOL_SIZE": "database_pool_size",
+    "AGENT_REVIEW_WEBHOOK": "review_webhook",
 }
 _LIST_ENVIRONMENT = {
     "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
@@ -62,7 +64,8 @@ class Settings(BaseModel):
     bytes), ``AGENT_HOOK_ALLOW_LOOPBACK`` (tests only), ``AGENT_PAYLOAD_STORE`` (file, or ``off``),
     ``AGENT_WORKFLOW_SANDBOX`` (``true``: run the workflows in Temporal's sandbox), ``AGENT_DATABASE_URL``
     (``postgresql://…``: every store on PostgreSQL, shared by workers on several machines),
-    ``AGENT_DATABASE_POOL_SIZE``.
+    ``AGENT_DATABASE_POOL_SIZE``, ``AGENT_REVIEW_WEBHOOK`` (an ``http(s)://`` URL told of every checkpoint
+    that opens; Slack-compatible; loopback only with ``AGENT_HOOK_ALLOW_LOOPBACK``).
     """
 
     temporal_address: str = "localhost:7233"
@@ -92,6 +95,8 @@ class Settings(BaseModel):
     # PostgreSQL for the stores workers on several machines share (see storage); unset: SQLite files.
     database_url: SecretStr | None = None
     database_pool_size: int = Field(default=10, ge=1, le=1000)
+    # The reviewers' webhook (a secret: a Slack webhook URL is its own credential); unset: nobody is told.
+    review_webhook: SecretStr | None = None
 
     @field_validator("database_url")
     @classmethod
@@ -99,6 +104,20 @@ class Settings(BaseModel):
         if value is not None and not value.get_secret_value().startswith(("postgresql://", "postgres://")):
             raise ValueError("must be a postgresql:// URL")
         return value
+
+    @field_validator("review_webhook")
+    @classmethod
+    def _webhook_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        parsed = urlsplit(value.get_secret_value().strip())
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        try:
+            parsed.port  # noqa: B018 - a port that does not parse raises here
+        except ValueError as err:
+            raise ValueError(f"bad port: {err}") from None
+        return SecretStr(value.get_secret_value().strip())
 
     @property
     def hook_store_path(self) -> Path:

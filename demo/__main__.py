@@ -131,7 +131,7 @@ async def main(hold: bool) -> int:
         asyncio.get_running_loop().add_signal_handler(stop, running.cancel)
     settings = Settings.from_env()
     spans = InMemorySpanExporter()  # the demo prints each request's hook spans; OTEL_* may export them too
-    configure_telemetry("agent-lifecycle-demo", span_processors=[SimpleSpanProcessor(spans)])
+    configure_telemetry("agent-lifecycle-demo", span_processors=[SimpleSpanProcessor(spans)], temporal_metrics=True)
 
     activities = load_activities(settings)
     print(f"starting the embedded Temporal dev server on {settings.temporal_address} (UI port {settings.ui_port}) ...")

@@ -11,7 +11,7 @@ from pathlib import Path
 from activities import LifecycleActivities, ToolRegistry
 from activities.memory import MemoryStore
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer
-from client import database, execution_store, response_cache_store
+from client import database, execution_store, response_cache_store, review_webhook
 from client.declared_hooks import settings_declared_hooks
 from client.settings import Settings
 from hooks import HookRegistry, allow_list, redact
@@ -90,4 +90,5 @@ def build_activities(settings: Settings) -> LifecycleActivities:
             reviewers=settings.reviewers, checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds
         ),
         memory=memory,
+        review_webhook=review_webhook(settings),
     )

@@ -154,6 +154,7 @@ class Harness:
     # The dev server fixture registers the lifecycle search attributes; the time-skipping server does not.
     search_attributes: bool = True
     memory: Any = None  # a ConversationMemory: completed runs are remembered
+    review_webhook: Any = None  # a ReviewWebhook: told of every checkpoint that opens
     pipeline: str = "test"
     task_queue: str = field(default_factory=lambda: f"tq-{uuid.uuid4()}")
     worker_options: dict[str, Any] = field(default_factory=dict)
@@ -173,6 +174,7 @@ class Harness:
             review=self.review,
             search_attributes=self.search_attributes,
             memory=self.memory,
+            review_webhook=self.review_webhook,
         )
         self.histories: list[WorkflowHistory] = []
 

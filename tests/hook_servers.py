@@ -84,6 +84,10 @@ class _Server:
         self.httpd.server_close()
 
 
+class Receiver(_Server):
+    """A server answering each request with ``respond(received)`` (a test decides as the requests come)."""
+
+
 class Webhook(_Server):
     """A webhook answering from ``replies`` in order (the last one repeats)."""
 

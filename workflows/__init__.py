@@ -3,16 +3,19 @@
 from .converter import data_converter
 from .detached import DETACHED_WORKFLOW_TYPE, DetachedEffectWorkflow, detached_workflow_id
 from .lifecycle import WORKFLOW_TYPE, RequestLifecycleWorkflow
+from .notification import REVIEW_NOTIFICATION_WORKFLOW_TYPE, ReviewNotificationWorkflow
 from .support import idempotency_key
 
-WORKFLOWS = [RequestLifecycleWorkflow, DetachedEffectWorkflow]
+WORKFLOWS = [RequestLifecycleWorkflow, DetachedEffectWorkflow, ReviewNotificationWorkflow]
 
 __all__ = [
     "DETACHED_WORKFLOW_TYPE",
+    "REVIEW_NOTIFICATION_WORKFLOW_TYPE",
     "WORKFLOWS",
     "WORKFLOW_TYPE",
     "DetachedEffectWorkflow",
     "RequestLifecycleWorkflow",
+    "ReviewNotificationWorkflow",
     "data_converter",
     "detached_workflow_id",
     "idempotency_key",

@@ -68,19 +68,40 @@ class DetachedEffectWorkflow:
         if effect.started_at is not None:
             effect.duration_ms = elapsed_ms(effect.started_at)
 
-        parent = workflow.get_external_workflow_handle(input.parent_workflow_id, run_id=input.parent_run_id)
-        try:
-            await parent.signal(EFFECT_UPDATE_SIGNAL, EffectUpdateSignal(effect=effect, token=input.update_token))
-        except FailureError:
-            pass  # the request has finished; the store below is where its record lives now
-        await dispatch.execute(
-            "merge_effect_update",
-            EffectUpdateInput(workflow_id=input.parent_workflow_id, run_id=input.parent_run_id, effect=effect),
-            result_type=PersistRecordOutput,
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=10),
-            summary=f"merge effect · {work.effect_id}",
+        await report_effect(
+            input.parent_workflow_id,
+            input.parent_run_id,
+            effect,
+            token=input.update_token,
             heartbeat_ceiling=ceiling,
             max_worker_losses=input.max_worker_losses,
         )
         return effect
+
+
+async def report_effect(
+    parent_workflow_id: str,
+    parent_run_id: str,
+    effect: PipelineHookEffect,
+    *,
+    token: str,
+    heartbeat_ceiling: timedelta,
+    max_worker_losses: int,
+) -> None:
+    """Bring a terminal effect to its request: by signal while the request runs, and into the stored
+    record either way (a request that has finished no longer takes signals)."""
+    parent = workflow.get_external_workflow_handle(parent_workflow_id, run_id=parent_run_id)
+    try:
+        await parent.signal(EFFECT_UPDATE_SIGNAL, EffectUpdateSignal(effect=effect, token=token))
+    except FailureError:
+        pass  # the request has finished; the store below is where its record lives now
+    await dispatch.execute(
+        "merge_effect_update",
+        EffectUpdateInput(workflow_id=parent_workflow_id, run_id=parent_run_id, effect=effect),
+        result_type=PersistRecordOutput,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=10),
+        summary=f"merge effect · {effect.effect_id}",
+        heartbeat_ceiling=heartbeat_ceiling,
+        max_worker_losses=max_worker_losses,
+    )

@@ -98,6 +98,7 @@ with workflow.unsafe.imports_passed_through():
         SynthesizeOutput,
         bounded_value,
     )
+    from .notification import start_review_notification
     from .steps import WORKFLOW_TYPE, StepExecution
     from .support import (
         activity_error_details,
@@ -703,6 +704,10 @@ class RequestLifecycleWorkflow(StepExecution):
         self._record.status = RequestStatus.SUSPENDED
         self._set_stage("awaiting_review", detail=f"checkpoint {checkpoint.checkpoint_id}: {len(reasons)} reason(s)")
         self._upsert_search_attributes("awaiting_review", awaiting_review=True)
+        if self._manifest.review.notify:  # without a reviewers' webhook a checkpoint adds no command
+            await start_review_notification(
+                self._record, self._detached_tokens, self._manifest, checkpoint, self._input.request
+            )
         await self._persist(LifecycleBoundary.CHECKPOINT_OPENED)
         try:
             await workflow.wait_condition(

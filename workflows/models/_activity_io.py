@@ -12,7 +12,7 @@ from ._hook_calls import MemoryCandidate
 from ._model_calls import ModelCall
 from ._pipeline import DetachedWork, ManagedLease, PipelineHookEffect
 from ._plans import ExecutionResult, Plan, PlanStep, StepResult
-from ._record import ModelDraft
+from ._record import Checkpoint, ModelDraft
 
 
 class RememberInput(ByReference):
@@ -84,6 +84,31 @@ class DetachedEffectInput(ByReference):
     update_token: str = ""
     heartbeat_timeout_seconds: float = 5.0
     max_worker_losses: int = 5
+
+
+class ReviewNotificationInput(ByReference):
+    """The input of a ``ReviewNotification`` child workflow: a checkpoint that opened, announced to the
+    reviewers' webhook. ``request`` is the start of what was asked (the activity masks and bounds it)."""
+
+    parent_workflow_id: str
+    parent_run_id: str
+    request_id: str
+    request: str
+    checkpoint: Checkpoint
+    reviewers: list[str] = Field(default_factory=list)
+    effect: PipelineHookEffect  # as announced (pending)
+    update_token: str = ""  # as for DetachedEffectInput: only this child's update is taken as the outcome
+    timeout_seconds: float = 30.0  # one delivery attempt
+    max_attempts: int = 8  # retried 1 s, 2 s, 4 s … apart (at most a minute)
+    heartbeat_timeout_seconds: float = 5.0
+    max_worker_losses: int = 5
+
+
+class ReviewNotificationResult(ByReference):
+    """What the reviewers' webhook answered."""
+
+    http_status: int
+    attempt: int
 
 
 class DetachedWorkResult(ByReference):

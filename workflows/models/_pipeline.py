@@ -82,6 +82,9 @@ class ReviewSettings(BaseModel):
 
     reviewers: list[str] = Field(default_factory=list)  # empty: any named reviewer may decide
     checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0, le=MAX_CHECKPOINT_EXPIRY_SECONDS)
+    # A reviewers' webhook is configured: each checkpoint that opens is announced to it by a
+    # ``ReviewNotification`` child. Without one a checkpoint starts nothing.
+    notify: bool = False
 
 
 class PipelineManifest(ByReference):

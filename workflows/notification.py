@@ -1,0 +1,149 @@
+"""``ReviewNotification``: the child workflow that tells the reviewers' webhook a checkpoint opened.
+
+A request whose pipeline has a reviewers' webhook (``ReviewSettings.notify``) records the notification
+as a pending effect ``review_notification:<checkpoint id>`` when a checkpoint opens, and starts this
+child with id ``<request workflow id>/review/<checkpoint id>`` and ``ParentClosePolicy.ABANDON``: the
+request waits for its reviewer, not for the webhook, and the delivery goes on after the request ended
+(approved, rejected, expired or cancelled). The child delivers in the activity ``notify_reviewers``,
+retried with backoff; then it reports the effect as ``succeeded`` or ``failed`` the way a detached hook
+effect is reported (signal to the request, merge into the stored record), and a failed delivery fails
+the child with the delivery's own error type. Without a webhook a checkpoint starts nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from . import dispatch
+    from .detached import report_effect
+    from .effects import elapsed_ms, record_effects
+    from .models import (
+        Checkpoint,
+        EffectStatus,
+        ExecutionRecord,
+        PipelineHookEffect,
+        PipelineManifest,
+        ReviewNotificationInput,
+        ReviewNotificationResult,
+    )
+
+REVIEW_NOTIFICATION_WORKFLOW_TYPE = "ReviewNotification"
+NOTIFY_REVIEWERS_ACTIVITY = "notify_reviewers"
+REVIEW_NOTIFICATION_EFFECT = "review_notification"
+# What the child passes on of the request: the activity masks secrets and cuts it to a short excerpt.
+REQUEST_CHARS_FOR_EXCERPT = 4_000
+# Delivery attempts: 1 s, 2 s, 4 s … apart, at most a minute, this many in all.
+RETRY_INITIAL_INTERVAL = timedelta(seconds=1)
+RETRY_MAXIMUM_INTERVAL = timedelta(seconds=60)
+
+
+def review_notification_workflow_id(request_workflow_id: str, checkpoint_id: str) -> str:
+    return f"{request_workflow_id}/review/{checkpoint_id}"
+
+
+def review_notification_effect_id(checkpoint_id: str) -> str:
+    return f"{REVIEW_NOTIFICATION_EFFECT}:{checkpoint_id}"
+
+
+async def start_review_notification(
+    record: ExecutionRecord,
+    tokens: dict[str, str],
+    manifest: PipelineManifest,
+    checkpoint: Checkpoint,
+    request: str,
+) -> None:
+    """Record the pending notification effect of ``checkpoint`` and start the child that delivers it
+    (``tokens`` is the request's effect id → update token map). A child that cannot start leaves the
+    effect failed; the checkpoint waits for its reviewer either way."""
+    info = workflow.info()
+    effect = PipelineHookEffect(
+        effect_id=review_notification_effect_id(checkpoint.checkpoint_id),
+        name="Reviewer notification",
+        status=EffectStatus.PENDING,
+        started_at=workflow.now(),
+        summary=f"checkpoint {checkpoint.checkpoint_id} announced to the reviewers' webhook",
+    )
+    record_effects(record, [effect])
+    token = workflow.uuid4().hex
+    tokens[effect.effect_id] = token  # before the start: the child may report in the same task
+    settings = manifest.settings
+    try:
+        await workflow.start_child_workflow(
+            REVIEW_NOTIFICATION_WORKFLOW_TYPE,
+            ReviewNotificationInput(
+                parent_workflow_id=info.workflow_id,
+                parent_run_id=info.run_id,
+                request_id=record.request_id,
+                request=request[:REQUEST_CHARS_FOR_EXCERPT],
+                checkpoint=checkpoint,
+                reviewers=manifest.review.reviewers,
+                effect=effect,
+                update_token=token,
+                heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
+                max_worker_losses=settings.max_worker_losses,
+            ),
+            id=review_notification_workflow_id(info.workflow_id, checkpoint.checkpoint_id),
+            task_queue=info.task_queue,
+            parent_close_policy=ParentClosePolicy.ABANDON,
+            static_summary=f"review notification · {checkpoint.checkpoint_id}",
+        )
+    except FailureError as err:
+        failed = {"status": EffectStatus.FAILED, "error": f"could not start the notification: {err}"}
+        record_effects(record, [effect.model_copy(update=failed)])
+        del tokens[effect.effect_id]
+
+
+@workflow.defn(name=REVIEW_NOTIFICATION_WORKFLOW_TYPE)
+class ReviewNotificationWorkflow:
+    @workflow.run
+    async def run(self, input: ReviewNotificationInput) -> PipelineHookEffect:
+        effect = input.effect.model_copy(deep=True)
+        ceiling = timedelta(seconds=input.heartbeat_timeout_seconds)
+        failure: ApplicationError | None = None
+        try:
+            result = await dispatch.execute(
+                NOTIFY_REVIEWERS_ACTIVITY,
+                input,
+                result_type=ReviewNotificationResult,
+                start_to_close_timeout=timedelta(seconds=input.timeout_seconds),
+                retry_policy=RetryPolicy(
+                    initial_interval=RETRY_INITIAL_INTERVAL,
+                    backoff_coefficient=2.0,
+                    maximum_interval=RETRY_MAXIMUM_INTERVAL,
+                    maximum_attempts=input.max_attempts,
+                ),
+                summary=f"notify reviewers · {input.checkpoint.checkpoint_id}",
+                heartbeat_ceiling=ceiling,
+                max_worker_losses=input.max_worker_losses,
+            )
+        except (ActivityError, ApplicationError) as err:
+            cause = err.cause if isinstance(err, ActivityError) else err
+            kind = cause.type if isinstance(cause, ApplicationError) and cause.type else type(cause).__name__
+            message = getattr(cause, "message", None) or str(cause)
+            effect.status = EffectStatus.FAILED
+            effect.error = f"{kind}: {message}"
+            effect.summary = "the reviewers' webhook was not told"
+            failure = ApplicationError(message, {"effect_id": effect.effect_id}, type=kind, non_retryable=True)
+        else:
+            effect.status = EffectStatus.SUCCEEDED
+            effect.data = {"http_status": result.http_status, "attempts": result.attempt}
+            effect.summary = f"the reviewers' webhook answered {result.http_status}"
+        if effect.started_at is not None:
+            effect.duration_ms = elapsed_ms(effect.started_at)
+        await report_effect(
+            input.parent_workflow_id,
+            input.parent_run_id,
+            effect,
+            token=input.update_token,
+            heartbeat_ceiling=ceiling,
+            max_worker_losses=input.max_worker_losses,
+        )
+        if failure is not None:
+            raise failure
+        return effect
