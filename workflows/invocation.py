@@ -17,14 +17,15 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError, TimeoutError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import JsonValue
 
-    from . import decisions, dispatch
+    from . import decisions, dispatch, story
+    from . import search_attributes as sa
     from .detached import DETACHED_WORKFLOW_TYPE, detached_workflow_id
     from .effects import elapsed_ms, record_effects
     from .leases import ManagedLeases
@@ -59,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         WorkerLoss,
         bounded_value,
+        subagent_depth,
     )
     from .stages import HOOK_BATCH_ACTIVITY, STAGES
     from .support import (
@@ -70,6 +72,8 @@ with workflow.unsafe.imports_passed_through():
         hook_retry_delay,
         payload_bytes,
     )
+
+AWAITING_REVIEW_STAGE = "awaiting_review"
 
 OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
 ResultT = TypeVar("ResultT")
@@ -106,10 +110,38 @@ class HookInvoker:
     _local_bookkeeping: bool = False
     _hook_batches: bool = False
     _inflight_bytes: int = 0  # inline input bytes of the activities scheduled and not yet finished
+    # Executions started from here on keep AgentLifecycleStage at the stage they are in (one upsert per
+    # stage change), set AgentWorkflowKind, and start their children with their kind.
+    _stage_upserts: bool = False
+    _upserted: tuple[str, bool] | None = None  # the stage and review state the search attributes hold
 
-    def _set_stage(self, stage: str, detail: str = "") -> None:
+    def _set_stage(self, stage: str, detail: str = "", *, outcome: str = "") -> None:
+        """Enter ``stage``: the record, the current details an operator reads (what was asked, the stage,
+        the outcome once there is one) and, where the namespace has them, the search attributes."""
         self._record.lifecycle_stage = str(stage)
-        workflow.set_current_details(f"**stage:** {stage}" + (f" — {detail}" if detail else ""))
+        workflow.set_current_details(
+            story.current_details(self._input.request, stage=str(stage), detail=detail, outcome=outcome)
+        )
+        if self._stage_upserts:
+            self._upsert_stage(str(stage))
+
+    def _upsert_stage(self, stage: str) -> None:
+        """One upsert per change of stage; the review flag and the kind only when they change."""
+        if not self._manifest.search_attributes:
+            return
+        awaiting = stage == AWAITING_REVIEW_STAGE
+        if self._upserted is not None and self._upserted[0] == stage:
+            return
+        updates: list[Any] = [sa.LIFECYCLE_STAGE.value_set(stage)]
+        if self._upserted is None or self._upserted[1] != awaiting:
+            updates.append(sa.AWAITING_REVIEW.value_set(awaiting))
+        if self._upserted is None:
+            updates.append(sa.WORKFLOW_KIND.value_set(self._kind()))
+        workflow.upsert_search_attributes(updates)
+        self._upserted = (stage, awaiting)
+
+    def _kind(self) -> str:
+        return sa.KIND_SUBAGENT if subagent_depth(self._input.metadata) > 0 else sa.KIND_REQUEST
 
     async def _run_stage(
         self,
@@ -479,7 +511,9 @@ class HookInvoker:
                 id=detached_workflow_id(info.workflow_id, work.effect_id),
                 task_queue=info.task_queue,
                 parent_close_policy=ParentClosePolicy.ABANDON,
-                static_summary=f"{work.stage.value} · {work.hook} · {work.effect_id}",
+                static_summary=story.detached_summary(work.stage.value, work.hook, work.effect_id),
+                static_details=story.detached_details(info.workflow_id, self._request_id),
+                search_attributes=self._child_kind(sa.KIND_DETACHED_EFFECT),
             )
         except FailureError as err:  # e.g. an effect id this request already used for detached work
             failed = {
@@ -489,6 +523,12 @@ class HookInvoker:
             }
             record_effects(self._record, [effect.model_copy(update=failed)])
             del self._detached_tokens[work.effect_id]
+
+    def _child_kind(self, kind: str) -> TypedSearchAttributes | None:
+        """The search attributes a child starts with: its kind, where the namespace has it."""
+        if self._stage_upserts and self._manifest.search_attributes:
+            return TypedSearchAttributes([SearchAttributePair(sa.WORKFLOW_KIND, kind)])
+        return None
 
     def _apply_enrichment_changes(self, hook: HookEntry, changes: list[EnrichmentChange]) -> None:
         """Merge a hook's changes and record each as the effect ``planning_enrichment:<key>``."""
