@@ -194,18 +194,25 @@ async def run_requests(client: Client, settings: Settings) -> Requests:
     return Requests(quote_handle.id, trade_handle.id, approved_handle.id, waiting_handle.id, waiting_handle)
 
 
-async def take_screenshots(ui: Browser, requests: Requests, out: Path) -> list[Path]:
-    """The pictures an operator would take: the requests, the children, a request's story, a refusal."""
+# The list's columns an operator picks with "Configure columns": what each execution is and its stage.
+COLUMNS = ["Status", "Workflow ID", "AgentWorkflowKind", "AgentLifecycleStage", "Type", "Start", "End"]
+
+
+async def take_screenshots(ui: Browser, requests: Requests, out: Path, namespace: str = "default") -> list[Path]:
+    """The pictures an operator would take: every execution (requests and their children, told apart by
+    kind, each at its stage), the requests alone, a waiting request's story, a refusal, an answer."""
+    await ui.show_columns(namespace, COLUMNS)
     shots = []
-    await ui.list_workflows(f"WorkflowType = 'RequestLifecycle' AND {search_attributes.REQUESTS_QUERY}", wait_for=TRADE)
+    await ui.open("/workflows", wait_for="detached_effect")
+    await ui.wait_for_text("awaiting_review")
+    shots.append(await ui.screenshot(out / "workflows.png"))
+    await ui.list_workflows(search_attributes.REQUESTS_QUERY, wait_for=requests.trade)
     shots.append(await ui.screenshot(out / "requests.png"))
-    await ui.list_workflows("WorkflowType = 'DetachedEffect'", wait_for="detached effect")
-    shots.append(await ui.screenshot(out / "children.png"))
-    await ui.workflow(requests.waiting, wait_for="awaiting_review")
+    await ui.workflow(requests.waiting, "user-metadata", wait_for="awaiting_review")
     shots.append(await ui.screenshot(out / "awaiting-review.png"))
-    await ui.workflow(requests.trade, wait_for="RequiredAfterPlanningError")
+    await ui.workflow(requests.trade, wait_for='"RequiredAfterPlanningError: required after_planning hook')
     shots.append(await ui.screenshot(out / "refused.png"))
-    await ui.workflow(requests.quote, wait_for="[REDACTED]")
+    await ui.workflow(requests.quote, "user-metadata", wait_for="outcome:")
     shots.append(await ui.screenshot(out / "completed.png"))
     return shots
 

@@ -113,32 +113,33 @@ class HookInvoker:
     # Executions started from here on keep AgentLifecycleStage at the stage they are in (one upsert per
     # stage change), set AgentWorkflowKind, and start their children with their kind.
     _stage_upserts: bool = False
-    _upserted: tuple[str, bool] | None = None  # the stage and review state the search attributes hold
+    _upserted_stage: str | None = None  # the stage AgentLifecycleStage holds
+    _upserted_awaiting = False  # whether AgentAwaitingReview holds true
 
     def _set_stage(self, stage: str, detail: str = "", *, outcome: str = "") -> None:
         """Enter ``stage``: the record, the current details an operator reads (what was asked, the stage,
-        the outcome once there is one) and, where the namespace has them, the search attributes."""
+        the outcome once there is one) and, where the namespace has them, the search attributes. A stage
+        with an ``outcome`` is the terminal one."""
         self._record.lifecycle_stage = str(stage)
         workflow.set_current_details(
             story.current_details(self._input.request, stage=str(stage), detail=detail, outcome=outcome)
         )
         if self._stage_upserts:
-            self._upsert_stage(str(stage))
+            self._upsert_stage(str(stage), terminal=bool(outcome))
 
-    def _upsert_stage(self, stage: str) -> None:
-        """One upsert per change of stage; the review flag and the kind only when they change."""
-        if not self._manifest.search_attributes:
+    def _upsert_stage(self, stage: str, *, terminal: bool = False) -> None:
+        """One upsert per change of stage. AgentWorkflowKind goes with the first; AgentAwaitingReview
+        when a checkpoint opens, when it closes, and (false) at the end."""
+        if not self._manifest.search_attributes or stage == self._upserted_stage:
             return
         awaiting = stage == AWAITING_REVIEW_STAGE
-        if self._upserted is not None and self._upserted[0] == stage:
-            return
         updates: list[Any] = [sa.LIFECYCLE_STAGE.value_set(stage)]
-        if self._upserted is None or self._upserted[1] != awaiting:
+        if awaiting != self._upserted_awaiting or terminal:
             updates.append(sa.AWAITING_REVIEW.value_set(awaiting))
-        if self._upserted is None:
+        if self._upserted_stage is None:
             updates.append(sa.WORKFLOW_KIND.value_set(self._kind()))
         workflow.upsert_search_attributes(updates)
-        self._upserted = (stage, awaiting)
+        self._upserted_stage, self._upserted_awaiting = stage, awaiting
 
     def _kind(self) -> str:
         return sa.KIND_SUBAGENT if subagent_depth(self._input.metadata) > 0 else sa.KIND_REQUEST
