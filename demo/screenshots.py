@@ -128,7 +128,7 @@ class Browser:
 
 
 @contextlib.asynccontextmanager
-async def browser(base: str, *, width: int = 1400, height: int = 900) -> AsyncIterator[Browser]:
+async def browser(base: str, *, width: int = 1600, height: int = 800) -> AsyncIterator[Browser]:
     """Headless Chromium (the system's) driven by Playwright, with a fresh profile directory."""
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     from playwright.async_api import async_playwright
@@ -195,7 +195,7 @@ async def run_requests(client: Client, settings: Settings) -> Requests:
 
 
 # The list's columns an operator picks with "Configure columns": what each execution is and its stage.
-COLUMNS = ["Status", "Workflow ID", "AgentWorkflowKind", "AgentLifecycleStage", "Type", "Start", "End"]
+COLUMNS = ["Status", "Workflow ID", "AgentWorkflowKind", "AgentLifecycleStage", "Type", "End"]
 
 
 async def take_screenshots(ui: Browser, requests: Requests, out: Path, namespace: str = "default") -> list[Path]:

@@ -1,7 +1,8 @@
 """``secret-redaction``: an after_synthesis guardrail that masks credentials in the response.
 
-The patterns are deliberately conservative: a pattern that over-matches corrupts legitimate output,
-which is its own failure. The effect it reports counts redactions per pattern, never the secret itself.
+The patterns (``workflows.masking``, which also masks what the workflow shows operators in the Temporal
+UI) are deliberately conservative: a pattern that over-matches corrupts legitimate output, which is its
+own failure. The effect it reports counts redactions per pattern, never the secret itself.
 
 It fails closed: when it errs, times out or its worker keeps dying, the request ends with
 ``ExtensionError`` instead of sending (or caching) an answer nobody redacted.
