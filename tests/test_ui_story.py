@@ -7,6 +7,7 @@ same is tests/test_ui_browser.py.)"""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import traceback
 
 from temporalio.api.enums.v1 import EventType
@@ -17,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from client import Settings
 from client.cli import start_request
+from client.devserver import temporal_cli_path
 from client.settings import DEFAULT_ALLOWED_OPERATIONS
 from hooks.builtin.allowed_operations import AllowedOperationsHook
 from hooks.builtin.audit import EFFECT_ID as AUDIT_EFFECT_ID
@@ -95,6 +97,35 @@ async def test_a_request_started_without_a_summary_tells_its_story_in_its_curren
     assert out.result is not None
     assert "**stage:** completed" in ended
     assert "**outcome:** succeeded — answer: ACME is trading at" in ended
+
+
+async def test_a_request_started_by_the_temporal_cli_has_no_summary_but_its_details_tell_the_story(
+    client: Client, tmp_path
+):
+    async with Harness(client, tmp_path) as h:
+        started = await asyncio.to_thread(
+            subprocess.run,
+            [
+                temporal_cli_path(),
+                *("workflow", "start", "--type", "RequestLifecycle", "--task-queue", h.task_queue),
+                *("--workflow-id", "cli-story", "--input", f'{{"request": "What is the price of ACME? {SECRET}"}}'),
+                *("--address", client.service_client.config.target_host),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert started.returncode == 0, started.stderr
+        handle = client.get_workflow_handle("cli-story", result_type=RequestResult)
+        await handle.result()
+        h.histories.append(await handle.fetch_history())
+        description = await handle.describe()
+        ended = await current_details(handle)
+
+    assert await description.static_summary() is None
+    assert description.typed_search_attributes.get(sa.WORKFLOW_KIND) == sa.KIND_REQUEST
+    assert ended.startswith("**asked:** What is the price of ACME? [REDACTED]\n\n**stage:** completed")
+    assert "**outcome:** succeeded — answer: ACME is trading at" in ended and SECRET not in ended
 
 
 async def test_the_stage_attribute_follows_every_stage_with_one_upsert_per_change(client: Client, tmp_path):
