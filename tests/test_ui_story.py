@@ -20,6 +20,7 @@ from client import Settings
 from client.cli import start_request
 from client.devserver import temporal_cli_path
 from client.settings import DEFAULT_ALLOWED_OPERATIONS
+from demo.pipeline import demo_hooks
 from hooks.builtin.allowed_operations import AllowedOperationsHook
 from hooks.builtin.audit import EFFECT_ID as AUDIT_EFFECT_ID
 from hooks.builtin.audit import AuditHook, JsonlAuditWriter
@@ -129,14 +130,15 @@ async def test_a_request_started_by_the_temporal_cli_has_no_summary_but_its_deta
 
 
 async def test_the_stage_attribute_follows_every_stage_with_one_upsert_per_change(client: Client, tmp_path):
-    async with Harness(client, tmp_path) as h:
+    # The demo pipeline: hooks at before_planning, after_planning, after_execution, after_synthesis and
+    # on_finish; none at before_run or after_answer, which pass within a workflow task and are not upserted.
+    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
         out = await h.run(MESSAGE, {"cache": "bypass"}, approve_as="ops")
 
     assert out.result is not None
     upserts = stage_upserts(out)
     stages = [u[sa.LIFECYCLE_STAGE.name] for u in upserts]
     assert stages == [
-        "before_run",
         "before_planning",
         "planning",
         "after_planning",
@@ -148,17 +150,24 @@ async def test_the_stage_attribute_follows_every_stage_with_one_upsert_per_chang
         "after_execution",
         "synthesizing",
         "after_synthesis",
-        "after_answer",
         "on_finish",
         "completed",
     ]
-    assert all(a != b for a, b in zip(stages, stages[1:], strict=False))
     # The kind once, with the first; the review flag when the checkpoint opens and closes, and at the end.
     assert [u.get(sa.WORKFLOW_KIND.name) for u in upserts] == ["request"] + [None] * (len(upserts) - 1)
     flags = [(u[sa.LIFECYCLE_STAGE.name], u[sa.AWAITING_REVIEW.name]) for u in upserts if sa.AWAITING_REVIEW.name in u]
     assert flags == [("awaiting_review", True), ("executing", False), ("completed", False)]
     attributes = (await client.get_workflow_handle(out.workflow_id).describe()).typed_search_attributes
     assert attributes.get(sa.LIFECYCLE_STAGE) == "completed" and attributes.get(sa.AWAITING_REVIEW) is False
+
+
+async def test_without_hooks_only_the_framework_stages_are_upserted(client: Client, tmp_path):
+    async with Harness(client, tmp_path) as h:
+        out = await h.run(MESSAGE, {"cache": "bypass"}, approve_as="ops")
+
+    stages = [u[sa.LIFECYCLE_STAGE.name] for u in stage_upserts(out)]
+    assert stages == ["planning", "executing", "planning", "awaiting_review", "executing", "synthesizing", "completed"]
+    assert out.record is not None and out.record.lifecycle_stage == "completed"
 
 
 async def test_a_refused_request_names_its_failure_type_first_and_leaks_no_stack_trace(client: Client, tmp_path):

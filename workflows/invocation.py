@@ -111,7 +111,7 @@ class HookInvoker:
     _hook_batches: bool = False
     _inflight_bytes: int = 0  # inline input bytes of the activities scheduled and not yet finished
     # Executions started from here on keep AgentLifecycleStage at the stage they are in (one upsert per
-    # stage change), set AgentWorkflowKind, and start their children with their kind.
+    # stage change an observer could see), set AgentWorkflowKind, and start their children with their kind.
     _stage_upserts: bool = False
     _upserted_stage: str | None = None  # the stage AgentLifecycleStage holds
     _upserted_awaiting = False  # whether AgentAwaitingReview holds true
@@ -119,12 +119,14 @@ class HookInvoker:
     def _set_stage(self, stage: str, detail: str = "", *, outcome: str = "") -> None:
         """Enter ``stage``: the record, the current details an operator reads (what was asked, the stage,
         the outcome once there is one) and, where the namespace has them, the search attributes. A stage
-        with an ``outcome`` is the terminal one."""
+        with an ``outcome`` is the terminal one. A hook stage without participants is over within the
+        workflow task it began in — no one could see it in a listing — so it costs no upsert."""
         self._record.lifecycle_stage = str(stage)
         workflow.set_current_details(
             story.current_details(self._input.request, stage=str(stage), detail=detail, outcome=outcome)
         )
-        if self._stage_upserts:
+        passing = isinstance(stage, Stage) and not self._manifest.participants(stage)
+        if self._stage_upserts and not passing:
             self._upsert_stage(str(stage), terminal=bool(outcome))
 
     def _upsert_stage(self, stage: str, *, terminal: bool = False) -> None:
