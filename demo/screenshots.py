@@ -6,9 +6,12 @@
 Starts its own dev server (with its UI) on free loopback ports and a throwaway state directory, runs the
 demo pipeline on four requests — a quote that carries a secret, a trade the required hook refuses, a
 message approved at its checkpoint (its audit write a detached child), and a message left waiting for a
-reviewer — then photographs the request list, the children, each request's page and the refused
-request's failure. Needs Chromium (``CHROMIUM`` or /usr/bin/chromium) and the ``playwright`` package
-(the dev extra); Playwright never downloads a browser here.
+reviewer — then writes ``workflows.png`` (every execution, requests and children told apart by
+``AgentWorkflowKind``, each at its ``AgentLifecycleStage``), ``requests.png`` (the requests-only filter),
+``awaiting-review.png`` and ``completed.png`` (a request's user metadata and current details) and
+``refused.png`` (the refused request's failure). Needs Chromium (``CHROMIUM`` or /usr/bin/chromium) and
+the ``playwright`` package (the dev extra); Playwright never downloads a browser here, and the browser
+reaches nothing but loopback.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
@@ -127,6 +130,15 @@ class Browser:
         return (await response.json())["workflowExecutionInfo"]["execution"]["runId"]
 
 
+async def _loopback_only(route: Any) -> None:
+    """Let the UI reach its own server; anything else it would load (news, fonts, telemetry) is refused."""
+    url = route.request.url
+    if url.startswith(("data:", "blob:")) or urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1"):
+        await route.continue_()
+    else:
+        await route.abort()
+
+
 @contextlib.asynccontextmanager
 async def browser(base: str, *, width: int = 1600, height: int = 800) -> AsyncIterator[Browser]:
     """Headless Chromium (the system's) driven by Playwright, with a fresh profile directory."""
@@ -143,6 +155,7 @@ async def browser(base: str, *, width: int = 1600, height: int = 800) -> AsyncIt
                 viewport={"width": width, "height": height},
             )
             try:
+                await context.route("**/*", _loopback_only)
                 page = context.pages[0] if context.pages else await context.new_page()
                 page.set_default_timeout(20_000)
                 yield Browser(page, base)
