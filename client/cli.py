@@ -40,7 +40,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows import WORKFLOW_TYPE, data_converter, search_attributes
+from workflows import WORKFLOW_TYPE, data_converter, search_attributes, story
 from workflows.decisions import REQUEST_ID_CONFLICT
 from workflows.models import (
     ANSWER_TOPIC,
@@ -101,7 +101,8 @@ async def start_request(
             id=workflow_id,
             task_queue=settings.task_queue,
             result_type=RequestResult,
-            static_summary=f"request: {text[:120]}",
+            static_summary=story.request_summary(text),
+            static_details=story.request_details(text, request_id),
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
         )

@@ -50,6 +50,14 @@ SCENARIOS = {
         {"cache": "bypass"},
         "history-reviewer",
     ),
+    # Added with the stage and kind search attributes: AgentLifecycleStage upserted at every stage,
+    # AgentWorkflowKind with the first, the detached audit child started with its kind, and a refusal.
+    "message_with_stage_attributes_approved_at_checkpoint": (
+        "Send a message to carol with the price of MSFT",
+        {"cache": "bypass"},
+        "history-reviewer",
+    ),
+    "trade_refused_with_stage_attributes": ("Buy 5 GBX", {"cache": "bypass"}, None),
 }
 # Added with the shared-memory hooks: the demo pipeline with build_memory_hooks — an announced
 # activity signal handed to the workflow as a managed lease (released after the request), episodic
@@ -63,6 +71,8 @@ MEMORY_SCENARIOS = {
 # the echo step only, and a subagent_stop hook on the sub-agent step only.
 SUBAGENT_SCENARIOS = {
     "subagent_delegation_with_declared_hooks": ("Ask a sub-agent to look deeper", {"cache": "bypass"}, None),
+    # Added with the stage and kind search attributes: the sub-agent child started with its kind.
+    "subagent_delegation_with_kind_attributes": ("Ask a sub-agent, and tell the story", {"cache": "bypass"}, None),
 }
 
 

@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.review_webhook import REQUEST_EXCERPT_CHARS, ReviewWebhook
 from hooks import Plan, PlanStep
+from workflows import search_attributes as sa
 from workflows.models import (
     ApprovalReason,
     Checkpoint,
@@ -166,6 +167,11 @@ async def test_an_opening_checkpoint_posts_one_slack_compatible_notification(cli
 
     effect = await child.result()
     assert effect.status is EffectStatus.SUCCEEDED and effect.data == {"http_status": 200, "attempts": 1}
+    # In the UI's list the child says what it is and whose checkpoint it announced.
+    description = await child.describe()
+    assert description.typed_search_attributes.get(sa.WORKFLOW_KIND) == sa.KIND_REVIEW_NOTIFICATION
+    assert await description.static_summary() == f"review notification · {checkpoint.checkpoint_id}"
+    assert handle.id in (await description.static_details() or "")
     recorded = outcome.record.effect(f"review_notification:{checkpoint.checkpoint_id}")
     assert recorded is not None and recorded.status is EffectStatus.SUCCEEDED
 

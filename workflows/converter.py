@@ -8,6 +8,12 @@ fail a workflow task (which Temporal retries forever) instead of ending in a typ
 * a payload decoded without a declared type (the workflow's own entry points take their arguments
   untyped and validate them themselves) that cannot be decoded at all comes back as a ``RawValue``
   rather than raising, so the workflow can refuse it with a reason.
+
+Its failure converter presents expected failures for operators: a non-retryable ``ApplicationError``
+with a type is a decision (a refused plan, a rejected checkpoint, an invalid request), not a bug, so its
+failure carries no stack trace (none of the worker's paths) and its message starts with its type —
+``RequiredAfterPlanningError: <reason>`` is the first line the Temporal UI and CLI show. Decoding takes
+the type back off, so code that reads the error sees the message it was raised with.
 """
 
 from __future__ import annotations
@@ -17,14 +23,17 @@ from typing import Any, ClassVar
 
 import pydantic
 import temporalio.api.common.v1
+from temporalio.api.failure.v1 import Failure
 from temporalio.common import RawValue
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
 from temporalio.converter import (
     CompositePayloadConverter,
     DataConverter,
+    DefaultFailureConverter,
     DefaultPayloadConverter,
     EncodingPayloadConverter,
     JSONPlainPayloadConverter,
+    PayloadConverter,
 )
 from temporalio.exceptions import ApplicationError
 
@@ -104,4 +113,35 @@ class LifecyclePayloadConverter(CompositePayloadConverter):
             ) from None
 
 
-data_converter = DataConverter(payload_converter_class=LifecyclePayloadConverter)
+def is_expected(exception: BaseException) -> bool:
+    """A typed, non-retryable application error: a failure the code decided on, not a crash."""
+    return isinstance(exception, ApplicationError) and bool(exception.type) and exception.non_retryable
+
+
+class LifecycleFailureConverter(DefaultFailureConverter):
+    """Expected failures headed by their type and without stack traces (see the module docstring)."""
+
+    def to_failure(self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure) -> None:
+        super().to_failure(exception, payload_converter, failure)
+        if not is_expected(exception):
+            return
+        prefix = f"{failure.application_failure_info.type}: "
+        if not failure.message.startswith(prefix):
+            failure.message = prefix + failure.message
+        cause: Failure | None = failure
+        while cause is not None:
+            cause.stack_trace = ""
+            cause = cause.cause if cause.HasField("cause") else None
+
+    def from_failure(self, failure: Failure, payload_converter: PayloadConverter) -> BaseException:
+        prefix = f"{failure.application_failure_info.type}: "
+        if failure.HasField("application_failure_info") and prefix != ": " and failure.message.startswith(prefix):
+            headed, failure = failure, Failure()
+            failure.CopyFrom(headed)
+            failure.message = headed.message.removeprefix(prefix)
+        return super().from_failure(failure, payload_converter)
+
+
+data_converter = DataConverter(
+    payload_converter_class=LifecyclePayloadConverter, failure_converter_class=LifecycleFailureConverter
+)

@@ -17,7 +17,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from . import dispatch
+    from . import dispatch, story
     from .effects import elapsed_ms
     from .models import (
         DetachedEffectInput,
@@ -44,6 +44,8 @@ class DetachedEffectWorkflow:
         work = input.work
         effect = input.effect.model_copy(deep=True)
         ceiling = timedelta(seconds=input.heartbeat_timeout_seconds)
+        about = f"**detached effect:** {story.excerpt(work.hook, 200)} · {story.excerpt(work.effect_id, 200)}"
+        workflow.set_current_details(f"{about}\n\n**stage:** running the detached work")
         try:
             result = await dispatch.execute(
                 "run_detached_work",
@@ -67,6 +69,8 @@ class DetachedEffectWorkflow:
             effect.summary = result.summary or "detached work completed"
         if effect.started_at is not None:
             effect.duration_ms = elapsed_ms(effect.started_at)
+        outcome = effect.status.value + (f": {effect.error}" if effect.error else "")
+        workflow.set_current_details(f"{about}\n\n**stage:** reporting\n\n**outcome:** {story.excerpt(outcome)}")
 
         await report_effect(
             input.parent_workflow_id,

@@ -17,14 +17,15 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError, TimeoutError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import JsonValue
 
-    from . import decisions, dispatch
+    from . import decisions, dispatch, story
+    from . import search_attributes as sa
     from .detached import DETACHED_WORKFLOW_TYPE, detached_workflow_id
     from .effects import elapsed_ms, record_effects
     from .leases import ManagedLeases
@@ -59,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         WorkerLoss,
         bounded_value,
+        subagent_depth,
     )
     from .stages import HOOK_BATCH_ACTIVITY, STAGES
     from .support import (
@@ -70,6 +72,8 @@ with workflow.unsafe.imports_passed_through():
         hook_retry_delay,
         payload_bytes,
     )
+
+AWAITING_REVIEW_STAGE = "awaiting_review"
 
 OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
 ResultT = TypeVar("ResultT")
@@ -106,10 +110,41 @@ class HookInvoker:
     _local_bookkeeping: bool = False
     _hook_batches: bool = False
     _inflight_bytes: int = 0  # inline input bytes of the activities scheduled and not yet finished
+    # Executions started from here on keep AgentLifecycleStage at the stage they are in (one upsert per
+    # stage change an observer could see), set AgentWorkflowKind, and start their children with their kind.
+    _stage_upserts: bool = False
+    _upserted_stage: str | None = None  # the stage AgentLifecycleStage holds
+    _upserted_awaiting = False  # whether AgentAwaitingReview holds true
 
-    def _set_stage(self, stage: str, detail: str = "") -> None:
+    def _set_stage(self, stage: str, detail: str = "", *, outcome: str = "") -> None:
+        """Enter ``stage``: the record, the current details an operator reads (what was asked, the stage,
+        the outcome once there is one) and, where the namespace has them, the search attributes. A stage
+        with an ``outcome`` is the terminal one. A hook stage without participants is over within the
+        workflow task it began in — no one could see it in a listing — so it costs no upsert."""
         self._record.lifecycle_stage = str(stage)
-        workflow.set_current_details(f"**stage:** {stage}" + (f" — {detail}" if detail else ""))
+        workflow.set_current_details(
+            story.current_details(self._input.request, stage=str(stage), detail=detail, outcome=outcome)
+        )
+        passing = isinstance(stage, Stage) and not self._manifest.participants(stage)
+        if self._stage_upserts and not passing:
+            self._upsert_stage(str(stage), terminal=bool(outcome))
+
+    def _upsert_stage(self, stage: str, *, terminal: bool = False) -> None:
+        """One upsert per change of stage. AgentWorkflowKind goes with the first; AgentAwaitingReview
+        when a checkpoint opens, when it closes, and (false) at the end."""
+        if not self._manifest.search_attributes or stage == self._upserted_stage:
+            return
+        awaiting = stage == AWAITING_REVIEW_STAGE
+        updates: list[Any] = [sa.LIFECYCLE_STAGE.value_set(stage)]
+        if awaiting != self._upserted_awaiting or terminal:
+            updates.append(sa.AWAITING_REVIEW.value_set(awaiting))
+        if self._upserted_stage is None:
+            updates.append(sa.WORKFLOW_KIND.value_set(self._kind()))
+        workflow.upsert_search_attributes(updates)
+        self._upserted_stage, self._upserted_awaiting = stage, awaiting
+
+    def _kind(self) -> str:
+        return sa.KIND_SUBAGENT if subagent_depth(self._input.metadata) > 0 else sa.KIND_REQUEST
 
     async def _run_stage(
         self,
@@ -479,7 +514,9 @@ class HookInvoker:
                 id=detached_workflow_id(info.workflow_id, work.effect_id),
                 task_queue=info.task_queue,
                 parent_close_policy=ParentClosePolicy.ABANDON,
-                static_summary=f"{work.stage.value} · {work.hook} · {work.effect_id}",
+                static_summary=story.detached_summary(work.stage.value, work.hook, work.effect_id),
+                static_details=story.detached_details(info.workflow_id, self._request_id),
+                search_attributes=self._child_kind(sa.KIND_DETACHED_EFFECT),
             )
         except FailureError as err:  # e.g. an effect id this request already used for detached work
             failed = {
@@ -489,6 +526,12 @@ class HookInvoker:
             }
             record_effects(self._record, [effect.model_copy(update=failed)])
             del self._detached_tokens[work.effect_id]
+
+    def _child_kind(self, kind: str) -> TypedSearchAttributes | None:
+        """The search attributes a child starts with: its kind, where the namespace has it."""
+        if self._stage_upserts and self._manifest.search_attributes:
+            return TypedSearchAttributes([SearchAttributePair(sa.WORKFLOW_KIND, kind)])
+        return None
 
     def _apply_enrichment_changes(self, hook: HookEntry, changes: list[EnrichmentChange]) -> None:
         """Merge a hook's changes and record each as the effect ``planning_enrichment:<key>``."""

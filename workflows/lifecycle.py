@@ -19,11 +19,11 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     from pydantic import JsonValue
 
-    from . import decisions
+    from . import decisions, story
     from . import search_attributes as sa
     from .detached import EFFECT_UPDATE_SIGNAL
     from .effects import record_effects
-    from .invocation import RunStopped, error_text, raise_if_cancelled
+    from .invocation import AWAITING_REVIEW_STAGE, RunStopped, error_text, raise_if_cancelled
     from .leases import ManagedLeases
     from .models import (
         ANSWER_TOPIC,
@@ -116,6 +116,9 @@ INVALID_QUERY = "InvalidQuery"
 # Executions started from here on resolve the pipeline and write the record as local activities, and
 # run consecutive in-process hooks of a stage in one local activity.
 IN_PROCESS_PATCH = "in-process-bookkeeping-and-hook-batches"
+# Executions started from here on upsert AgentLifecycleStage at every stage and AgentWorkflowKind, and
+# start their children with their kind.
+STAGE_SEARCH_ATTRIBUTES_PATCH = "stage-and-kind-search-attributes"
 SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal, EffectUpdateSignal)
 
 
@@ -313,8 +316,13 @@ class RequestLifecycleWorkflow(StepExecution):
             self._record.status = RequestStatus.FAILED
             self._record.error = RequestError(type=decisions.INVALID_REQUEST, message=self._input_problem)
             self._record.lifecycle_stage = str(RequestStatus.FAILED)
+            headline = story.failure_headline(decisions.INVALID_REQUEST, self._input_problem)
+            workflow.set_current_details(
+                story.current_details("(no valid request)", stage=str(RequestStatus.FAILED), outcome=headline)
+            )
             raise ApplicationError(self._input_problem, type=decisions.INVALID_REQUEST, non_retryable=True)
         self._local_bookkeeping = self._hook_batches = workflow.patched(IN_PROCESS_PATCH)
+        self._stage_upserts = workflow.patched(STAGE_SEARCH_ATTRIBUTES_PATCH)
         try:
             result = await self._lifecycle()
         except RunStopped as stop:
@@ -702,11 +710,19 @@ class RequestLifecycleWorkflow(StepExecution):
         )
         self._record.checkpoints.append(checkpoint)
         self._record.status = RequestStatus.SUSPENDED
-        self._set_stage("awaiting_review", detail=f"checkpoint {checkpoint.checkpoint_id}: {len(reasons)} reason(s)")
-        self._upsert_search_attributes("awaiting_review", awaiting_review=True)
+        self._set_stage(
+            AWAITING_REVIEW_STAGE, detail=f"checkpoint {checkpoint.checkpoint_id}: {len(reasons)} reason(s)"
+        )
+        if not self._stage_upserts:
+            self._upsert_search_attributes(AWAITING_REVIEW_STAGE, awaiting_review=True)
         if self._manifest.review.notify:  # without a reviewers' webhook a checkpoint adds no command
             await start_review_notification(
-                self._record, self._detached_tokens, self._manifest, checkpoint, self._input.request
+                self._record,
+                self._detached_tokens,
+                self._manifest,
+                checkpoint,
+                self._input.request,
+                search_attributes=self._child_kind(sa.KIND_REVIEW_NOTIFICATION),
             )
         await self._persist(LifecycleBoundary.CHECKPOINT_OPENED)
         try:
@@ -719,7 +735,8 @@ class RequestLifecycleWorkflow(StepExecution):
             checkpoint.status = CheckpointStatus.EXPIRED
             checkpoint.decided_at = workflow.now()
         self._record.status = RequestStatus.RUNNING
-        self._upsert_search_attributes("executing", awaiting_review=False)
+        if not self._stage_upserts:
+            self._upsert_search_attributes("executing", awaiting_review=False)
         details = {
             "checkpoint_id": checkpoint.checkpoint_id,
             "phase": checkpoint.phase,
@@ -818,10 +835,29 @@ class RequestLifecycleWorkflow(StepExecution):
     async def _finish(self, status: RequestStatus, error: RequestError | None = None) -> None:
         self._record.status = status
         self._record.error = error
-        self._record.lifecycle_stage = "completed" if status is RequestStatus.SUCCEEDED else str(status)
+        terminal = "completed" if status is RequestStatus.SUCCEEDED else str(status)
         self._record.completed_at = workflow.now()
-        self._upsert_search_attributes(self._record.lifecycle_stage, awaiting_review=False)
+        if self._stage_upserts:
+            self._set_stage(terminal, outcome=self._outcome(status, error))
+        else:
+            self._record.lifecycle_stage = terminal
+            workflow.set_current_details(
+                story.current_details(self._input.request, stage=terminal, outcome=self._outcome(status, error))
+            )
+            self._upsert_search_attributes(terminal, awaiting_review=False)
         await self._persist(LifecycleBoundary.TERMINAL)
+
+    def _outcome(self, status: RequestStatus, error: RequestError | None) -> str:
+        """How the request ended, in one line: the failure's type and reason, who stopped it, or the answer."""
+        if error is not None:
+            return story.failure_headline(error.type, error.message)
+        stopped = self._record.stopped
+        if stopped is not None:
+            return f"stopped by {stopped.extension} at {stopped.phase}: {stopped.reason}"
+        answer = self._record.final_response or ""
+        served = self._record.short_circuit
+        by = f" (short-circuit by {served.source}: {served.reason})" if served is not None else ""
+        return f"{status.value}{by} — answer: {answer}"
 
     async def _persist(self, boundary: LifecycleBoundary) -> None:
         """Persist the full snapshot with a higher revision; never masks the request outcome. A cancel

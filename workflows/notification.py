@@ -15,12 +15,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from . import dispatch
+    from . import dispatch, story
     from .detached import report_effect
     from .effects import elapsed_ms, record_effects
     from .models import (
@@ -57,9 +57,11 @@ async def start_review_notification(
     manifest: PipelineManifest,
     checkpoint: Checkpoint,
     request: str,
+    *,
+    search_attributes: TypedSearchAttributes | None = None,
 ) -> None:
     """Record the pending notification effect of ``checkpoint`` and start the child that delivers it
-    (``tokens`` is the request's effect id → update token map). A child that cannot start leaves the
+    (``tokens`` is the request's effect id → update token map; ``search_attributes`` the child's kind). A child that cannot start leaves the
     effect failed; the checkpoint waits for its reviewer either way."""
     info = workflow.info()
     effect = PipelineHookEffect(
@@ -92,6 +94,10 @@ async def start_review_notification(
             task_queue=info.task_queue,
             parent_close_policy=ParentClosePolicy.ABANDON,
             static_summary=f"review notification · {checkpoint.checkpoint_id}",
+            static_details=story.review_notification_details(
+                info.workflow_id, record.request_id, checkpoint.checkpoint_id
+            ),
+            search_attributes=search_attributes,
         )
     except FailureError as err:
         failed = {"status": EffectStatus.FAILED, "error": f"could not start the notification: {err}"}

@@ -4,8 +4,18 @@ from temporalio.common import SearchAttributeKey
 
 LIFECYCLE_STAGE = SearchAttributeKey.for_keyword("AgentLifecycleStage")
 AWAITING_REVIEW = SearchAttributeKey.for_bool("AgentAwaitingReview")
-ALL = (LIFECYCLE_STAGE, AWAITING_REVIEW)
+# What an execution is: ``request`` (what a client asked), ``subagent`` (a child request a plan step
+# delegated to), ``detached_effect`` (a child carrying a hook's detached work) or ``review_notification``
+# (a child telling the reviewers' webhook that a checkpoint opened).
+WORKFLOW_KIND = SearchAttributeKey.for_keyword("AgentWorkflowKind")
+KIND_REQUEST = "request"
+KIND_SUBAGENT = "subagent"
+KIND_DETACHED_EFFECT = "detached_effect"
+KIND_REVIEW_NOTIFICATION = "review_notification"
+ALL = (LIFECYCLE_STAGE, AWAITING_REVIEW, WORKFLOW_KIND)
 # The visibility query of a reviewer's inbox.
 AWAITING_REVIEW_QUERY = (
     "WorkflowType = 'RequestLifecycle' AND AgentAwaitingReview = true AND ExecutionStatus = 'Running'"
 )
+# The list filter that shows what clients asked, without sub-agent or detached-effect children.
+REQUESTS_QUERY = "AgentWorkflowKind = 'request'"

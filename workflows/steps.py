@@ -20,6 +20,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from . import search_attributes as sa
+    from . import story
     from .effects import elapsed_ms
     from .invocation import HookInvoker, RunStopped, raise_if_cancelled
     from .models import (
@@ -207,8 +209,9 @@ class StepExecution(HookInvoker):
             result.error_type = LOOP_DEPTH_EXCEEDED
             result.error = f"sub-agent depth {depth} exceeds the limit of {MAX_SUBAGENT_DEPTH}"
         else:
+            asked = str(call.arguments.get("request") or self._ask)
             child = RequestInput(
-                request=str(call.arguments.get("request") or self._ask),
+                request=asked,
                 metadata={
                     **self._input.metadata,
                     METADATA_SUBAGENT_DEPTH: depth,
@@ -222,7 +225,9 @@ class StepExecution(HookInvoker):
                     id=f"{info.workflow_id}/subagent/{step.step_id}",
                     task_queue=info.task_queue,
                     result_type=RequestResult,
-                    static_summary=f"sub-agent · {step.tool} ({step.step_id}) · depth {depth}",
+                    static_summary=story.subagent_summary(step.tool, step.step_id, depth, asked),
+                    static_details=story.subagent_details(info.workflow_id, self._request_id, asked),
+                    search_attributes=self._child_kind(sa.KIND_SUBAGENT),
                 )
             except FailureError as err:
                 raise_if_cancelled(err)

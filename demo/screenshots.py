@@ -1,0 +1,262 @@
+"""Screenshots of what an operator sees in the Temporal Web UI, taken with headless Chromium.
+
+    python -m demo.screenshots                  # into ./screenshots
+    python -m demo.screenshots --out DIR        # ... or DIR
+
+Starts its own dev server (with its UI) on free loopback ports and a throwaway state directory, runs the
+demo pipeline on four requests — a quote that carries a secret, a trade the required hook refuses, a
+message approved at its checkpoint (its audit write a detached child), and a message left waiting for a
+reviewer — then writes ``workflows.png`` (every execution, requests and children told apart by
+``AgentWorkflowKind``, each at its ``AgentLifecycleStage``), ``requests.png`` (the requests-only filter),
+``awaiting-review.png`` and ``completed.png`` (a request's user metadata and current details) and
+``refused.png`` (the refused request's failure). Needs Chromium (``CHROMIUM`` or /usr/bin/chromium) and
+the ``playwright`` package (the dev extra); Playwright never downloads a browser here, and the browser
+reaches nothing but loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+
+from client import Settings, connect, exit_process
+from client.cli import pending_checkpoint, review, start_request
+from client.devserver import start_dev_server
+from worker import build_worker, load_activities, prepare
+from workflows import search_attributes
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SECRET = "sk-" + "demo" * 6  # looks like an API key: the UI must show it masked
+QUOTE = f"What is the price of ACME? My key is {SECRET}"
+TRADE = "Buy 10 ACME"
+APPROVED = "Send a message to alice with the price of ACME"
+WAITING = "Send a message to bob with the price of GBX"
+REVIEWER = "screenshot-reviewer"
+
+
+def chromium_path() -> str:
+    """The system Chromium (``CHROMIUM`` overrides); never one Playwright downloads."""
+    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(path).exists():
+        raise FileNotFoundError(f"Chromium not found at {path}: apt-get install chromium, or set CHROMIUM")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Browser:
+    """Headless Chromium on a fresh profile, one page at a time, for the UI at ``base`` (a namespace URL)."""
+
+    def __init__(self, page: Any, base: str) -> None:
+        self.page, self.base = page, base
+
+    async def open(self, path: str, *, wait_for: str | None = None, timeout: float = 20.0) -> str:
+        """Load ``base + path`` and return the page's visible text once ``wait_for`` appears in it."""
+        await self.page.goto(self.base + path, wait_until="domcontentloaded")
+        return await self.wait_for_text(wait_for, timeout=timeout) if wait_for else await self.text()
+
+    async def text(self) -> str:
+        """The visible text of the page and of its frames (the UI renders markdown in frames)."""
+        texts = []
+        for frame in self.page.frames:
+            with contextlib.suppress(Exception):  # a frame that navigated or went away meanwhile
+                texts.append(await frame.inner_text("body", timeout=2_000))
+        return "\n".join(texts)
+
+    async def wait_for_text(self, wanted: str, *, timeout: float = 20.0) -> str:
+        """The page's text once it contains ``wanted`` (the UI renders after its API calls return)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            text = await self.text()
+            if wanted in text:
+                return text
+            if loop.time() > deadline:
+                raise AssertionError(f"{wanted!r} not shown at {self.page.url}; the page says:\n{text[:3000]}")
+            await asyncio.sleep(0.25)
+
+    async def screenshot(self, path: Path, *, full_page: bool = False) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        await self.page.screenshot(path=str(path), full_page=full_page)
+        return path
+
+    async def list_workflows(self, query: str, *, wait_for: str) -> str:
+        """The workflow list filtered by a visibility query, once ``wait_for`` is listed."""
+        return await self.open(f"/workflows?query={quote(query)}", wait_for=wait_for)
+
+    async def show_columns(self, namespace: str, labels: list[str]) -> None:
+        """Choose the workflow list's columns (what an operator does once with "Configure columns"): the
+        UI keeps the choice in the browser's local storage, set here before any page loads."""
+        columns = {namespace: [{"label": label, "pinned": label in ("Status", "Workflow ID")} for label in labels]}
+        await self.page.add_init_script(
+            f"window.localStorage.setItem('namespace-workflow-table-columns', {json.dumps(json.dumps(columns))});"
+        )
+
+    async def workflow(self, workflow_id: str, tab: str = "history", *, wait_for: str) -> str:
+        """A tab of a workflow's page (its latest run): ``history``, ``user-metadata``, ``search-attributes``."""
+        run_id = await self._latest_run(workflow_id)
+        return await self.open(f"/workflows/{quote(workflow_id, safe='')}/{run_id}/{tab}", wait_for=wait_for)
+
+    async def _latest_run(self, workflow_id: str) -> str:
+        response = await self.page.request.get(
+            self.base.replace("/namespaces/", "/api/v1/namespaces/") + f"/workflows/{quote(workflow_id, safe='')}"
+        )
+        return (await response.json())["workflowExecutionInfo"]["execution"]["runId"]
+
+
+async def _loopback_only(route: Any) -> None:
+    """Let the UI reach its own server; anything else it would load (news, fonts, telemetry) is refused."""
+    url = route.request.url
+    if url.startswith(("data:", "blob:")) or urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1"):
+        await route.continue_()
+    else:
+        await route.abort()
+
+
+@contextlib.asynccontextmanager
+async def browser(base: str, *, width: int = 1600, height: int = 800) -> AsyncIterator[Browser]:
+    """Headless Chromium (the system's) driven by Playwright, with a fresh profile directory."""
+    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+    from playwright.async_api import async_playwright
+
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        async with async_playwright() as playwright:
+            context = await playwright.chromium.launch_persistent_context(
+                profile,
+                executable_path=chromium_path(),
+                headless=True,
+                args=CHROMIUM_ARGS,
+                viewport={"width": width, "height": height},
+            )
+            try:
+                await context.route("**/*", _loopback_only)
+                page = context.pages[0] if context.pages else await context.new_page()
+                page.set_default_timeout(20_000)
+                yield Browser(page, base)
+            finally:
+                await context.close()
+
+
+@dataclass
+class Requests:
+    """The workflow ids of the requests the scenario ran."""
+
+    quote: str
+    trade: str
+    approved: str
+    waiting: str
+    waiting_handle: WorkflowHandle
+
+
+async def _settle(handle: WorkflowHandle) -> None:
+    with contextlib.suppress(WorkflowFailureError):
+        await handle.result()
+
+
+async def _approve(client: Client, workflow_id: str) -> None:
+    for _ in range(300):
+        checkpoint = await pending_checkpoint(client, workflow_id)
+        if checkpoint is not None:
+            await review(client, workflow_id, "approve", REVIEWER, "checked", checkpoint.checkpoint_id)
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{workflow_id} opened no checkpoint")
+
+
+async def run_requests(client: Client, settings: Settings) -> Requests:
+    """The four requests, started by the project's client (so with their summaries); the last one is
+    left waiting at its checkpoint."""
+    quote_handle = await start_request(client, settings, QUOTE, metadata={"cache": "bypass"})
+    trade_handle = await start_request(client, settings, TRADE, metadata={"cache": "bypass"})
+    approved_handle = await start_request(client, settings, APPROVED, metadata={"cache": "bypass"})
+    waiting_handle = await start_request(client, settings, WAITING, metadata={"cache": "bypass"})
+    await _approve(client, approved_handle.id)
+    for handle in (quote_handle, trade_handle, approved_handle):
+        await _settle(handle)
+    for _ in range(300):  # the waiting request is listed as awaiting review
+        listed = [e.id async for e in client.list_workflows(search_attributes.AWAITING_REVIEW_QUERY)]
+        if waiting_handle.id in listed:
+            break
+        await asyncio.sleep(0.1)
+    return Requests(quote_handle.id, trade_handle.id, approved_handle.id, waiting_handle.id, waiting_handle)
+
+
+# The list's columns an operator picks with "Configure columns": what each execution is and its stage.
+COLUMNS = ["Status", "Workflow ID", "AgentWorkflowKind", "AgentLifecycleStage", "Type", "End"]
+
+
+async def take_screenshots(ui: Browser, requests: Requests, out: Path, namespace: str = "default") -> list[Path]:
+    """The pictures an operator would take: every execution (requests and their children, told apart by
+    kind, each at its stage), the requests alone, a waiting request's story, a refusal, an answer."""
+    await ui.show_columns(namespace, COLUMNS)
+    shots = []
+    await ui.open("/workflows", wait_for="detached_effect")
+    await ui.wait_for_text("awaiting_review")
+    shots.append(await ui.screenshot(out / "workflows.png"))
+    await ui.list_workflows(search_attributes.REQUESTS_QUERY, wait_for=requests.trade)
+    shots.append(await ui.screenshot(out / "requests.png"))
+    await ui.workflow(requests.waiting, "user-metadata", wait_for="awaiting_review")
+    shots.append(await ui.screenshot(out / "awaiting-review.png"))
+    await ui.workflow(requests.trade, wait_for='"RequiredAfterPlanningError: required after_planning hook')
+    shots.append(await ui.screenshot(out / "refused.png"))
+    await ui.workflow(requests.quote, "user-metadata", wait_for="outcome:")
+    shots.append(await ui.screenshot(out / "completed.png"))
+    return shots
+
+
+async def main(out: Path) -> int:
+    with tempfile.TemporaryDirectory(prefix="agent-screenshots-") as state:
+        settings = Settings.from_env(
+            {},
+            temporal_address=f"127.0.0.1:{free_port()}",
+            ui_port=free_port(),
+            state_dir=Path(state),
+            task_queue="screenshots",
+        )
+        activities = load_activities(settings)
+        env = await start_dev_server(settings)
+        try:
+            client = await connect(settings, tracing=False)
+            await prepare(client, settings, activities)
+            async with build_worker(client, settings.task_queue, activities):
+                requests = await run_requests(client, settings)
+                async with browser(settings.ui_url) as ui:
+                    shots = await take_screenshots(ui, requests, out)
+                await requests.waiting_handle.terminate("screenshots taken")
+        finally:
+            await env.shutdown()
+    for shot in shots:
+        print(shot)
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("screenshots"), help="directory for the PNG files")
+    exit_process(asyncio.run(main(parser.parse_args().out)))

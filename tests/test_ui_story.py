@@ -1,0 +1,266 @@
+"""What an operator reads about a request without opening its record: the summary and details it was
+started with (masked, bounded), the workflow's current details (what was asked, the stage, the outcome),
+``AgentLifecycleStage`` at every stage, ``AgentWorkflowKind`` telling requests from their children, and
+failures headed by their type, without stack traces for the expected ones. (The browser's view of the
+same is tests/test_ui_browser.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import traceback
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.failure.v1 import Failure
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+
+from client import Settings
+from client.cli import start_request
+from client.devserver import temporal_cli_path
+from client.settings import DEFAULT_ALLOWED_OPERATIONS
+from demo.pipeline import demo_hooks
+from hooks.builtin.allowed_operations import AllowedOperationsHook
+from hooks.builtin.audit import EFFECT_ID as AUDIT_EFFECT_ID
+from hooks.builtin.audit import AuditHook, JsonlAuditWriter
+from workflows import data_converter, detached_workflow_id
+from workflows import search_attributes as sa
+from workflows.converter import LifecycleFailureConverter
+from workflows.models import Checkpoint, RequestResult
+
+from .doubles import FixedPlanner, eventually
+from .harness import Harness, Outcome
+from .test_declared_hooks import Echo, echo
+from .test_declared_subagents import Delegate, delegate
+
+SECRET = "sk-" + "x1" * 12
+MESSAGE = "Send a message to alice with the price of ACME"
+
+
+async def current_details(handle: WorkflowHandle) -> str:
+    """What the UI shows as the workflow's current details (the SDK's built-in metadata query)."""
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    return metadata.current_details
+
+
+def stage_upserts(out: Outcome) -> list[dict[str, object]]:
+    """Every upsert of the lifecycle's search attributes in the history, in order, as name -> value (the
+    SDK's own upserts of ``TemporalChangeVersion`` left out)."""
+    found = []
+    for e in out.history.events:
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
+            fields = e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+            if any(key.name in fields for key in sa.ALL):
+                found.append({k: data_converter.payload_converter.from_payload(v) for k, v in fields.items()})
+    return found
+
+
+def failure_chain(failure: Failure) -> list[Failure]:
+    chain = [failure]
+    while chain[-1].HasField("cause"):
+        chain.append(chain[-1].cause)
+    return chain
+
+
+async def test_a_request_started_by_the_client_is_summarized_masked_and_bounded(client: Client, tmp_path):
+    long_tail = " and then some more words" * 40
+    async with Harness(client, tmp_path) as h:
+        settings = Settings(task_queue=h.task_queue, state_dir=tmp_path)
+        handle = await start_request(
+            client, settings, f"What is the price of ACME?\nMy key is {SECRET}{long_tail}", request_id="summary-1"
+        )
+        await handle.result()
+        h.histories.append(await handle.fetch_history())
+        description = await handle.describe()
+        summary, details = await description.static_summary(), await description.static_details()
+
+    assert summary is not None and details is not None
+    assert summary.startswith("request: What is the price of ACME? My key is [REDACTED] and then")
+    assert SECRET not in summary and "\n" not in summary and len(summary) <= len("request: ") + 121
+    assert "**request id:** summary-1" in details and "[REDACTED]" in details and SECRET not in details
+    assert len(details) < 700
+
+
+async def test_a_request_started_without_a_summary_tells_its_story_in_its_current_details(client: Client, tmp_path):
+    async with Harness(client, tmp_path) as h:
+        handle = await h.start(f"{MESSAGE} (token {SECRET})", {"cache": "bypass"})
+        checkpoint = await h.wait_for_checkpoint(handle)
+        waiting = await current_details(handle)
+        attributes = (await handle.describe()).typed_search_attributes
+        out = await h.finish(handle, approve_as="ops")
+        ended = await current_details(handle)
+
+    assert waiting.startswith(f"**asked:** {MESSAGE} (token [REDACTED])")
+    assert f"**stage:** awaiting_review — checkpoint {checkpoint.checkpoint_id}" in waiting and SECRET not in waiting
+    assert attributes.get(sa.LIFECYCLE_STAGE) == "awaiting_review" and attributes.get(sa.AWAITING_REVIEW) is True
+    assert attributes.get(sa.WORKFLOW_KIND) == sa.KIND_REQUEST
+    assert out.result is not None
+    assert "**stage:** completed" in ended
+    assert "**outcome:** succeeded — answer: ACME is trading at" in ended
+
+
+async def test_a_request_started_by_the_temporal_cli_has_no_summary_but_its_details_tell_the_story(
+    client: Client, tmp_path
+):
+    async with Harness(client, tmp_path) as h:
+        started = await asyncio.to_thread(
+            subprocess.run,
+            [
+                temporal_cli_path(),
+                *("workflow", "start", "--type", "RequestLifecycle", "--task-queue", h.task_queue),
+                *("--workflow-id", "cli-story", "--input", f'{{"request": "What is the price of ACME? {SECRET}"}}'),
+                *("--address", client.service_client.config.target_host),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert started.returncode == 0, started.stderr
+        handle = client.get_workflow_handle("cli-story", result_type=RequestResult)
+        await handle.result()
+        h.histories.append(await handle.fetch_history())
+        description = await handle.describe()
+        ended = await current_details(handle)
+
+    assert await description.static_summary() is None
+    assert description.typed_search_attributes.get(sa.WORKFLOW_KIND) == sa.KIND_REQUEST
+    assert ended.startswith("**asked:** What is the price of ACME? [REDACTED]\n\n**stage:** completed")
+    assert "**outcome:** succeeded — answer: ACME is trading at" in ended and SECRET not in ended
+
+
+async def test_the_stage_attribute_follows_every_stage_with_one_upsert_per_change(client: Client, tmp_path):
+    # The demo pipeline: hooks at before_planning, after_planning, after_execution, after_synthesis and
+    # on_finish; none at before_run or after_answer, which pass within a workflow task and are not upserted.
+    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
+        out = await h.run(MESSAGE, {"cache": "bypass"}, approve_as="ops")
+
+    assert out.result is not None
+    upserts = stage_upserts(out)
+    stages = [u[sa.LIFECYCLE_STAGE.name] for u in upserts]
+    assert stages == [
+        "before_planning",
+        "planning",
+        "after_planning",
+        "executing",
+        "planning",  # phase 2: the message, which needs a reviewer
+        "after_planning",
+        "awaiting_review",
+        "executing",
+        "after_execution",
+        "synthesizing",
+        "after_synthesis",
+        "on_finish",
+        "completed",
+    ]
+    # The kind once, with the first; the review flag when the checkpoint opens and closes, and at the end.
+    assert [u.get(sa.WORKFLOW_KIND.name) for u in upserts] == ["request"] + [None] * (len(upserts) - 1)
+    flags = [(u[sa.LIFECYCLE_STAGE.name], u[sa.AWAITING_REVIEW.name]) for u in upserts if sa.AWAITING_REVIEW.name in u]
+    assert flags == [("awaiting_review", True), ("executing", False), ("completed", False)]
+    attributes = (await client.get_workflow_handle(out.workflow_id).describe()).typed_search_attributes
+    assert attributes.get(sa.LIFECYCLE_STAGE) == "completed" and attributes.get(sa.AWAITING_REVIEW) is False
+
+
+async def test_without_hooks_only_the_framework_stages_are_upserted(client: Client, tmp_path):
+    async with Harness(client, tmp_path) as h:
+        out = await h.run(MESSAGE, {"cache": "bypass"}, approve_as="ops")
+
+    stages = [u[sa.LIFECYCLE_STAGE.name] for u in stage_upserts(out)]
+    assert stages == ["planning", "executing", "planning", "awaiting_review", "executing", "synthesizing", "completed"]
+    assert out.record is not None and out.record.lifecycle_stage == "completed"
+
+
+async def test_a_refused_request_names_its_failure_type_first_and_leaks_no_stack_trace(client: Client, tmp_path):
+    async with Harness(client, tmp_path, hooks=[AllowedOperationsHook(DEFAULT_ALLOWED_OPERATIONS)]) as h:
+        out = await h.run("Buy 10 ACME", {"cache": "bypass"})
+        ended = await current_details(client.get_workflow_handle(out.workflow_id))
+
+    # The client reads the typed failure with the message it was raised with.
+    assert out.failure is not None and out.failure.type == "RequiredAfterPlanningError"
+    assert out.failure.message.startswith("required after_planning hook 'allowed-operations' rejected the plan")
+    # The history (what the UI and the CLI show): the type first, then the reason; no stack trace at all.
+    failed = out.history.events[-1]
+    assert failed.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED
+    failure = failed.workflow_execution_failed_event_attributes.failure
+    assert failure.message == f"RequiredAfterPlanningError: {out.failure.message}"
+    assert [f.stack_trace for f in failure_chain(failure)] == [""] * len(failure_chain(failure))
+    assert '"stackTrace"' not in out.history.to_json().split("workflowExecutionFailedEventAttributes")[1]
+    assert f"**outcome:** RequiredAfterPlanningError: {out.failure.message[:60]}" in ended
+    assert "**stage:** failed" in ended
+
+
+def test_only_expected_failures_lose_their_stack_trace_and_are_headed_by_their_type():
+    converter = LifecycleFailureConverter()
+    payloads = data_converter.payload_converter
+
+    def encode(error: BaseException) -> Failure:
+        try:
+            raise error
+        except BaseException as raised:  # noqa: BLE001 - any exception, as a workflow would raise it
+            failure = Failure()
+            converter.to_failure(raised, payloads, failure)
+            return failure
+
+    expected = encode(ApplicationError("plan refused", type="RequiredAfterPlanningError", non_retryable=True))
+    assert (expected.message, expected.stack_trace) == ("RequiredAfterPlanningError: plan refused", "")
+    decoded = converter.from_failure(expected, payloads)
+    assert isinstance(decoded, ApplicationError)
+    assert (decoded.type, decoded.message) == ("RequiredAfterPlanningError", "plan refused")
+    # A crash, or a failure still worth retrying, keeps the stack trace an engineer needs.
+    for error in (KeyError("boom"), ApplicationError("try again", type="Transient")):
+        unexpected = encode(error)
+        assert "test_ui_story.py" in unexpected.stack_trace, traceback.format_exc()
+        assert not unexpected.message.startswith(f"{unexpected.application_failure_info.type}: ")
+
+
+async def test_children_are_told_apart_from_requests_by_kind_summary_and_list_filter(client: Client, tmp_path):
+    planner = FixedPlanner(delegate(), echo("e", "hi"))
+    hooks = [AuditHook(JsonlAuditWriter(tmp_path / "audit.jsonl"))]
+    async with Harness(client, tmp_path, tools=[Delegate(), Echo()], planner=planner, hooks=hooks) as h:
+        out = await h.run(f"recurse with {SECRET}")
+        subagent = client.get_workflow_handle(f"{out.workflow_id}/subagent/d", result_type=RequestResult)
+        effect = client.get_workflow_handle(detached_workflow_id(out.workflow_id, AUDIT_EFFECT_ID))
+        await effect.result()
+        h.histories += [await subagent.fetch_history(), await effect.fetch_history()]
+
+        async def kinds() -> dict[str, str | None] | None:
+            query = f"WorkflowId = '{out.workflow_id}' OR WorkflowId = '{subagent.id}' OR WorkflowId = '{effect.id}'"
+            listed = {e.id: e.typed_search_attributes.get(sa.WORKFLOW_KIND) async for e in client.list_workflows(query)}
+            return listed if len(listed) == 3 else None
+
+        listed = await eventually(kinds, what="the request and two of its children listed")
+        requests_only = f"{sa.REQUESTS_QUERY} AND WorkflowId STARTS_WITH '{out.workflow_id}'"
+        filtered = await eventually(
+            lambda: _ids(client, requests_only), what="the request alone under the requests filter"
+        )
+        sub_description, effect_description = await subagent.describe(), await effect.describe()
+
+    assert out.failure is None, out.failure
+    assert listed == {out.workflow_id: "request", subagent.id: "subagent", effect.id: "detached_effect"}
+    assert filtered == [out.workflow_id]
+    sub_summary = await sub_description.static_summary()
+    assert sub_summary == "sub-agent · agents/delegate (d) · depth 1: look deeper"
+    assert f"**sub-agent of:** {out.workflow_id}" in (await sub_description.static_details() or "")
+    assert (
+        await effect_description.static_summary()
+        == "detached effect · after_execution · application-audit · audit-write"
+    )
+    assert f"**detached effect of:** {out.workflow_id}" in (await effect_description.static_details() or "")
+
+
+async def _ids(client: Client, query: str) -> list[str] | None:
+    ids = [e.id async for e in client.list_workflows(query)]
+    return ids or None
+
+
+async def test_a_checkpoint_left_open_keeps_the_stage_until_a_decision(client: Client, tmp_path):
+    # Reading a waiting request twice changes nothing: no upsert is issued while nothing moves.
+    async with Harness(client, tmp_path) as h:
+        handle = await h.start(MESSAGE, {"cache": "bypass"})
+        checkpoint: Checkpoint = await h.wait_for_checkpoint(handle)
+        before = len((await handle.fetch_history()).events)
+        await asyncio.sleep(0.5)
+        await current_details(handle)
+        after = len((await handle.fetch_history()).events)
+        await h.finish(handle, approve_as="ops")
+    assert checkpoint.phase == 2 and before == after
