@@ -14,10 +14,12 @@ DEFAULT_TOOL_ALLOW_LIST = [
     "stock-service/stock_quote",
     "stock-service/execute_trade",
     "notify-service/send_message",
+    "research-service/company_profile",
 ]
 DEFAULT_ALLOWED_OPERATIONS = [
     "demo-tools/stock-service/stock_quote",
     "demo-tools/notify-service/send_message",
+    "demo-tools/research-service/company_profile",
 ]
 
 
@@ -41,6 +43,8 @@ _ENVIRONMENT = {
     "AGENT_WORKFLOW_SANDBOX": "workflow_sandbox",
     "AGENT_DATABASE_URL": "database_url",
     "AGENT_DATABASE_POOL_SIZE": "database_pool_size",
+    "AGENT_MCP_SERVERS": "mcp_servers_file",
+    "AGENT_MCP_ALLOW_LOOPBACK": "mcp_allow_loopback",
 }
 _LIST_ENVIRONMENT = {
     "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
@@ -62,7 +66,8 @@ class Settings(BaseModel):
     bytes), ``AGENT_HOOK_ALLOW_LOOPBACK`` (tests only), ``AGENT_PAYLOAD_STORE`` (file, or ``off``),
     ``AGENT_WORKFLOW_SANDBOX`` (``true``: run the workflows in Temporal's sandbox), ``AGENT_DATABASE_URL``
     (``postgresql://…``: every store on PostgreSQL, shared by workers on several machines),
-    ``AGENT_DATABASE_POOL_SIZE``.
+    ``AGENT_DATABASE_POOL_SIZE``, ``AGENT_MCP_SERVERS`` (the MCP servers whose tools the worker offers),
+    ``AGENT_MCP_ALLOW_LOOPBACK`` (tests only).
     """
 
     temporal_address: str = "localhost:7233"
@@ -92,6 +97,10 @@ class Settings(BaseModel):
     # PostgreSQL for the stores workers on several machines share (see storage); unset: SQLite files.
     database_url: SecretStr | None = None
     database_pool_size: int = Field(default=10, ge=1, le=1000)
+    # MCP servers whose tools the worker offers (see activities.mcp), and the loopback switch of their
+    # SSRF check (their encrypted headers use hook_secret_key).
+    mcp_servers_file: Path | None = None
+    mcp_allow_loopback: bool = False
 
     @field_validator("database_url")
     @classmethod
