@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 from temporalio.api.enums.v1 import EventType
 
 from activities.mcp import (
@@ -32,12 +33,14 @@ from activities.mcp import (
     ToolOverride,
     load_mcp_tools,
 )
+from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
 from activities.tools import ToolRegistry
 from hooks import PlanStep, ToolDecision
 from hooks.declarative import SecretBox
 from workflows import data_converter
 from workflows.models import PipelineManifest, StageSettings, StepStatus
 
+from . import openai_server as ai
 from .doubles import FixedPlanner, started_attempts
 from .harness import Harness, Outcome
 from .test_entrypoints import _free_port
@@ -241,6 +244,33 @@ async def test_a_server_down_at_start_up_is_an_error_unless_it_is_optional(tmp_p
     async with served(tools):
         assert [t.spec().key for t in tools] == ["mcp/inventory/describe"]
     assert "MCP server down" in caplog.text and "optional" in caplog.text
+
+
+async def test_the_model_planner_is_offered_mcp_tools_and_its_calls_reach_the_server(client, tmp_path):
+    calls = tmp_path / "calls.jsonl"
+    level = function_name("mcp/inventory/stock_level")
+    async with (
+        ai.OpenAIServer() as server,
+        served(load_mcp_tools([stdio_server(calls, offered="stock_level,discontinue")])) as tools,
+    ):
+        server.push(
+            ai.tool_calls((level, {"sku": "abc"})),
+            ai.answer("I have the stock level."),
+            ai.answer("There are 21 units of abc."),
+        )
+        model = ModelSettings(base_url=server.base_url, api_key=SecretStr("sk-test"), model="test-model")
+        registry = ToolRegistry(tools)
+        planner, synthesizer = OpenAIPlanner(model, registry), OpenAISynthesizer(model)
+        async with Harness(client, tmp_path, tools=tools, planner=planner, synthesizer=synthesizer) as h:
+            out = await h.run("How many abc do we have?")
+
+    assert out.result is not None, out.failure
+    assert out.result.response == "There are 21 units of abc."
+    offered = server.requests[0]
+    assert set(offered.tool_names) == {level, function_name("mcp/inventory/discontinue")}
+    assert offered.tool(level)["parameters"]["required"] == ["sku"]  # the server's input schema
+    assert [(s.tool, s.status) for s in out.record.steps] == [("inventory/stock_level", StepStatus.SUCCEEDED)]
+    assert [(c["tool"], c["arguments"]) for c in received(calls)] == [("stock_level", {"sku": "abc"})]
 
 
 # --------------------------------------------------------------------------------------------------
