@@ -18,21 +18,17 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import re
 import tomllib
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hooks.declarative.config import ENCRYPTED_PREFIX
+from hooks.declarative.config import CommandConfig, HttpConfig
 
 SERVER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$"
 DEFAULT_NAMESPACE = "mcp"
-# Header names whose values are credentials: they must be stored encrypted (``enc:v1:...``).
-_SECRET_HEADER = re.compile(r"(authorization|cookie|token|secret|api[-_]?key|password)", re.IGNORECASE)
 
 
 class McpStartupError(Exception):
@@ -93,36 +89,21 @@ class McpServerConfig(BaseModel):
             raise ValueError("command must not be empty")
         return value
 
+    # The same rules as declared hooks' command and HTTP handlers.
     @field_validator("allowed_env_vars")
     @classmethod
     def _env_names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(f"{name!r} is not an environment variable name")
-        return value
+        return CommandConfig._env_names(value)
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("url must be an absolute http(s) URL with a host")
-        if parts.username or parts.password:
-            raise ValueError("url must not carry credentials; use an encrypted header")
-        return value
+        return value if value is None else HttpConfig._url(value)
 
     @field_validator("headers")
     @classmethod
     def _secret_headers_encrypted(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, header in value.items():
-            if _SECRET_HEADER.search(name) and not header.startswith(ENCRYPTED_PREFIX):
-                raise ValueError(
-                    f"header {name!r} carries a credential and must be stored encrypted ({ENCRYPTED_PREFIX}...); "
-                    "use `agent-lifecycle hooks encrypt`"
-                )
-        return value
+        return HttpConfig._secret_headers_encrypted(value)
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:

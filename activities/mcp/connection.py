@@ -28,9 +28,10 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from hooks.declarative.config import ENCRYPTED_PREFIX
 from hooks.declarative.security import BlockedAddress, ResolvedTarget, SecretBox, resolve_target
 
-from .config import ENCRYPTED_PREFIX, McpServerConfig
+from .config import McpServerConfig
 
 logger = logging.getLogger(__name__)
 
