@@ -36,7 +36,7 @@ from activities.mcp import (
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
 from activities.tools import ToolRegistry
 from hooks import PlanStep, ToolDecision
-from hooks.declarative import SecretBox
+from hooks.declarative import DeclaredHookRuntime, HookStore, SecretBox, declared_hooks, parse_hooks
 from workflows import data_converter
 from workflows.models import PipelineManifest, StageSettings, StepStatus
 
@@ -110,8 +110,9 @@ def alive(pid: int) -> bool:
 async def test_a_stdio_servers_tools_run_as_governed_tool_steps(client, tmp_path):
     """Listing: the annotations decide read_only and approval, the lists decide what is offered. Calls:
     text and structured results become outputs, isError a typed failure on_tool_error sees, a before_tool
-    deny (matched on ``inventory/reorder``) never reaches the server, every call carries its step's
-    idempotency key, and both requests share one server process."""
+    deny (matched on ``inventory/reorder``) and a declared command hook's block (matched on
+    ``inventory/describe``) never reach the server, every call carries its step's idempotency key, and
+    both requests share one server process."""
     calls = tmp_path / "calls.jsonl"
     config = stdio_server(
         calls, deny=["wipe_*", "crash", "flood"], tools={"describe": ToolOverride(approval_required=False)}
@@ -124,11 +125,33 @@ async def test_a_stdio_servers_tools_run_as_governed_tool_steps(client, tmp_path
         matcher=r"^inventory/reorder$",
     )
     errors = OnToolError("error-observer")
+    box = SecretBox.from_base64(SecretBox.generate_key())
+    runtime = DeclaredHookRuntime(store=HookStore(tmp_path / "hooks.sqlite3", secrets=box), secrets=box)
+    blocker = tmp_path / "block.sh"
+    blocker.write_text('cat >/dev/null\necho "that product is confidential" >&2\nexit 2\n')
+    declared = declared_hooks(
+        parse_hooks(
+            {
+                "hooks": [
+                    {
+                        "id": "confidential-products",
+                        "event": "pre_tool_use",
+                        "handler_type": "command",
+                        "matcher": "^inventory/describe$",
+                        "if_expr": 'tool_input.sku == "secret"',
+                        "config": {"command": f"bash {blocker}"},
+                    }
+                ]
+            }
+        ),
+        runtime,
+    )
     planner = FixedPlanner(
         step("level", "stock_level", sku="ab"),
         step("text", "describe", sku="ab"),
         step("refused", "reorder", sku="ab", units=0),
         step("bulk", "reorder", sku="ab", units=99),
+        step("hidden", "describe", sku="secret"),
     )
     async with served(load_mcp_tools([config])) as tools:
         specs = {spec.capability: spec for spec in ToolRegistry(tools).specs()}
@@ -142,7 +165,8 @@ async def test_a_stdio_servers_tools_run_as_governed_tool_steps(client, tmp_path
         assert specs["reorder"].key == "mcp/inventory/reorder"
         assert specs["reorder"].parameters["required"] == ["sku", "units"]
 
-        async with Harness(client, tmp_path, hooks=[deny_bulk, errors], tools=tools, planner=planner) as h:
+        hooks = [deny_bulk, errors, *declared]
+        async with Harness(client, tmp_path, hooks=hooks, tools=tools, planner=planner) as h:
             out = await h.run("check the inventory")
             again = await h.run("check the inventory again")
 
@@ -155,6 +179,8 @@ async def test_a_stdio_servers_tools_run_as_governed_tool_steps(client, tmp_path
     assert steps["refused"].error == "Error executing tool reorder: cannot reorder 0 units"  # the server's text
     assert errors.seen["refused"].error == steps["refused"].error
     assert (steps["bulk"].status, steps["bulk"].skipped_by) == (StepStatus.SKIPPED, "no-bulk-orders")
+    assert steps["hidden"].status is StepStatus.SKIPPED
+    assert "that product is confidential" in (steps["hidden"].skip_detail or "")
     # The steps run concurrently: compare what ran, not in which order.
     assert sorted(a.summary for a in out.tool_activities) == [
         "execute · inventory/describe (text)",
@@ -168,7 +194,8 @@ async def test_a_stdio_servers_tools_run_as_governed_tool_steps(client, tmp_path
         ("describe", json.dumps({"sku": "ab"})): out.idempotency_key("text", {"sku": "ab"}),
         ("reorder", json.dumps({"sku": "ab", "units": 0})): out.idempotency_key("refused", {"sku": "ab", "units": 0}),
     }
-    assert all(c["arguments"].get("units") != 99 for c in got)  # the denied call never reached the server
+    # The denied and blocked calls never reached the server.
+    assert all(c["arguments"] not in ({"sku": "ab", "units": 99}, {"sku": "secret"}) for c in got)
     assert len(got) == 6 and len({c["pid"] for c in got}) == 1  # one process served both requests
     assert again.result is not None
     manifest = recorded_manifest(out)

@@ -191,7 +191,7 @@ class McpConnection:
                 if isinstance(err, asyncio.CancelledError):
                     raise
                 raise McpServerUnavailable(
-                    f"{self.server.name}: cannot connect to {self.server.target}: {_why(err)}"
+                    f"{self.server.name}: cannot connect to {self.server.target}: {error_text(err)}"
                 ) from None
             self._client, self._owner, self._stop = client, owner, stop
             self.starts += 1
@@ -207,7 +207,7 @@ class McpConnection:
             if not ready.done():
                 ready.set_exception(err)
             else:
-                logger.info("MCP server %s: connection ended: %s", self.server.name, _why(err))
+                logger.info("MCP server %s: connection ended: %s", self.server.name, error_text(err))
 
     async def _drop(self, client: Client | None) -> None:
         """Close the connection ``client`` belongs to, if it is still the current one."""
@@ -226,7 +226,7 @@ class McpConnection:
         await self._drop(self._client)
 
 
-def _why(err: BaseException) -> str:
+def error_text(err: BaseException) -> str:
     """The innermost useful message of a (possibly grouped) connection error."""
     while isinstance(err, BaseExceptionGroup) and err.exceptions:
         err = err.exceptions[0]

@@ -29,7 +29,7 @@ from hooks.declarative.security import SecretBox
 
 from ..tools import Tool, ToolContext
 from .config import McpServerConfig, McpStartupError
-from .connection import McpConnection, McpCredentialError, McpServerUnavailable, _why
+from .connection import McpConnection, McpCredentialError, McpServerUnavailable, error_text
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class McpTool(Tool):
             raise ApplicationError(str(err), type=MCP_SERVER_UNAVAILABLE, non_retryable=True) from None
         except (MCPError, pydantic.ValidationError) as err:  # the server refused the call, or answered nonsense
             raise ApplicationError(
-                f"{self.server}/{self.tool_name}: {_why(err)}"[:_MAX_ERROR_CHARS],
+                f"{self.server}/{self.tool_name}: {error_text(err)}"[:_MAX_ERROR_CHARS],
                 type=MCP_TOOL_ERROR,
                 non_retryable=True,
             ) from None
@@ -239,7 +239,7 @@ async def _listing(connection: McpConnection) -> list[mcp_types.Tool] | str:
     except TimeoutError:
         return f"no answer within {connection.server.startup_timeout_seconds:g} s"
     except Exception as err:  # noqa: BLE001 - every failure to list is the server's absence, reported
-        return _why(err)
+        return error_text(err)
 
 
 def _run_on_thread(make: Any) -> Any:
