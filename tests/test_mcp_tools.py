@@ -222,7 +222,7 @@ async def test_a_destructive_mcp_tool_waits_at_a_checkpoint_before_it_reaches_th
     assert [c["tool"] for c in received(calls)] == ["discontinue"]
 
 
-async def test_a_server_that_dies_mid_call_is_restarted_retried_then_a_typed_failure(client, tmp_path):
+async def test_a_server_that_dies_is_restarted_and_a_call_it_died_in_retried_then_a_typed_failure(client, tmp_path):
     calls = tmp_path / "calls.jsonl"
     planner = FixedPlanner(step("boom", "crash", reason="test"))
     async with served(load_mcp_tools([stdio_server(calls, offered="crash,stock_level")])) as tools:
@@ -230,6 +230,12 @@ async def test_a_server_that_dies_mid_call_is_restarted_retried_then_a_typed_fai
             out = await h.run("crash it")
             planner.steps = (step("level", "stock_level", sku="abc"),)
             after = await h.run("then a plain call")
+            idle_pid = json.loads(after.record.steps[0].output)["pid"]
+            os.kill(idle_pid, signal.SIGKILL)  # dies between calls
+            while alive(idle_pid):
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # the worker reads the end of its output
+            revived = await h.run("and one after it died idle")
 
     assert out.result is not None, out.failure
     [crashed] = out.record.steps
@@ -238,8 +244,11 @@ async def test_a_server_that_dies_mid_call_is_restarted_retried_then_a_typed_fai
     crashes = [c for c in received(calls) if c["tool"] == "crash"]
     assert len(crashes) == 2 and crashes[0]["pid"] != crashes[1]["pid"]  # a new process for the retry
     assert after.record.steps[0].status is StepStatus.SUCCEEDED  # and again for the next call
-    served_by = json.loads(after.record.steps[0].output)["pid"]
-    assert served_by not in {c["pid"] for c in crashes}
+    assert idle_pid not in {c["pid"] for c in crashes}
+    # A server found dead before a call is started again first: the call does not spend an attempt.
+    assert revived.record.steps[0].status is StepStatus.SUCCEEDED
+    assert started_attempts(revived, "execute_tool_step") == [1]
+    assert json.loads(revived.record.steps[0].output)["pid"] != idle_pid
 
 
 async def test_a_restarted_worker_lists_and_starts_its_servers_anew_and_old_histories_still_replay(client, tmp_path):

@@ -2,8 +2,8 @@
 server per worker process for the calls, opened by the first call and reused by every later one.
 
 A stdio server is a child process of the worker: started by the first call, shared by concurrent calls,
-and started again by the next call after it dies. A call that finds the connection broken (the process
-exited, the HTTP server went away) fails with :class:`McpServerUnavailable` after dropping the
+and started again by the next call after it dies. A call that the connection breaks under (the process
+exits, the HTTP server goes away) fails with :class:`McpServerUnavailable` after dropping the
 connection, so the step's retry starts a fresh one; nothing from a dead connection is reused.
 
 An HTTP server's address passes the same SSRF check as HTTP hooks every time a connection opens: the host
@@ -176,14 +176,24 @@ class McpConnection:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._client is not None and self._owner is not None and not self._owner.done():
-                return self._client
+                if still_reading(self._client):
+                    return self._client
+                logger.info("MCP server %s: the connection ended while idle; reconnecting", self.server.name)
             await self._drop(self._client)
             ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
             stop = asyncio.Event()
+            ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read here, or by the waiter
             owner = asyncio.create_task(self._own(ready, stop), name=f"mcp-server {self.server.name}")
             try:
                 async with asyncio.timeout(self.server.startup_timeout_seconds):
                     client = await asyncio.shield(ready)
+            except TimeoutError:
+                stop.set()
+                owner.cancel()
+                raise McpServerUnavailable(
+                    f"{self.server.name}: {self.server.target} did not answer within "
+                    f"{self.server.startup_timeout_seconds:g} s"
+                ) from None
             except BaseException as err:
                 stop.set()
                 with contextlib.suppress(BaseException):
@@ -224,6 +234,15 @@ class McpConnection:
     async def aclose(self) -> None:
         """Close this worker's connection (a stdio server's process ends)."""
         await self._drop(self._client)
+
+
+def still_reading(client: Client) -> bool:
+    """Whether ``client``'s connection still reads from the server (a stdio server that exited, or an
+    HTTP session that ended, closes it). The SDK offers no public flag: its dispatcher's ``_closed``, set
+    when the server's stream ends, is read defensively. Without it every connection counts as open, and a
+    dead one is found by the call instead, which fails its attempt; the step's retry reconnects."""
+    dispatcher = getattr(getattr(client, "_session", None), "_dispatcher", None)
+    return not getattr(dispatcher, "_closed", False)
 
 
 def error_text(err: BaseException) -> str:
