@@ -38,7 +38,7 @@ from activities.tools import ToolRegistry
 from hooks import PlanStep, ToolDecision
 from hooks.declarative import DeclaredHookRuntime, HookStore, SecretBox, declared_hooks, parse_hooks
 from workflows import data_converter
-from workflows.models import PipelineManifest, StageSettings, StepStatus
+from workflows.models import MAX_TOOL_OUTPUT_BYTES, PipelineManifest, StageSettings, StepStatus
 
 from . import openai_server as ai
 from .doubles import FixedPlanner, started_attempts
@@ -114,9 +114,7 @@ async def test_a_stdio_servers_tools_run_as_governed_tool_steps(client, tmp_path
     ``inventory/describe``) never reach the server, every call carries its step's idempotency key, and
     both requests share one server process."""
     calls = tmp_path / "calls.jsonl"
-    config = stdio_server(
-        calls, deny=["wipe_*", "crash", "flood"], tools={"describe": ToolOverride(approval_required=False)}
-    )
+    config = stdio_server(calls, deny=["wipe_*", "crash"], tools={"describe": ToolOverride(approval_required=False)})
     deny_bulk = BeforeTool(
         "no-bulk-orders",
         lambda call: (
@@ -152,13 +150,15 @@ async def test_a_stdio_servers_tools_run_as_governed_tool_steps(client, tmp_path
         step("refused", "reorder", sku="ab", units=0),
         step("bulk", "reorder", sku="ab", units=99),
         step("hidden", "describe", sku="secret"),
+        step("huge", "flood", size=MAX_TOOL_OUTPUT_BYTES + 10),
     )
     async with served(load_mcp_tools([config])) as tools:
         specs = {spec.capability: spec for spec in ToolRegistry(tools).specs()}
-        assert sorted(specs) == ["describe", "discontinue", "reorder", "stock_level"]
+        assert sorted(specs) == ["describe", "discontinue", "flood", "reorder", "stock_level"]
         assert {name: (s.read_only, s.approval_required) for name, s in specs.items()} == {
             "describe": (True, False),
             "discontinue": (False, True),  # destructiveHint: a reviewer approves every call
+            "flood": (True, False),
             "reorder": (False, False),
             "stock_level": (True, False),
         }
@@ -180,15 +180,17 @@ async def test_a_stdio_servers_tools_run_as_governed_tool_steps(client, tmp_path
     assert errors.seen["refused"].error == steps["refused"].error
     assert (steps["bulk"].status, steps["bulk"].skipped_by) == (StepStatus.SKIPPED, "no-bulk-orders")
     assert steps["hidden"].status is StepStatus.SKIPPED
+    assert (steps["huge"].status, steps["huge"].error_type) == (StepStatus.FAILED, "ToolOutputTooLarge")
     assert "that product is confidential" in (steps["hidden"].skip_detail or "")
     # The steps run concurrently: compare what ran, not in which order.
     assert sorted(a.summary for a in out.tool_activities) == [
         "execute · inventory/describe (text)",
+        "execute · inventory/flood (huge)",
         "execute · inventory/reorder (refused)",
         "execute · inventory/stock_level (level)",
     ]
     got = received(calls)
-    keys = {(c["tool"], json.dumps(c["arguments"])): c["idempotency_key"] for c in got[:3]}
+    keys = {(c["tool"], json.dumps(c["arguments"])): c["idempotency_key"] for c in got[:4] if c["tool"] != "flood"}
     assert keys == {
         ("stock_level", json.dumps({"sku": "ab"})): out.idempotency_key("level", {"sku": "ab"}),
         ("describe", json.dumps({"sku": "ab"})): out.idempotency_key("text", {"sku": "ab"}),
@@ -196,7 +198,7 @@ async def test_a_stdio_servers_tools_run_as_governed_tool_steps(client, tmp_path
     }
     # The denied and blocked calls never reached the server.
     assert all(c["arguments"] not in ({"sku": "ab", "units": 99}, {"sku": "secret"}) for c in got)
-    assert len(got) == 6 and len({c["pid"] for c in got}) == 1  # one process served both requests
+    assert len(got) == 8 and len({c["pid"] for c in got}) == 1  # one process served both requests
     assert again.result is not None
     manifest = recorded_manifest(out)
     assert {t.key for t in manifest.tools} == {f"mcp/inventory/{name}" for name in specs}

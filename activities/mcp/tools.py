@@ -29,7 +29,7 @@ from hooks.declarative.security import SecretBox
 
 from ..tools import Tool, ToolContext
 from .config import McpServerConfig, McpStartupError
-from .connection import McpConnection, McpCredentialError, McpServerUnavailable, error_text
+from .connection import McpConnection, McpServerUnavailable, error_text
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +89,6 @@ class McpTool(Tool):
             )
         except McpServerUnavailable as err:
             raise ApplicationError(str(err), type=MCP_SERVER_UNAVAILABLE) from None
-        except McpCredentialError as err:
-            raise ApplicationError(str(err), type=MCP_SERVER_UNAVAILABLE, non_retryable=True) from None
         except (MCPError, pydantic.ValidationError) as err:  # the server refused the call, or answered nonsense
             raise ApplicationError(
                 f"{self.server}/{self.tool_name}: {error_text(err)}"[:_MAX_ERROR_CHARS],
@@ -125,11 +123,11 @@ def step_output(result: mcp_types.CallToolResult) -> JsonValue:
         return content_text(result.content)
     parts: list[JsonValue] = []
     for block in result.content:
-        if isinstance(block, mcp_types.TextContent):
-            parts.append({"type": "text", "text": block.text})
-        else:
-            described = block.model_dump(mode="json", exclude={"data", "blob"}, exclude_none=True)
-            parts.append({key: value for key, value in described.items() if key != "resource" or "text" not in value})
+        described = block.model_dump(mode="json", exclude_none=True, exclude={"data"})
+        resource = described.get("resource")
+        if isinstance(resource, dict):
+            described["resource"] = {key: value for key, value in resource.items() if key != "blob"}
+        parts.append(described)
     return parts
 
 
