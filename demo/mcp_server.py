@@ -1,6 +1,6 @@
 """The demo's MCP server: ``research-service``, one read-only tool over stdio.
 
-    python -m demo.mcp_server
+    python demo/mcp_server.py
 
 The demo worker starts it as a child process and offers its tool as
 ``demo-tools/research-service/company_profile``, governed by the same hooks as the Python tools.

@@ -146,6 +146,6 @@ def demo_mcp_servers() -> list[McpServerConfig]:
             name="research-service",
             namespace=NAMESPACE,
             description="company research",
-            command=[sys.executable, "-m", "demo.mcp_server"],
+            command=[sys.executable, str(Path(__file__).with_name("mcp_server.py"))],
         )
     ]

@@ -10,6 +10,7 @@ lists them, so replay never depends on what a server offers later.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import re
 import threading
@@ -69,7 +70,7 @@ class McpArguments(BaseModel):
 
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return dict(cls.input_schema)
+        return copy.deepcopy(cls.input_schema)
 
 
 class McpTool(Tool):
