@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.client import WorkflowFailureError
 
+from activities.mcp import McpStartupError
 from client import Settings, connect, exit_process
 from client.cli import describe_failure, format_checkpoint, format_record, pending_checkpoint, review, start_request
 from client.devserver import start_dev_server
@@ -241,6 +242,9 @@ if __name__ == "__main__":
         exit_process(asyncio.run(main(parser.parse_args().hold)))
     except TelemetryConfigError as err:
         print(f"telemetry configuration error: {err}", file=sys.stderr)
+        exit_process(2)
+    except McpStartupError as err:  # the demo's MCP server (or one of AGENT_MCP_SERVERS) cannot be listed
+        print(f"MCP server error: {err}", file=sys.stderr)
         exit_process(2)
     except (KeyboardInterrupt, asyncio.CancelledError):  # stopped by a signal, after its shutdown ran
         print("demo stopped; the dev server is shut down", flush=True)
