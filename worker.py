@@ -123,7 +123,12 @@ async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         hooks = ", ".join(e.name for e in activities.registry.entries) or "(none)"
-        print(f"worker polling task queue {settings.task_queue!r} on {settings.temporal_address}; hooks: {hooks}")
+        specs = activities.tools.specs()
+        from_mcp = sum(isinstance(activities.tools.get(spec.key), McpTool) for spec in specs)
+        print(
+            f"worker polling task queue {settings.task_queue!r} on {settings.temporal_address}; hooks: {hooks}; "
+            f"tools: {len(specs)} ({from_mcp} from MCP servers)"
+        )
         if dev:
             print(f"Temporal UI: {settings.ui_url}/workflows")
         try:

@@ -43,7 +43,7 @@ from workflows.models import MAX_TOOL_OUTPUT_BYTES, PipelineManifest, StageSetti
 from . import openai_server as ai
 from .doubles import FixedPlanner, started_attempts
 from .harness import Harness, Outcome
-from .test_entrypoints import _free_port
+from .test_entrypoints import _cli, _free_port, _running_worker
 from .test_tool_hooks import BeforeTool, OnToolError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -415,7 +415,25 @@ def test_the_worker_lists_configured_servers_and_exits_non_zero_when_one_is_down
     failed = _check(tmp_path, [inventory, down])
     assert failed.returncode == 2
     assert "MCP server error: MCP server 'ledger'" in failed.stderr and "is unavailable" in failed.stderr
+    # (A bad file stops it the same way, naming the server and the field: see tests/unit/test_mcp_tool_specs.py.)
 
-    bad = _check(tmp_path, [{"name": "nowhere"}])
-    assert bad.returncode == 2
-    assert "server 'nowhere'" in bad.stderr and "exactly one of command (stdio) and url" in bad.stderr
+
+def _mcp_children(pid: int) -> list[int]:
+    """The worker's child processes that run an MCP server script."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(child) for child in (task / "children").read_text().split()]
+    return [child for child in children if b"mcp_server" in Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
+def test_a_worker_starts_its_stdio_server_for_a_call_and_stops_it_when_it_stops(tmp_path):
+    with _running_worker(tmp_path) as env:
+        worker = int(env["_PID"])
+        assert _mcp_children(worker) == []  # listed at start-up on a connection of its own, then closed
+        answered = _cli(env, "run", "Show the company profile of ACME")
+        assert answered.returncode == 0, answered.stderr
+        assert "Acme Corporation" in answered.stdout
+        [server] = _mcp_children(worker)
+        log = Path(env["_LOG"]).read_text()
+        assert "tools: 4 (1 from MCP servers)" in log
+    assert not alive(server)  # stopped with the worker
