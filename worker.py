@@ -5,7 +5,8 @@
     python worker.py --check    # validate the pipeline and exit
 
 The pipeline comes from ``AGENT_PIPELINE`` (``module:function``, default ``demo.pipeline:build_activities``)
-and is validated before anything connects: a misconfigured pipeline exits non-zero with the reason.
+and is validated before anything connects: a misconfigured pipeline exits non-zero with the reason, and
+so does an MCP server of ``AGENT_MCP_SERVERS`` that cannot be listed (unless it is declared optional).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities import LifecycleActivities
+from activities.mcp import McpStartupError, McpTool
 from client import Settings, connect, database, exit_process
 from client.devserver import start_dev_server
 from client.search import ensure_search_attributes
@@ -121,11 +123,19 @@ async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         hooks = ", ".join(e.name for e in activities.registry.entries) or "(none)"
-        print(f"worker polling task queue {settings.task_queue!r} on {settings.temporal_address}; hooks: {hooks}")
+        specs = activities.tools.specs()
+        from_mcp = sum(isinstance(activities.tools.get(spec.key), McpTool) for spec in specs)
+        print(
+            f"worker polling task queue {settings.task_queue!r} on {settings.temporal_address}; hooks: {hooks}; "
+            f"tools: {len(specs)} ({from_mcp} from MCP servers)"
+        )
         if dev:
             print(f"Temporal UI: {settings.ui_url}/workflows")
-        async with worker:
-            await stop.wait()
+        try:
+            async with worker:
+                await stop.wait()
+        finally:
+            await activities.tools.aclose()  # MCP servers started over stdio end with the worker
         print("worker stopped")
 
 
@@ -145,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         activities = load_activities(settings)
+    except McpStartupError as err:  # a bad AGENT_MCP_SERVERS file, or a server down at start-up
+        print(f"MCP server error: {err}", file=sys.stderr)
+        return 2
     except InvalidPipelineConfigError as err:
         print(f"pipeline configuration error ({err.reason}): {err}", file=sys.stderr)
         return 2
@@ -157,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{entry.index}: {entry.name} [{', '.join(s.value for s in entry.stages)}]{_entry_options(activities, entry)}"
             )
+        for spec in activities.tools.specs():
+            if isinstance(activities.tools.get(spec.key), McpTool):
+                flags = [flag for flag in ("read_only", "approval_required") if getattr(spec, flag)]
+                print(f"mcp tool: {spec.key}{''.join(f' {flag}' for flag in flags)}")
         print("pipeline ok")
         return 0
     try:

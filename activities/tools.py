@@ -89,6 +89,14 @@ class ToolRegistry:
     def specs(self) -> list[ToolSpec]:
         return [tool.spec() for tool in self._tools.values()]
 
+    async def aclose(self) -> None:
+        """Release what the tools hold open (a tool with an ``aclose`` method, such as an MCP server's
+        connection); the worker calls this when it stops."""
+        for tool in self._tools.values():
+            close = getattr(tool, "aclose", None)
+            if close is not None:
+                await close()
+
     def argument_problems(self, step: PlanStep, *, resolved: bool = False) -> list[str]:
         """Why ``step.arguments`` do not fit its tool's parameters (empty when they do or the tool is
         unknown, which structural validation reports). An argument holding a step reference is checked

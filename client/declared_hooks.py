@@ -62,7 +62,7 @@ def add_parser(commands: Any) -> None:
     p.add_argument("hook_id")
     p.add_argument("--actor", default="operator")
     p = sub.add_parser(
-        "encrypt", help="encrypt a header secret for a declared-hooks file (reads stdin without a value)"
+        "encrypt", help="encrypt a header secret for a declared-hooks or MCP-servers file (reads stdin without a value)"
     )
     p.add_argument("value", nargs="?")
     sub.add_parser("keygen", help="print a new AGENT_HOOK_SECRET_KEY")

@@ -15,10 +15,12 @@ DEFAULT_TOOL_ALLOW_LIST = [
     "stock-service/stock_quote",
     "stock-service/execute_trade",
     "notify-service/send_message",
+    "research-service/company_profile",
 ]
 DEFAULT_ALLOWED_OPERATIONS = [
     "demo-tools/stock-service/stock_quote",
     "demo-tools/notify-service/send_message",
+    "demo-tools/research-service/company_profile",
 ]
 
 
@@ -43,6 +45,8 @@ _ENVIRONMENT = {
     "AGENT_DATABASE_URL": "database_url",
     "AGENT_DATABASE_POOL_SIZE": "database_pool_size",
     "AGENT_REVIEW_WEBHOOK": "review_webhook",
+    "AGENT_MCP_SERVERS": "mcp_servers_file",
+    "AGENT_MCP_ALLOW_LOOPBACK": "mcp_allow_loopback",
 }
 _LIST_ENVIRONMENT = {
     "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
@@ -65,7 +69,8 @@ class Settings(BaseModel):
     ``AGENT_WORKFLOW_SANDBOX`` (``true``: run the workflows in Temporal's sandbox), ``AGENT_DATABASE_URL``
     (``postgresql://…``: every store on PostgreSQL, shared by workers on several machines),
     ``AGENT_DATABASE_POOL_SIZE``, ``AGENT_REVIEW_WEBHOOK`` (an ``http(s)://`` URL told of every checkpoint
-    that opens; Slack-compatible; loopback only with ``AGENT_HOOK_ALLOW_LOOPBACK``).
+    that opens; Slack-compatible; loopback only with ``AGENT_HOOK_ALLOW_LOOPBACK``), ``AGENT_MCP_SERVERS``
+    (the MCP servers whose tools the worker offers), ``AGENT_MCP_ALLOW_LOOPBACK`` (tests only).
     """
 
     temporal_address: str = "localhost:7233"
@@ -97,6 +102,10 @@ class Settings(BaseModel):
     database_pool_size: int = Field(default=10, ge=1, le=1000)
     # The reviewers' webhook (a secret: a Slack webhook URL is its own credential); unset: nobody is told.
     review_webhook: SecretStr | None = None
+    # MCP servers whose tools the worker offers (see activities.mcp), and the loopback switch of their
+    # SSRF check (their encrypted headers use hook_secret_key).
+    mcp_servers_file: Path | None = None
+    mcp_allow_loopback: bool = False
 
     @field_validator("database_url")
     @classmethod

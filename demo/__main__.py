@@ -8,7 +8,9 @@
 3. the first request, repeated, is served from the response cache;
 4. a message with a price is planned in two phases (quote, then ``send_message`` referencing the quote),
    waits at a human-in-the-loop checkpoint because ``send_message`` needs approval, and is approved by the
-   demo reviewer through the ``review`` update; its audit record is written by a detached child workflow.
+   demo reviewer through the ``review`` update; its audit record is written by a detached child workflow;
+5. a company profile is answered by ``company_profile``, a tool of the demo's MCP server
+   (``demo/mcp_server.py``, which the worker started over stdio), under the same tool hooks.
 
 The pipeline has shared memory (``build_memory_hooks``): request 1's quote is recorded as an episodic
 event, and request 2 — the second request about ACME — is planned with that outcome in its
@@ -29,17 +31,19 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.client import WorkflowFailureError
 
+from activities.mcp import McpStartupError
 from client import Settings, connect, exit_process
 from client.cli import describe_failure, format_checkpoint, format_record, pending_checkpoint, review, start_request
 from client.devserver import start_dev_server
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 from worker import build_worker, load_activities, prepare
 from workflows import search_attributes
-from workflows.models import ExecutionRecord
+from workflows.models import ExecutionRecord, Stage
 
 QUOTE = "What is the price of ACME?"
 TRADE = "Buy 10 ACME"
 MESSAGE = "Send a message to alice with the price of ACME"
+PROFILE = "Show the company profile of ACME"
 REVIEWER = "demo-reviewer"
 
 
@@ -150,6 +154,13 @@ async def main(hold: bool) -> int:
             _show("4b. the message request, approved and finished", settings, *message)
             audit = await _settled_effect(activities.store, message[0], "audit-write")
             print(f"audit-write effect in the store after the detached child finished: {audit}")
+            profile = await _request(client, settings, spans, PROFILE, {"cache": "bypass"})
+            _show("5. a company profile from the demo's MCP server (stdio)", settings, *profile)
+            profile_steps = {s.step_id for s in profile[3].steps if s.tool == "research-service/company_profile"}
+            profile_guards = sorted(
+                {i.hook for i in profile[3].invocations(Stage.BEFORE_TOOL) if i.step_id in profile_steps}
+            )
+            print(f"before_tool hooks that governed the MCP call: {', '.join(profile_guards) or '(none)'}")
 
             # request 1's quote step, whatever the planner named it
             first_events = [f"{quote[0]}:{step.step_id}" for step in quote[3].steps]
@@ -194,6 +205,11 @@ async def main(hold: bool) -> int:
                 "activity signals cleaned up by the request owner on success and on rejection": all(
                     status == "succeeded" for status in cleanups.values()
                 ),
+                "company profile from the MCP server, under the allow-list tool hook": profile[1] is not None
+                and [(s.tool, s.status) for s in profile[1].steps]
+                == [("research-service/company_profile", "succeeded")]
+                and "Acme Corporation" in profile[1].response
+                and "allow-list" in profile_guards,
             }
             print("\n=== summary")
             for name, ok in checks.items():
@@ -214,6 +230,7 @@ async def main(hold: bool) -> int:
                 )
             return 0 if all(checks.values()) else 1
     finally:
+        await activities.tools.aclose()  # the demo's MCP server process ends here
         await env.shutdown()
         shutdown_telemetry()  # exported spans and metrics reach the collector before the process ends
 
@@ -225,6 +242,9 @@ if __name__ == "__main__":
         exit_process(asyncio.run(main(parser.parse_args().hold)))
     except TelemetryConfigError as err:
         print(f"telemetry configuration error: {err}", file=sys.stderr)
+        exit_process(2)
+    except McpStartupError as err:  # the demo's MCP server (or one of AGENT_MCP_SERVERS) cannot be listed
+        print(f"MCP server error: {err}", file=sys.stderr)
         exit_process(2)
     except (KeyboardInterrupt, asyncio.CancelledError):  # stopped by a signal, after its shutdown ran
         print("demo stopped; the dev server is shut down", flush=True)

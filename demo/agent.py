@@ -30,7 +30,8 @@ def _words(text: str) -> set[str]:
 
 
 class RulePlanner:
-    """Keyword rules: "quote"/"price" → ``stock_quote`` per ticker; "buy"/"sell" → ``execute_trade``;
+    """Keyword rules: "quote"/"price" → ``stock_quote`` per ticker; "profile" → ``company_profile`` (the
+    MCP server's tool) per ticker; "buy"/"sell" → ``execute_trade``;
     "notify"/"send"/"message" → ``send_message``. A message about quoted prices is a second phase: phase 1
     fetches the quotes, phase 2 sends them, referencing each quote's output (``implicit_deps``)."""
 
@@ -52,6 +53,17 @@ class RulePlanner:
                         namespace=NAMESPACE,
                         agent="stock-service",
                         capability="stock_quote",
+                        arguments={"symbol": ticker},
+                    )
+                )
+        if words & {"profile", "profiles"}:
+            for ticker in tickers:
+                steps.append(
+                    PlanStep(
+                        step_id=f"profile-{ticker.lower()}",
+                        namespace=NAMESPACE,
+                        agent="research-service",
+                        capability="company_profile",
                         arguments={"symbol": ticker},
                     )
                 )
@@ -131,6 +143,8 @@ def _describe(step: StepResult) -> str:
             return f"{verb} {output.get('quantity')} {output.get('symbol')} at {output.get('price')} (order {output.get('order_id')})."
         if step.tool.endswith("send_message"):
             return f"Message sent to {output.get('to')}."
+        if step.tool.endswith("company_profile"):
+            return f"{output.get('name')} ({output.get('symbol')}) is in {output.get('sector')}, with {output.get('employees')} employees."
         return f"{step.tool} succeeded."
     if step.status is StepStatus.FAILED:
         if step.error_handled_by:  # an on_tool_error hook gave the model a readable result instead

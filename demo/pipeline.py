@@ -13,6 +13,7 @@ from activities.memory import MemoryStore
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer
 from client import database, execution_store, response_cache_store, review_webhook
 from client.declared_hooks import settings_declared_hooks
+from client.mcp_servers import settings_mcp_tools
 from client.settings import Settings
 from hooks import HookRegistry, allow_list, redact
 from hooks.builtin import (
@@ -29,7 +30,7 @@ from hooks.memory import MemoryBackends
 from workflows.models import ReviewSettings, StageSettings
 
 from .agent import RulePlanner, TemplateSynthesizer
-from .tools import demo_tools
+from .tools import demo_mcp_servers, demo_tools
 
 KNOWLEDGE_FILE = Path(__file__).with_name("knowledge.json")
 AGENT_DOMAIN = "demo-agent"
@@ -75,7 +76,8 @@ def demo_hooks(settings: Settings, memory: MemoryStore | None = None) -> list:
 
 def build_activities(settings: Settings) -> LifecycleActivities:
     memory = demo_memory(settings)
-    tools = ToolRegistry(demo_tools(settings.state_dir))
+    # The Python tools, then the tools of the demo's MCP server and of AGENT_MCP_SERVERS (listed now).
+    tools = ToolRegistry([*demo_tools(settings.state_dir), *settings_mcp_tools(settings, demo_mcp_servers())])
     # A model where AGENT_MODEL (or a per-role model) is set; the rule planner and template otherwise.
     model = ModelSettings.from_env()
     return LifecycleActivities(

@@ -1,5 +1,6 @@
 """The demo's tools, namespace ``demo-tools``: a read-only quote, a trade that writes to a local ledger,
-and a message that writes to a local outbox. The writers are idempotent by the step's key."""
+and a message that writes to a local outbox (the writers are idempotent by the step's key); and a
+company profile served by the demo's own MCP server (``demo/mcp_server.py``, started over stdio)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import asyncio
 import fcntl
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from activities.mcp import McpServerConfig
 from activities.tools import Tool, ToolContext
 
 NAMESPACE = "demo-tools"
@@ -133,3 +136,16 @@ class SendMessage(Tool):
 def demo_tools(state_dir: str | Path) -> list[Tool]:
     state = Path(state_dir)
     return [StockQuote(), ExecuteTrade(state / "ledger.jsonl"), SendMessage(state / "outbox.jsonl")]
+
+
+def demo_mcp_servers() -> list[McpServerConfig]:
+    """The demo's MCP server: ``research-service`` (its ``company_profile`` is read-only), a child process
+    of the worker speaking over stdio."""
+    return [
+        McpServerConfig(
+            name="research-service",
+            namespace=NAMESPACE,
+            description="company research",
+            command=[sys.executable, str(Path(__file__).with_name("mcp_server.py"))],
+        )
+    ]

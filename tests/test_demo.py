@@ -46,9 +46,14 @@ async def test_the_demo_runs_its_requests_against_a_configured_model_and_passes_
     """``AGENT_MODEL=… bash scripts/demo`` with a model on an OpenAI-compatible endpoint (here a scripted one
     on 127.0.0.1, answering as a model with tool calling would): the model plans and answers, and the
     demo's hooks govern it exactly as they govern the rule planner."""
-    quote, trade, message = (
+    quote, trade, message, profile = (
         function_name(f"demo-tools/{tool}")
-        for tool in ("stock-service/stock_quote", "stock-service/execute_trade", "notify-service/send_message")
+        for tool in (
+            "stock-service/stock_quote",
+            "stock-service/execute_trade",
+            "notify-service/send_message",
+            "research-service/company_profile",  # served by the demo's MCP server
+        )
     )
     leaked = "sk-demo-" + "7" * 24  # a key the model repeats from its context: after_synthesis masks it
     async with ai.OpenAIServer() as server:
@@ -65,6 +70,10 @@ async def test_the_demo_runs_its_requests_against_a_configured_model_and_passes_
             ai.tool_calls((message, {"to": "alice", "text": "ACME is at {{steps.stock_quote-1.output.price}} USD"})),
             ai.answer("The message is sent."),
             ai.answer("I sent alice the price of ACME."),
+            # 5. the company profile: the MCP server's tool, offered to the model like the others
+            ai.tool_calls((profile, {"symbol": "ACME"})),
+            ai.answer("I have the profile."),
+            ai.answer("Acme Corporation (ACME) is a company in the demo's research catalogue."),
         )
         env = {
             **os.environ,
@@ -86,9 +95,11 @@ async def test_the_demo_runs_its_requests_against_a_configured_model_and_passes_
     assert "[FAILED]" not in output
     assert "planner openai:demo-model" in output
     assert leaked not in output and "sk-test-model-key" not in output
-    assert len(server.requests) == 8  # every scripted reply was asked for: none left, none missing
+    assert len(server.requests) == 11  # every scripted reply was asked for: none left, none missing
     assert all(r.headers["authorization"] == "Bearer sk-test-model-key" for r in server.requests)
-    assert [r.body["model"] for r in server.requests] == ["demo-model"] * 8
+    assert [r.body["model"] for r in server.requests] == ["demo-model"] * 11
+    offered = [t["function"]["name"] for t in server.requests[0].body["tools"]]
+    assert {quote, trade, message, profile} <= set(offered)
 
 
 def test_sigterm_stops_a_holding_demo_and_its_dev_server(tmp_path):
