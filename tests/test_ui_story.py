@@ -21,6 +21,7 @@ from client.cli import start_request
 from client.devserver import temporal_cli_path
 from client.settings import DEFAULT_ALLOWED_OPERATIONS
 from demo.pipeline import demo_hooks
+from hooks import PipelineHook, RunMode
 from hooks.builtin.allowed_operations import AllowedOperationsHook
 from hooks.builtin.audit import EFFECT_ID as AUDIT_EFFECT_ID
 from hooks.builtin.audit import AuditHook, JsonlAuditWriter
@@ -129,9 +130,10 @@ async def test_a_request_started_by_the_temporal_cli_has_no_summary_but_its_deta
     assert "**outcome:** succeeded — answer: ACME is trading at" in ended and SECRET not in ended
 
 
-async def test_the_stage_attribute_follows_every_stage_with_one_upsert_per_change(client: Client, tmp_path):
-    # The demo pipeline: hooks at before_planning, after_planning, after_execution, after_synthesis and
-    # on_finish; none at before_run or after_answer, which pass within a workflow task and are not upserted.
+async def test_the_stage_attribute_holds_the_stage_each_wait_happens_in(client: Client, tmp_path):
+    # The demo pipeline: in-process hooks at before_planning, after_planning, after_execution,
+    # after_synthesis and on_finish run as local activities, within the workflow task of the stage around
+    # them; a listing could never show those stages, so the attribute is set where the request waits.
     async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
         out = await h.run(MESSAGE, {"cache": "bypass"}, approve_as="ops")
 
@@ -139,18 +141,13 @@ async def test_the_stage_attribute_follows_every_stage_with_one_upsert_per_chang
     upserts = stage_upserts(out)
     stages = [u[sa.LIFECYCLE_STAGE.name] for u in upserts]
     assert stages == [
-        "before_planning",
-        "planning",
-        "after_planning",
-        "executing",
+        "planning",  # the plan activity
+        "executing",  # phase 1: the quote
         "planning",  # phase 2: the message, which needs a reviewer
-        "after_planning",
         "awaiting_review",
         "executing",
-        "after_execution",
+        "after_execution",  # the audit hook's detached child starts here
         "synthesizing",
-        "after_synthesis",
-        "on_finish",
         "completed",
     ]
     # The kind once, with the first; the review flag when the checkpoint opens and closes, and at the end.
@@ -159,6 +156,26 @@ async def test_the_stage_attribute_follows_every_stage_with_one_upsert_per_chang
     assert flags == [("awaiting_review", True), ("executing", False), ("completed", False)]
     attributes = (await client.get_workflow_handle(out.workflow_id).describe()).typed_search_attributes
     assert attributes.get(sa.LIFECYCLE_STAGE) == "completed" and attributes.get(sa.AWAITING_REVIEW) is False
+    # Every stage is in the record as it happens; the attribute only skips those no listing could show.
+    assert out.record is not None and out.record.lifecycle_stage == "completed"
+
+
+class SlowBeforePlanning(PipelineHook):
+    """A before_planning hook that runs as an activity, as a remote or slow hook does."""
+
+    name = "slow-before-planning"
+    run_mode = RunMode.ACTIVITY
+
+    async def before_planning(self, ctx) -> None:
+        return None
+
+
+async def test_a_hook_run_as_an_activity_is_listed_at_its_stage(client: Client, tmp_path):
+    async with Harness(client, tmp_path, hooks=[SlowBeforePlanning()]) as h:
+        out = await h.run(MESSAGE, {"cache": "bypass"}, approve_as="ops")
+
+    stages = [u[sa.LIFECYCLE_STAGE.name] for u in stage_upserts(out)]
+    assert stages[:2] == ["before_planning", "planning"]
 
 
 async def test_without_hooks_only_the_framework_stages_are_upserted(client: Client, tmp_path):

@@ -115,19 +115,31 @@ class HookInvoker:
     _stage_upserts: bool = False
     _upserted_stage: str | None = None  # the stage AgentLifecycleStage holds
     _upserted_awaiting = False  # whether AgentAwaitingReview holds true
+    _unpublished_stage: tuple[str, bool] | None = None  # (stage, terminal) entered since the last upsert
 
     def _set_stage(self, stage: str, detail: str = "", *, outcome: str = "") -> None:
-        """Enter ``stage``: the record, the current details an operator reads (what was asked, the stage,
-        the outcome once there is one) and, where the namespace has them, the search attributes. A stage
-        with an ``outcome`` is the terminal one. A hook stage without participants is over within the
-        workflow task it began in — no one could see it in a listing — so it costs no upsert."""
+        """Enter ``stage``: the record and the current details an operator reads (what was asked, the
+        stage, the outcome once there is one) at once; the search attributes, where the namespace has
+        them, when the workflow next waits (:meth:`_publish_stage`). A stage with an ``outcome`` is the
+        terminal one."""
         self._record.lifecycle_stage = str(stage)
         workflow.set_current_details(
             story.current_details(self._input.request, stage=str(stage), detail=detail, outcome=outcome)
         )
-        passing = isinstance(stage, Stage) and not self._manifest.participants(stage)
-        if self._stage_upserts and not passing:
-            self._upsert_stage(str(stage), terminal=bool(outcome))
+        if self._stage_upserts:
+            self._unpublished_stage = (str(stage), bool(outcome))
+
+    def _publish_stage(self) -> None:
+        """Upsert the stage entered last, where the workflow is about to wait on something outside its
+        workflow task — an activity, a child, a reviewer — or to end. A listing reads the attributes
+        as a workflow task leaves them, so the stages a task passes through on its way (in-process hooks
+        run as local activities, stages without hooks) could never be seen there: they cost no upsert,
+        and the stage a request is listed at is always the one it waits in. The current details and the
+        record show every stage."""
+        if self._unpublished_stage is not None:
+            stage, terminal = self._unpublished_stage
+            self._unpublished_stage = None
+            self._upsert_stage(stage, terminal=terminal)
 
     def _upsert_stage(self, stage: str, *, terminal: bool = False) -> None:
         """One upsert per change of stage. AgentWorkflowKind goes with the first; AgentAwaitingReview
@@ -398,6 +410,7 @@ class HookInvoker:
         lost (each loss kept in the record), ``WorkerLost`` after the pipeline's limit of lost dispatches."""
         settings = self._manifest.settings
         inline = self._inline_bytes(self._check_payload(summary, arg))
+        self._publish_stage()
 
         def lost(n: int) -> None:
             self._note_worker_lost(activity, summary, n)
@@ -498,6 +511,7 @@ class HookInvoker:
         token = workflow.uuid4().hex
         self._detached_tokens[work.effect_id] = token  # before the start: the child may report in the same task
         settings = self._manifest.settings
+        self._publish_stage()
         try:
             await workflow.start_child_workflow(
                 DETACHED_WORKFLOW_TYPE,

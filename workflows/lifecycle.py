@@ -715,6 +715,7 @@ class RequestLifecycleWorkflow(StepExecution):
         )
         if not self._stage_upserts:
             self._upsert_search_attributes(AWAITING_REVIEW_STAGE, awaiting_review=True)
+        self._publish_stage()
         if self._manifest.review.notify:  # without a reviewers' webhook a checkpoint adds no command
             await start_review_notification(
                 self._record,
@@ -839,6 +840,7 @@ class RequestLifecycleWorkflow(StepExecution):
         self._record.completed_at = workflow.now()
         if self._stage_upserts:
             self._set_stage(terminal, outcome=self._outcome(status, error))
+            self._publish_stage()
         else:
             self._record.lifecycle_stage = terminal
             workflow.set_current_details(

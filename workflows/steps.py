@@ -218,6 +218,7 @@ class StepExecution(HookInvoker):
                     METADATA_PARENT_WORKFLOW: info.workflow_id,
                 },
             )
+            self._publish_stage()
             try:
                 answer = await workflow.execute_child_workflow(
                     WORKFLOW_TYPE,
