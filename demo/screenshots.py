@@ -230,6 +230,27 @@ async def take_screenshots(ui: Browser, requests: Requests, out: Path, namespace
     return shots
 
 
+@contextlib.asynccontextmanager
+async def demo_ui(settings: Settings) -> AsyncIterator[tuple[Browser, Requests]]:
+    """A dev server with its UI (``settings``: free loopback ports, a throwaway state directory), a demo
+    worker, the demo requests run on it, and Chromium on the UI; the request left waiting for a reviewer
+    is terminated at the end."""
+    activities = load_activities(settings)
+    env = await start_dev_server(settings)
+    try:
+        client = await connect(settings, tracing=False)
+        await prepare(client, settings, activities)
+        async with build_worker(client, settings.task_queue, activities):
+            requests = await run_requests(client, settings)
+            try:
+                async with browser(settings.ui_url) as ui:
+                    yield ui, requests
+            finally:
+                await requests.waiting_handle.terminate("screenshots taken")
+    finally:
+        await env.shutdown()
+
+
 async def main(out: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="agent-screenshots-") as state:
         settings = Settings.from_env(
@@ -239,18 +260,8 @@ async def main(out: Path) -> int:
             state_dir=Path(state),
             task_queue="screenshots",
         )
-        activities = load_activities(settings)
-        env = await start_dev_server(settings)
-        try:
-            client = await connect(settings, tracing=False)
-            await prepare(client, settings, activities)
-            async with build_worker(client, settings.task_queue, activities):
-                requests = await run_requests(client, settings)
-                async with browser(settings.ui_url) as ui:
-                    shots = await take_screenshots(ui, requests, out)
-                await requests.waiting_handle.terminate("screenshots taken")
-        finally:
-            await env.shutdown()
+        async with demo_ui(settings) as (ui, requests):
+            shots = await take_screenshots(ui, requests, out)
     for shot in shots:
         print(shot)
     return 0

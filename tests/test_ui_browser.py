@@ -13,21 +13,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from client import Settings, connect
-from client.devserver import start_dev_server
-from demo.screenshots import (
-    QUOTE,
-    SECRET,
-    TRADE,
-    WAITING,
-    Browser,
-    Requests,
-    browser,
-    free_port,
-    run_requests,
-    take_screenshots,
-)
-from worker import build_worker, load_activities, prepare
+from client import Settings
+from demo.screenshots import QUOTE, SECRET, TRADE, WAITING, Browser, Requests, demo_ui, free_port, take_screenshots
 from workflows import search_attributes as sa
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,20 +28,8 @@ async def ui(tmp_path_factory) -> AsyncIterator[tuple[Browser, Requests]]:
     settings = Settings(
         temporal_address=f"127.0.0.1:{free_port()}", ui_port=free_port(), state_dir=state, task_queue="ui-test"
     )
-    activities = load_activities(settings)
-    env = await start_dev_server(settings)
-    try:
-        client = await connect(settings, tracing=False)
-        await prepare(client, settings, activities)
-        async with build_worker(client, settings.task_queue, activities):
-            requests = await run_requests(client, settings)
-            try:
-                async with browser(settings.ui_url) as chromium:
-                    yield chromium, requests
-            finally:
-                await requests.waiting_handle.terminate("test finished")
-    finally:
-        await env.shutdown()
+    async with demo_ui(settings) as (chromium, requests):
+        yield chromium, requests
 
 
 def rows(text: str) -> dict[str, list[str]]:

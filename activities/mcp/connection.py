@@ -28,8 +28,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from hooks.declarative.config import ENCRYPTED_PREFIX
-from hooks.declarative.security import BlockedAddress, ResolvedTarget, SecretBox, resolve_target
+from hooks.declarative.security import BlockedAddress, ResolvedTarget, SecretBox, decrypted_values, resolve_target
 
 from .config import McpServerConfig
 
@@ -69,17 +68,10 @@ class _PinnedTransport(httpx2.AsyncHTTPTransport):
 
 def decrypted(values: dict[str, str], secrets: SecretBox | None, what: str) -> dict[str, str]:
     """Configuration values as used: encrypted ones (``enc:v1:...``) decrypted now, never stored so."""
-    result = {}
-    for name, value in values.items():
-        if value.startswith(ENCRYPTED_PREFIX):
-            if secrets is None:
-                raise McpCredentialError(f"{what} {name!r} is encrypted but no AGENT_HOOK_SECRET_KEY is configured")
-            try:
-                value = secrets.decrypt_value(value)
-            except ValueError as err:
-                raise McpCredentialError(f"{what} {name!r}: {err}") from None
-        result[name] = value
-    return result
+    try:
+        return decrypted_values(values, secrets, what)
+    except ValueError as err:
+        raise McpCredentialError(str(err)) from None
 
 
 class McpConnection:

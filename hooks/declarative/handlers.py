@@ -25,7 +25,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .config import CommandConfig, HttpConfig, PromptHook
-from .security import BlockedAddress, SecretBox, resolve_target
+from .security import BlockedAddress, SecretBox, decrypted_values, resolve_target
 from .store import HookStore
 
 logger = logging.getLogger(__name__)
@@ -254,17 +254,10 @@ async def post_json(
 
 def decrypted_headers(headers: Mapping[str, str], secrets: SecretBox | None) -> dict[str, str]:
     """Header values as sent: encrypted ones decrypted now, at dispatch, and never stored decrypted."""
-    result = {}
-    for name, value in headers.items():
-        if value.startswith("enc:"):
-            if secrets is None:
-                raise HandlerError(f"header {name!r} is encrypted but no hook secret key is configured")
-            try:
-                value = secrets.decrypt_value(value)
-            except ValueError as err:
-                raise HandlerError(f"header {name!r}: {err}") from None
-        result[name] = value
-    return result
+    try:
+        return decrypted_values(headers, secrets, "header")
+    except ValueError as err:
+        raise HandlerError(str(err)) from None
 
 
 async def run_http(

@@ -12,6 +12,7 @@ import base64
 import ipaddress
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
@@ -137,3 +138,23 @@ class SecretBox:
             return stored
         raw = base64.urlsafe_b64decode(stored[len(ENCRYPTED_PREFIX) :])
         return self.open(raw[:NONCE_BYTES], raw[NONCE_BYTES:], ENCRYPTED_PREFIX.encode()).decode()
+
+
+def decrypted_values(values: Mapping[str, str], secrets: SecretBox | None, what: str) -> dict[str, str]:
+    """Configured values as used: encrypted ones (``enc:…``) decrypted now, at use, never stored decrypted.
+
+    Raises:
+        ValueError: a value is encrypted and there is no key, or it does not decrypt with it (the
+            message names ``what`` and the value's name, never the value).
+    """
+    result = {}
+    for name, value in values.items():
+        if value.startswith("enc:"):
+            if secrets is None:
+                raise ValueError(f"{what} {name!r} is encrypted but no AGENT_HOOK_SECRET_KEY is configured")
+            try:
+                value = secrets.decrypt_value(value)
+            except ValueError as err:
+                raise ValueError(f"{what} {name!r}: {err}") from None
+        result[name] = value
+    return result
