@@ -110,8 +110,8 @@ class HookInvoker:
     _local_bookkeeping: bool = False
     _hook_batches: bool = False
     _inflight_bytes: int = 0  # inline input bytes of the activities scheduled and not yet finished
-    # Executions started from here on keep AgentLifecycleStage at the stage they are in (one upsert per
-    # stage change an observer could see), set AgentWorkflowKind, and start their children with their kind.
+    # Executions started from here on keep AgentLifecycleStage at the stage they wait in (see
+    # _publish_stage), set AgentWorkflowKind, and start their children with their kind.
     _stage_upserts: bool = False
     _upserted_stage: str | None = None  # the stage AgentLifecycleStage holds
     _upserted_awaiting = False  # whether AgentAwaitingReview holds true

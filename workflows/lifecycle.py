@@ -116,8 +116,8 @@ INVALID_QUERY = "InvalidQuery"
 # Executions started from here on resolve the pipeline and write the record as local activities, and
 # run consecutive in-process hooks of a stage in one local activity.
 IN_PROCESS_PATCH = "in-process-bookkeeping-and-hook-batches"
-# Executions started from here on upsert AgentLifecycleStage at every stage and AgentWorkflowKind, and
-# start their children with their kind.
+# Executions started from here on keep AgentLifecycleStage at the stage they wait in, set
+# AgentWorkflowKind, and start their children with their kind.
 STAGE_SEARCH_ATTRIBUTES_PATCH = "stage-and-kind-search-attributes"
 SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal, EffectUpdateSignal)
 
