@@ -135,7 +135,7 @@ async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool)
             async with worker:
                 await stop.wait()
         finally:
-            await activities.tools.aclose()  # MCP servers started over stdio end with the worker
+            await activities.aclose()  # MCP servers started over stdio and model clients end with the worker
         print("worker stopped")
 
 

@@ -170,6 +170,15 @@ class LifecycleActivities(HookStageActivities):
             self.release_lease,
         ]
 
+    async def aclose(self) -> None:
+        """Release what the worker's parts hold open when it stops: MCP server processes and connections,
+        a model's HTTP client (a planner or synthesizer with an ``aclose`` method)."""
+        await self.tools.aclose()
+        for part in (self.planner, self.synthesizer):
+            close = getattr(part, "aclose", None)
+            if close is not None:
+                await close()
+
     # ------------------------------------------------------------------------------------------------
     # Pipeline
     # ------------------------------------------------------------------------------------------------

@@ -230,7 +230,7 @@ async def main(hold: bool) -> int:
                 )
             return 0 if all(checks.values()) else 1
     finally:
-        await activities.tools.aclose()  # the demo's MCP server process ends here
+        await activities.aclose()  # the demo's MCP server process and model clients end here
         await env.shutdown()
         shutdown_telemetry()  # exported spans and metrics reach the collector before the process ends
 

@@ -525,3 +525,22 @@ async def test_a_model_plans_and_answers_a_request_and_the_required_hook_still_r
     stored = await refused.stored()
     assert stored is not None and stored.status is RequestStatus.FAILED and stored.steps == []
     assert len(server.requests) == 4
+
+
+async def test_stopping_the_worker_closes_the_model_clients_it_made_and_only_those(server, tools, tmp_path):
+    settings = model_settings(server)
+    shared = settings.client()
+    planner, synthesizer = OpenAIPlanner(settings, tools), OpenAISynthesizer(settings, client=shared)
+    activities = LifecycleActivities(
+        registry=HookRegistry([]),
+        tools=tools,
+        planner=planner,
+        synthesizer=synthesizer,
+        store=SQLiteExecutionStore(tmp_path / "executions.sqlite3"),
+    )
+
+    await activities.aclose()  # what worker.py and the demo do when they stop
+
+    assert planner.chat.client.is_closed()
+    assert not shared.is_closed(), "a client given to the synthesizer belongs to whoever made it"
+    await shared.close()

@@ -243,11 +243,17 @@ class ChatModel:
         self.model = model
         self.stage: Stage = stage
         self.client = client or settings.client()
+        self._owns_client = client is None  # a shared client is closed by whoever made it
         url = self.client.base_url
         self._server = {
             "server.address": url.host or "",
             "server.port": url.port or (443 if url.scheme == "https" else 80),
         }
+
+    async def aclose(self) -> None:
+        """Close the HTTP client this model made for itself (its connections end with the worker)."""
+        if self._owns_client:
+            await self.client.close()
 
     # -- the parts both kinds of call share ---------------------------------------------------------
 

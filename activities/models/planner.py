@@ -130,6 +130,10 @@ class OpenAIPlanner:
         self.chat = ChatModel(settings, model, "planning", client)
         self.system_prompt = system_prompt
 
+    async def aclose(self) -> None:
+        """Close the model's HTTP client, if this planner made it."""
+        await self.chat.aclose()
+
     async def plan(self, request: PlanningRequest, *, calls: ModelCallLog | None = None) -> Plan:
         """The plan of ``request.phase``. Every model call is appended to ``calls`` (by default the log the
         request carries), whose budget is checked before each call."""

@@ -101,6 +101,10 @@ class OpenAISynthesizer:
         self.system_prompt = system_prompt
         self.prompt_builder = prompt_builder
 
+    async def aclose(self) -> None:
+        """Close the model's HTTP client, if this synthesizer made it."""
+        await self.chat.aclose()
+
     def messages(self, input: SynthesizeInput) -> list[dict[str, Any]]:
         return [
             {"role": "system", "content": self.system_prompt},
