@@ -29,6 +29,20 @@ def _words(text: str) -> set[str]:
     return set(re.findall(r"[a-z]+", text.lower()))
 
 
+def _per_ticker(prefix: str, agent: str, capability: str, tickers: list[str]) -> list[PlanStep]:
+    """One step of ``agent/capability`` per ticker, with id ``<prefix>-<ticker>``."""
+    return [
+        PlanStep(
+            step_id=f"{prefix}-{ticker.lower()}",
+            namespace=NAMESPACE,
+            agent=agent,
+            capability=capability,
+            arguments={"symbol": ticker},
+        )
+        for ticker in tickers
+    ]
+
+
 class RulePlanner:
     """Keyword rules: "quote"/"price" → ``stock_quote`` per ticker; "profile" → ``company_profile`` (the
     MCP server's tool) per ticker; "buy"/"sell" → ``execute_trade``;
@@ -46,27 +60,9 @@ class RulePlanner:
         tickers = list(dict.fromkeys(t for t in _TICKER.findall(text) if t not in _NOT_TICKERS))
         steps: list[PlanStep] = []
         if words & {"quote", "quotes", "price", "prices"}:
-            for ticker in tickers:
-                steps.append(
-                    PlanStep(
-                        step_id=f"quote-{ticker.lower()}",
-                        namespace=NAMESPACE,
-                        agent="stock-service",
-                        capability="stock_quote",
-                        arguments={"symbol": ticker},
-                    )
-                )
+            steps += _per_ticker("quote", "stock-service", "stock_quote", tickers)
         if words & {"profile", "profiles"}:
-            for ticker in tickers:
-                steps.append(
-                    PlanStep(
-                        step_id=f"profile-{ticker.lower()}",
-                        namespace=NAMESPACE,
-                        agent="research-service",
-                        capability="company_profile",
-                        arguments={"symbol": ticker},
-                    )
-                )
+            steps += _per_ticker("profile", "research-service", "company_profile", tickers)
         side = "buy" if "buy" in words else "sell" if "sell" in words else None
         if side and tickers:
             quantity = _QUANTITY.search(text)
