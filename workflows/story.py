@@ -10,6 +10,7 @@ may call them.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from .masking import masked_preview
@@ -21,6 +22,7 @@ _NEUTRALIZED = str.maketrans({"<": "‹", ">": "›"})
 _WHITESPACE = re.compile(r"\s+")
 
 
+@functools.lru_cache(maxsize=64)  # the same request is shown at every stage
 def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
     """One line of at most ``limit`` characters of ``text``, secrets masked, no link, image or tag."""
     line = _WHITESPACE.sub(" ", masked_preview(text, limit, ellipsis=True)).strip()
