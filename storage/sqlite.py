@@ -10,6 +10,7 @@ in :func:`immediate`, which takes the write lock up front so two processes canno
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,3 +67,46 @@ def immediate(path: str | Path, **options) -> Iterator[sqlite3.Connection]:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+
+class ThreadConnections:
+    """One open :func:`connect` connection to ``path`` per thread, kept for the thread's life: for a
+    store whose writes are small and frequent, opening a connection costs more than the write."""
+
+    def __init__(self, path: str | Path, **options) -> None:
+        self.path, self.options = path, options
+        self._local = threading.local()
+
+    def _connection(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = connect(self.path, **self.options)
+        return db
+
+    def _discard(self) -> None:
+        db = getattr(self._local, "db", None)
+        self._local.db = None
+        if db is not None:
+            db.close()
+
+    @contextmanager
+    def immediate(self, *, flush_every_commit: bool = True) -> Iterator[sqlite3.Connection]:
+        """As :func:`immediate`, on this thread's connection (``flush_every_commit`` as in :func:`connect`).
+        A connection whose transaction could not be ended cleanly is closed, and the next use opens a
+        new one."""
+        db = self._connection()
+        try:
+            db.execute(f"PRAGMA synchronous={'FULL' if flush_every_commit else 'NORMAL'}")
+            db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._discard()
+            raise
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                self._discard()
+            raise

@@ -75,6 +75,7 @@ class SQLiteExecutionStore:
         self.error_retention = error_retention
         self._clock = clock
         self._purged_at = -math.inf
+        self._connections = sqlite.ThreadConnections(self.path)
         with sqlite.immediate(self.path) as db:
             columns = {row[1] for row in db.execute("PRAGMA table_info(executions)")}
             if "record_revision" in columns:  # a store written before effect updates existed
@@ -91,7 +92,7 @@ class SQLiteExecutionStore:
         workflow writes again at its next boundary — it survives a crash of the process, and the file
         stays consistent whatever happens (see :func:`storage.sqlite.connect`)."""
         now = self._clock()
-        with sqlite.immediate(self.path, flush_every_commit=flush) as db:
+        with self._connections.immediate(flush_every_commit=flush) as db:
             if now - self._purged_at >= PURGE_INTERVAL_SECONDS:
                 db.execute("DELETE FROM executions WHERE expires_at < ?", (now,))
                 orphan_age = now - max(self.retention, self.error_retention).total_seconds()
