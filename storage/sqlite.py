@@ -19,24 +19,13 @@ DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
 
 
 def connect(
-    path: str | Path,
-    *,
-    busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
-    foreign_keys: bool = False,
-    flush_every_commit: bool = True,
+    path: str | Path, *, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS, foreign_keys: bool = False
 ) -> sqlite3.Connection:
-    """An autocommit connection with WAL and a busy timeout (the caller closes it).
-
-    With ``flush_every_commit`` (the default) every commit is flushed to disk before it returns. Without
-    it (``synchronous=NORMAL``) the file stays consistent whatever happens, and a commit survives the
-    process crashing, but the last commits may be lost if the machine loses power — for data that is
-    rewritten from elsewhere, not for data that exists only here."""
+    """An autocommit connection with WAL and a busy timeout (the caller closes it)."""
     db = sqlite3.connect(path, timeout=busy_timeout_seconds, isolation_level=None)
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA busy_timeout={int(busy_timeout_seconds * 1000)}")
-        if not flush_every_commit:
-            db.execute("PRAGMA synchronous=NORMAL")
         if foreign_keys:
             db.execute("PRAGMA foreign_keys=ON")
     except BaseException:
@@ -91,9 +80,13 @@ class ThreadConnections:
 
     @contextmanager
     def immediate(self, *, flush_every_commit: bool = True) -> Iterator[sqlite3.Connection]:
-        """As :func:`immediate`, on this thread's connection (``flush_every_commit`` as in :func:`connect`).
-        A connection whose transaction could not be ended cleanly is closed, and the next use opens a
-        new one."""
+        """As :func:`immediate`, on this thread's connection. A connection whose transaction could not be
+        ended cleanly is closed, and the next use opens a new one.
+
+        With ``flush_every_commit`` (the default) the commit is flushed to disk before it returns. Without
+        it (``synchronous=NORMAL``) the file stays consistent whatever happens and the commit survives the
+        process crashing, but the last commits may be lost if the machine loses power — for data that is
+        written again from elsewhere, not for data that exists only here."""
         db = self._connection()
         try:
             db.execute(f"PRAGMA synchronous={'FULL' if flush_every_commit else 'NORMAL'}")

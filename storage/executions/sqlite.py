@@ -90,7 +90,7 @@ class SQLiteExecutionStore:
 
         Unless ``flush``, the commit is not flushed to disk before this returns: for a snapshot its
         workflow writes again at its next boundary — it survives a crash of the process, and the file
-        stays consistent whatever happens (see :func:`storage.sqlite.connect`)."""
+        stays consistent whatever happens (see :meth:`storage.sqlite.ThreadConnections.immediate`)."""
         now = self._clock()
         with self._connections.immediate(flush_every_commit=flush) as db:
             if now - self._purged_at >= PURGE_INTERVAL_SECONDS:
