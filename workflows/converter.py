@@ -19,7 +19,7 @@ the type back off, so code that reads the error sees the message it was raised w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import pydantic
 import temporalio.api.common.v1
@@ -70,7 +70,7 @@ class _ValidatingJSONConverter(PydanticJSONPlainPayloadConverter):
 
 
 def _encoding_converters() -> tuple[EncodingPayloadConverter, ...]:
-    """The SDK's encodings, JSON replaced by the validating converter; built once per process."""
+    """The SDK's encodings, JSON replaced by the validating converter."""
     json_converter = _ValidatingJSONConverter()
     return tuple(
         json_converter if isinstance(c, JSONPlainPayloadConverter) else c
@@ -78,17 +78,16 @@ def _encoding_converters() -> tuple[EncodingPayloadConverter, ...]:
     )
 
 
-class LifecyclePayloadConverter(CompositePayloadConverter):
-    # The SDK builds a new payload converter each time it binds a payload-store context to the data
-    # converter — several times per activity. The encoding converters hold no per-use state, so every
-    # instance shares one set of them, and with it one cache of pydantic type adapters: a fresh set would
-    # rebuild the adapter of every model it decodes (a large share of a local activity's cost).
-    _shared: ClassVar[tuple[EncodingPayloadConverter, ...] | None] = None
+# The SDK builds a new payload converter each time it binds a payload-store context to the data converter
+# — several times per activity. The encoding converters hold no per-use state, so every instance shares
+# these, and with them one cache of pydantic type adapters: a fresh set would rebuild the adapter of every
+# model it decodes (a large share of a local activity's cost).
+_ENCODINGS = _encoding_converters()
 
+
+class LifecyclePayloadConverter(CompositePayloadConverter):
     def __init__(self) -> None:
-        if LifecyclePayloadConverter._shared is None:
-            LifecyclePayloadConverter._shared = _encoding_converters()
-        super().__init__(*LifecyclePayloadConverter._shared)
+        super().__init__(*_ENCODINGS)
 
     def from_payloads(
         self, payloads: Sequence[temporalio.api.common.v1.Payload], type_hints: list[type] | None = None

@@ -10,21 +10,25 @@ one. Its activities heartbeat; a lost worker dispatches them again without spend
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from . import dispatch, story
-    from .effects import elapsed_ms
+    from .effects import elapsed_ms, record_effects
     from .models import (
         DetachedEffectInput,
         DetachedWorkResult,
         EffectStatus,
         EffectUpdateInput,
         EffectUpdateSignal,
+        ExecutionRecord,
         PersistRecordOutput,
         PipelineHookEffect,
     )
@@ -35,6 +39,42 @@ EFFECT_UPDATE_SIGNAL = "effect_update"
 
 def detached_workflow_id(request_workflow_id: str, effect_id: str) -> str:
     return f"{request_workflow_id}/effect/{effect_id}"
+
+
+async def start_effect_child(
+    record: ExecutionRecord,
+    tokens: dict[str, str],
+    effect: PipelineHookEffect,
+    child_input: Callable[[str], Any],
+    *,
+    workflow_type: str,
+    id: str,
+    what: str,
+    **options: Any,
+) -> None:
+    """Start the child that carries ``effect`` (announced pending in ``record``) to its terminal state:
+    abandoned by the request, so it outlives it. ``child_input(token)`` is the child's input; the token is
+    registered in ``tokens`` (effect id → token) before the start, since the child may report within the
+    same workflow task. A child that cannot start — ``what`` names it — leaves the effect failed."""
+    token = workflow.uuid4().hex
+    tokens[effect.effect_id] = token
+    try:
+        await workflow.start_child_workflow(
+            workflow_type,
+            child_input(token),
+            id=id,
+            task_queue=workflow.info().task_queue,
+            parent_close_policy=ParentClosePolicy.ABANDON,
+            **options,
+        )
+    except FailureError as err:  # e.g. an effect id this request already used
+        failed = {
+            "status": EffectStatus.FAILED,
+            "error": f"could not start {what}: {err}",
+            "summary": "submission failed",
+        }
+        record_effects(record, [effect.model_copy(update=failed)])
+        del tokens[effect.effect_id]
 
 
 @workflow.defn(name=DETACHED_WORKFLOW_TYPE)

@@ -18,15 +18,14 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError, TimeoutError
-from temporalio.workflow import ParentClosePolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import JsonValue
 
     from . import decisions, dispatch, story
     from . import search_attributes as sa
-    from .detached import DETACHED_WORKFLOW_TYPE, detached_workflow_id
+    from .detached import DETACHED_WORKFLOW_TYPE, detached_workflow_id, start_effect_child
     from .effects import elapsed_ms, record_effects
     from .leases import ManagedLeases
     from .models import (
@@ -508,38 +507,29 @@ class HookInvoker:
             return
         info = workflow.info()
         self._check_payload(f"detached · {work.hook} · {work.effect_id}", work)
-        token = workflow.uuid4().hex
-        self._detached_tokens[work.effect_id] = token  # before the start: the child may report in the same task
         settings = self._manifest.settings
         self._publish_stage()
-        try:
-            await workflow.start_child_workflow(
-                DETACHED_WORKFLOW_TYPE,
-                DetachedEffectInput(
-                    parent_workflow_id=info.workflow_id,
-                    parent_run_id=info.run_id,
-                    request_id=self._request_id,
-                    work=work,
-                    effect=effect,
-                    update_token=token,
-                    heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
-                    max_worker_losses=settings.max_worker_losses,
-                ),
-                id=detached_workflow_id(info.workflow_id, work.effect_id),
-                task_queue=info.task_queue,
-                parent_close_policy=ParentClosePolicy.ABANDON,
-                static_summary=story.detached_summary(work.stage.value, work.hook, work.effect_id),
-                static_details=story.detached_details(info.workflow_id, self._request_id),
-                search_attributes=self._child_kind(sa.KIND_DETACHED_EFFECT),
-            )
-        except FailureError as err:  # e.g. an effect id this request already used for detached work
-            failed = {
-                "status": EffectStatus.FAILED,
-                "error": f"could not start detached work: {err}",
-                "summary": "submission failed",
-            }
-            record_effects(self._record, [effect.model_copy(update=failed)])
-            del self._detached_tokens[work.effect_id]
+        await start_effect_child(
+            self._record,
+            self._detached_tokens,
+            effect,
+            lambda token: DetachedEffectInput(
+                parent_workflow_id=info.workflow_id,
+                parent_run_id=info.run_id,
+                request_id=self._request_id,
+                work=work,
+                effect=effect,
+                update_token=token,
+                heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
+                max_worker_losses=settings.max_worker_losses,
+            ),
+            workflow_type=DETACHED_WORKFLOW_TYPE,
+            id=detached_workflow_id(info.workflow_id, work.effect_id),
+            what="detached work",
+            static_summary=story.detached_summary(work.stage.value, work.hook, work.effect_id),
+            static_details=story.detached_details(info.workflow_id, self._request_id),
+            search_attributes=self._child_kind(sa.KIND_DETACHED_EFFECT),
+        )
 
     def _child_kind(self, kind: str) -> TypedSearchAttributes | None:
         """The search attributes a child starts with: its kind, where the namespace has it."""

@@ -16,12 +16,11 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
-from temporalio.workflow import ParentClosePolicy
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from . import dispatch, story
-    from .detached import report_effect
+    from .detached import report_effect, start_effect_child
     from .effects import elapsed_ms, record_effects
     from .models import (
         Checkpoint,
@@ -61,8 +60,8 @@ async def start_review_notification(
     search_attributes: TypedSearchAttributes | None = None,
 ) -> None:
     """Record the pending notification effect of ``checkpoint`` and start the child that delivers it
-    (``tokens`` is the request's effect id → update token map; ``search_attributes`` the child's kind). A child that cannot start leaves the
-    effect failed; the checkpoint waits for its reviewer either way."""
+    (``tokens`` is the request's effect id → update token map; ``search_attributes`` the child's kind).
+    A child that cannot start leaves the effect failed; the checkpoint waits for its reviewer either way."""
     info = workflow.info()
     effect = PipelineHookEffect(
         effect_id=review_notification_effect_id(checkpoint.checkpoint_id),
@@ -72,37 +71,30 @@ async def start_review_notification(
         summary=f"checkpoint {checkpoint.checkpoint_id} announced to the reviewers' webhook",
     )
     record_effects(record, [effect])
-    token = workflow.uuid4().hex
-    tokens[effect.effect_id] = token  # before the start: the child may report in the same task
     settings = manifest.settings
-    try:
-        await workflow.start_child_workflow(
-            REVIEW_NOTIFICATION_WORKFLOW_TYPE,
-            ReviewNotificationInput(
-                parent_workflow_id=info.workflow_id,
-                parent_run_id=info.run_id,
-                request_id=record.request_id,
-                request=request[:REQUEST_CHARS_FOR_EXCERPT],
-                checkpoint=checkpoint,
-                reviewers=manifest.review.reviewers,
-                effect=effect,
-                update_token=token,
-                heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
-                max_worker_losses=settings.max_worker_losses,
-            ),
-            id=review_notification_workflow_id(info.workflow_id, checkpoint.checkpoint_id),
-            task_queue=info.task_queue,
-            parent_close_policy=ParentClosePolicy.ABANDON,
-            static_summary=f"review notification · {checkpoint.checkpoint_id}",
-            static_details=story.review_notification_details(
-                info.workflow_id, record.request_id, checkpoint.checkpoint_id
-            ),
-            search_attributes=search_attributes,
-        )
-    except FailureError as err:
-        failed = {"status": EffectStatus.FAILED, "error": f"could not start the notification: {err}"}
-        record_effects(record, [effect.model_copy(update=failed)])
-        del tokens[effect.effect_id]
+    await start_effect_child(
+        record,
+        tokens,
+        effect,
+        lambda token: ReviewNotificationInput(
+            parent_workflow_id=info.workflow_id,
+            parent_run_id=info.run_id,
+            request_id=record.request_id,
+            request=request[:REQUEST_CHARS_FOR_EXCERPT],
+            checkpoint=checkpoint,
+            reviewers=manifest.review.reviewers,
+            effect=effect,
+            update_token=token,
+            heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
+            max_worker_losses=settings.max_worker_losses,
+        ),
+        workflow_type=REVIEW_NOTIFICATION_WORKFLOW_TYPE,
+        id=review_notification_workflow_id(info.workflow_id, checkpoint.checkpoint_id),
+        what="the notification",
+        static_summary=f"review notification · {checkpoint.checkpoint_id}",
+        static_details=story.review_notification_details(info.workflow_id, record.request_id, checkpoint.checkpoint_id),
+        search_attributes=search_attributes,
+    )
 
 
 @workflow.defn(name=REVIEW_NOTIFICATION_WORKFLOW_TYPE)
