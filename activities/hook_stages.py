@@ -110,7 +110,9 @@ async def _attempts(
     while True:
         token = _BATCH_ATTEMPT.set(attempt)
         try:
-            return await asyncio.wait_for(invoke(call), entry.timeout_seconds), None, attempt
+            async with asyncio.timeout(entry.timeout_seconds):
+                outcome = await invoke(call)
+            return outcome, None, attempt
         except ApplicationError as err:
             details = err.details[0] if err.details and isinstance(err.details[0], dict) else {}
             failure = HookBatchFailure(type=err.type or decisions.HOOK_ERROR, message=err.message, details=details)

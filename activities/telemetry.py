@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 from opentelemetry import metrics, trace
@@ -19,7 +20,9 @@ _short_circuit_counter: metrics.Counter | None = None
 _tool_instruments: tuple[metrics.Counter, metrics.Counter, metrics.Histogram] | None = None
 
 
+@functools.cache
 def tracer() -> trace.Tracer:
+    """This package's tracer (one per process: before a provider is set, a proxy that follows it)."""
     return trace.get_tracer(INSTRUMENTATION)
 
 

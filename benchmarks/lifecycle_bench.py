@@ -41,6 +41,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import tempfile
@@ -159,14 +160,36 @@ def ratio(value: float, base: float) -> float | None:
     return round(value / base, 2) if base > 0 else None
 
 
+async def settle(pids: Sequence[int], *, window: float = 0.2, busy_share: float = 0.05, limit: float = 5.0) -> None:
+    """Wait until ``pids`` (the server and the worker) have used at most ``busy_share`` of a core over the
+    last ``window`` seconds, or ``limit`` seconds passed: what an earlier request left behind (the server's
+    visibility updates and task clean-up) is not charged to the next one."""
+    deadline = time.monotonic() + limit
+    while pids and time.monotonic() < deadline:
+        before = sum(cpu_seconds(pid) for pid in pids)
+        await asyncio.sleep(window)
+        if sum(cpu_seconds(pid) for pid in pids) - before <= busy_share * window:
+            return
+
+
+def round_orders(names: Sequence[str], rounds: int) -> list[list[str]]:
+    """One order of ``names`` per round, shuffled with a fixed seed: each kind follows every other kind
+    about as often (a fixed order would always put the same kind after the heaviest one)."""
+    shuffler = random.Random(12)
+    return [shuffler.sample(list(names), len(names)) for _ in range(rounds)]
+
+
 async def interleaved(
     rounds: int, runs: dict[str, Callable[[], Awaitable[tuple[float, str]]]]
 ) -> dict[str, list[float]]:
-    """Run each named coroutine factory ``rounds`` times, round-robin, so drift hits all alike."""
+    """Run each named coroutine factory ``rounds`` times, the kinds alternating in a shuffled order, so
+    drift, and the work one kind leaves the server to finish, hit all alike. (Letting the processes go
+    idle between sequential requests instead made every kind slower in a trial run: each then starts
+    with a server and a worker waking up.)"""
     samples: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            samples[name].append((await run())[0])
+    for order in round_orders(list(runs), rounds):
+        for name in order:
+            samples[name].append((await runs[name]())[0])
     return samples
 
 
@@ -318,7 +341,7 @@ async def standard_latency(bench: Bench, rounds: int, floor: list[FloorBatch]) -
         name: ratio(figures[name]["p50"], inline) for name in ("local", "activity", "sandboxed", "floor")
     }
     figures["method"] = (
-        "sequential requests, the four kinds alternating; 6 hooks (2 before_planning, 1 after_planning, "
+        "sequential requests, the five kinds in a shuffled order each round; 6 hooks (2 before_planning, 1 after_planning, "
         "1 after_execution, 2 after_synthesis), plan, 3 parallel stock_quote steps, synthesize"
     )
     return figures
@@ -354,9 +377,10 @@ async def throughput(
         "floor": lambda: bench.floor(floor),
     }
     rounds_of: dict[str, list[dict[str, float]]] = {name: [] for name in kinds}
-    for i in range(rounds):
-        for name, run in kinds.items():
-            figures = await burst(run, concurrency, pids)
+    for i, order in enumerate(round_orders(list(kinds), rounds)):
+        for name in order:
+            await settle(pids, limit=30.0)
+            figures = await burst(kinds[name], concurrency, pids)
             rounds_of[name].append(figures)
             log(
                 f"  round {i + 1}/{rounds} {name}: {figures['rps']:.1f} req/s, {figures['cpu_ms_per_request']:.0f} ms CPU/request"
@@ -364,7 +388,8 @@ async def throughput(
     result: dict[str, Any] = {
         "method": f"{concurrency} standard requests started at once; requests / wall time from the first start "
         f"to the last result; CPU: user + system time of the server and worker processes over the burst / "
-        f"requests; median of {rounds} round(s), the kinds alternating",
+        f"requests; median of {rounds} round(s), the kinds in a shuffled order, each burst started once the server "
+        f"and the worker were idle",
         "concurrency": concurrency,
     }
     for name, figures in rounds_of.items():

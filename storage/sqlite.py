@@ -79,6 +79,17 @@ class ThreadConnections:
             db.close()
 
     @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection, for reads (autocommit); closed, and opened anew next time, if the
+        block raises an SQLite error."""
+        db = self._connection()
+        try:
+            yield db
+        except sqlite3.Error:
+            self._discard()
+            raise
+
+    @contextmanager
     def immediate(self, *, flush_every_commit: bool = True) -> Iterator[sqlite3.Connection]:
         """As :func:`immediate`, on this thread's connection. A connection whose transaction could not be
         ended cleanly is closed, and the next use opens a new one.

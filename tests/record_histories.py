@@ -58,6 +58,18 @@ SCENARIOS = {
         "history-reviewer",
     ),
     "trade_refused_with_stage_attributes": ("Buy 5 GBX", {"cache": "bypass"}, None),
+    # Added with the one patch new executions record (and its one TemporalChangeVersion upsert) in place
+    # of the two above.
+    "quotes_under_one_patch": (
+        "What is the price of GBX and MSFT?",
+        {"cache": "bypass", "conversation_id": "c3"},
+        None,
+    ),
+    "message_under_one_patch_approved_at_checkpoint": (
+        "Send a message to dave with the price of GBX",
+        {"cache": "bypass"},
+        "history-reviewer",
+    ),
 }
 # Added with the shared-memory hooks: the demo pipeline with build_memory_hooks — an announced
 # activity signal handed to the workflow as a managed lease (released after the request), episodic

@@ -96,3 +96,30 @@ async def test_malformed_input_fails_with_a_typed_error(client, tmp_path):
         # Nothing ran and nothing was stored; the record, by query, says why the request was refused.
         assert await out.stored() is None
         assert out.record.status is RequestStatus.FAILED and out.record.error.type == "InvalidRequest"
+
+
+async def test_a_new_execution_records_one_patch_and_its_stage_once_per_wait(client, tmp_path):
+    """What a new request costs the server besides its work: one patch marker (and the one
+    TemporalChangeVersion upsert that comes with it), and one stage upsert wherever it waits."""
+    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
+        out = await h.run("What is the price of ACME?", metadata={"cache": "bypass"})
+
+    assert out.failure is None
+    events = out.history.events
+    patches = [
+        e.marker_recorded_event_attributes.details["patch-data"]
+        for e in events
+        if e.HasField("marker_recorded_event_attributes")
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+    assert len(patches) == 1 and b"lifecycle-2026-12" in patches[0].payloads[0].data
+    upserted = [
+        fields
+        for e in events
+        if e.HasField("upsert_workflow_search_attributes_event_attributes")
+        for fields in [e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields]
+    ]
+    assert [sorted(fields) for fields in upserted].count(["TemporalChangeVersion"]) == 1
+    stages = [fields["AgentLifecycleStage"].data.decode() for fields in upserted if "AgentLifecycleStage" in fields]
+    # Where it waits: the plan, the audit hook's detached child, then synthesis; and the end.
+    assert stages == ['"planning"', '"executing"', '"after_execution"', '"synthesizing"', '"completed"'], stages

@@ -42,3 +42,39 @@ async def test_a_request_started_without_a_client_span_is_one_trace_named_in_its
     assert request_trace_parent(workflow_id, out.first_run_id).split("-")[1] == trace_id  # computable from the request
     assert out.record.trace_id == trace_id
     assert f"trace {trace_id}" in format_record(out.record)
+
+
+class Auditor:
+    """An in-process after_planning hook (a local activity) that keeps the plan."""
+
+    name = "auditor"
+
+    async def after_planning(self, ctx, plan):
+        return plan
+
+
+async def test_local_activities_trace_only_what_they_do_in_the_request_trace(client, tmp_path, spans):
+    """An in-process hook's span is in the request's trace, under the workflow's context; the local
+    activities (the hook, the pipeline's resolution, the record's snapshots) add no StartActivity /
+    RunActivity pair of their own, while the plan and the tools keep theirs."""
+    worker_client = Client(
+        client.service_client,
+        namespace=client.namespace,
+        data_converter=client.data_converter,
+        interceptors=[RequestTracing()],
+    )
+    async with Harness(worker_client, tmp_path, hooks=[Auditor()]) as h:
+        out = await h.run("What is the price of ACME?", metadata={"cache": "bypass"})
+
+    assert out.result is not None and out.record is not None
+    assert "after_planning_hook" in out.activity_types() and "persist_execution_record" in out.activity_types()
+    finished = spans.get_finished_spans()
+    trace_id = int(out.record.trace_id, 16)
+    in_trace = [s for s in finished if s.context.trace_id == trace_id]
+    names = {s.name for s in in_trace}
+    [hook_span] = [s for s in in_trace if s.name == "pipeline.hook.after_planning.auditor"]
+    [run_workflow] = [s for s in in_trace if s.name == "RunWorkflow:RequestLifecycle"]
+    assert hook_span.parent is not None and hook_span.parent.span_id == run_workflow.parent.span_id
+    assert {"RunActivity:plan", "StartActivity:plan", "RunActivity:execute_tool_step"} <= names
+    local = ("after_planning_hook", "resolve_pipeline", "persist_execution_record", "run_hook_batch")
+    assert not [n for n in names if n.split(":")[-1] in local], sorted(names)

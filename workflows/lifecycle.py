@@ -119,6 +119,9 @@ IN_PROCESS_PATCH = "in-process-bookkeeping-and-hook-batches"
 # Executions started from here on keep AgentLifecycleStage at the stage they wait in, set
 # AgentWorkflowKind, and start their children with their kind.
 STAGE_SEARCH_ATTRIBUTES_PATCH = "stage-and-kind-search-attributes"
+# Executions started from here on do both of the above under this one patch: each patch a new execution
+# checks costs it a marker and an upsert of TemporalChangeVersion.
+CURRENT_PATCH = "lifecycle-2026-12"
 SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal, EffectUpdateSignal)
 
 
@@ -321,8 +324,11 @@ class RequestLifecycleWorkflow(StepExecution):
                 story.current_details("(no valid request)", stage=str(RequestStatus.FAILED), outcome=headline)
             )
             raise ApplicationError(self._input_problem, type=decisions.INVALID_REQUEST, non_retryable=True)
-        self._local_bookkeeping = self._hook_batches = workflow.patched(IN_PROCESS_PATCH)
-        self._stage_upserts = workflow.patched(STAGE_SEARCH_ATTRIBUTES_PATCH)
+        if workflow.patched(CURRENT_PATCH):
+            self._local_bookkeeping = self._hook_batches = self._stage_upserts = True
+        else:
+            self._local_bookkeeping = self._hook_batches = workflow.patched(IN_PROCESS_PATCH)
+            self._stage_upserts = workflow.patched(STAGE_SEARCH_ATTRIBUTES_PATCH)
         try:
             result = await self._lifecycle()
         except RunStopped as stop:

@@ -37,13 +37,16 @@ class SQLitePayloadStore(PayloadStore):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with sqlite.connection(self.path) as db:
             db.executescript(_SCHEMA)
+        # Writes and reads come in small and often (one per large payload): each thread keeps its
+        # connection, and every write is flushed to disk before it returns (a history refers to it).
+        self._connections = sqlite.ThreadConnections(self.path)
 
     @property
     def location(self) -> str:
         return str(self.path)
 
     def _write_now(self, entries: list[tuple[str, bytes]], now: float, sweep_before: float | None) -> None:
-        with sqlite.immediate(self.path) as db:
+        with self._connections.immediate() as db:
             db.executemany(
                 "INSERT INTO payloads (key, data, size, last_used_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET last_used_at = excluded.last_used_at",
@@ -54,7 +57,7 @@ class SQLitePayloadStore(PayloadStore):
 
     def _read_now(self, keys: list[str]) -> dict[str, bytes]:
         found: dict[str, bytes] = {}
-        with sqlite.connection(self.path) as db:
+        with self._connections.reading() as db:
             for key in keys:
                 row = db.execute("SELECT data FROM payloads WHERE key = ?", (key,)).fetchone()
                 if row is not None:
