@@ -189,14 +189,18 @@ class LifecycleActivities(HookStageActivities):
         """The hooks (order, stages, required flag, run options), tools and cache dimensions of this
         worker, recorded in history so replay never depends on the worker's current configuration.
         Scoped hooks are filtered here: the request's tenant (metadata ``tenant_id``) and agent
-        (``agent_id``) see only global hooks, their tenant's and their agent's."""
+        (``agent_id``) see only global hooks, their tenant's and their agent's. A tool is recorded as
+        the workflow decides with it — its key, kind and flags; its description and argument schema
+        stay with the activities that plan, validate and call (this worker's registry), out of every
+        request's history."""
         tenant, agent = input.metadata.get("tenant_id"), input.metadata.get("agent_id")
         visible = self.registry.visible_entries(
             tenant if isinstance(tenant, str) else None, agent if isinstance(agent, str) else None
         )
         span = trace.get_current_span().get_span_context()
         trace_id = format(span.trace_id, "032x") if span.is_valid else None
-        return self.manifest.model_copy(update={"hooks": visible, "trace_id": trace_id})
+        tools = [tool.model_copy(update={"description": "", "parameters": {}}) for tool in self.manifest.tools]
+        return self.manifest.model_copy(update={"hooks": visible, "tools": tools, "trace_id": trace_id})
 
     @activity.defn(name="remember")
     @heartbeating
