@@ -504,7 +504,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await throughput(bench, min(concurrency, 20), 1, floor, [server.pid, worker.pid])
             log(f"added latency per hook invocation ({hook_rounds} sequential samples of each of 5 kinds)")
             hooks = await hook_latency(bench, hook_rounds)
-            log(f"standard request latency ({sequential} sequential requests of each of 4 kinds)")
+            log(f"standard request latency ({sequential} sequential requests of each of 5 kinds)")
             standard = await standard_latency(bench, sequential, floor)
             log(f"throughput and CPU at concurrency {concurrency}")
             rps = await throughput(bench, concurrency, burst_rounds, floor, [server.pid, worker.pid])

@@ -11,10 +11,11 @@ from the request alone. (That parent is never exported itself: a trace viewer sh
 
 Local activities — the in-process hooks, the pipeline's resolution, the record's snapshots — get no
 ``StartActivity``/``RunActivity`` span pair: they never leave the worker, the pair would only wrap what
-they trace themselves (each hook its ``pipeline.hook.<stage>.<hook>`` span, in the request's trace), and
-creating it costs a request a share of its time as large as the spans' own work. Their context still
-travels in their headers, so every span they open is in the request's trace. Regular activities keep
-the pair.
+they trace themselves (each hook its ``pipeline.hook.<stage>.<hook>`` span), and it cost the benchmark's
+standard request (seven local activities) about 5 ms of its ~150 ms, measured side by side on one
+worker. Their context still travels in their headers, so every span they open is in the request's trace,
+under the workflow's context. Regular activities keep the pair. (This reaches into the contrib
+interceptor's internals — its workflow outbound class and header helpers — as the request parent does.)
 """
 
 from __future__ import annotations
