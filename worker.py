@@ -28,7 +28,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities import LifecycleActivities
 from activities.mcp import McpStartupError, McpTool
-from client import Settings, connect, database, exit_process
+from client import Settings, connect_when_reachable, database, exit_process
 from client.devserver import start_dev_server
 from client.search import ensure_search_attributes
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
@@ -96,7 +96,9 @@ def build_worker(
 async def prepare(client: Client, settings: Settings, activities: LifecycleActivities) -> None:
     """What a process does before it serves requests: register the lifecycle search attributes (or
     learn they cannot be), so requests set them and a reviewer's inbox can find waiting requests."""
-    activities.manifest.search_attributes = await ensure_search_attributes(client, settings.temporal_namespace)
+    activities.manifest.search_attributes = await ensure_search_attributes(
+        client, settings.temporal_namespace, wait_seconds=settings.temporal_wait_seconds
+    )
     activities.manifest.payload_store = client.data_converter.external_storage is not None
     db = database(settings)
     if db is not None:  # every store's schema on it, before any request
@@ -108,7 +110,7 @@ async def temporal_client(settings: Settings, *, dev: bool) -> AsyncIterator[Cli
     """A connected client; with ``dev`` the embedded dev server runs for the duration."""
     env = await start_dev_server(settings) if dev else None
     try:
-        yield await connect(settings)
+        yield await connect_when_reachable(settings)
     finally:
         if env is not None:
             await env.shutdown()

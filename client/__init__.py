@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import os
 import sys
+import time
 from datetime import timedelta
 from typing import NoReturn
 
@@ -21,7 +24,9 @@ from workflows.tracing import RequestTracing
 
 from .settings import Settings
 
-__all__ = ["Settings", "connect", "exit_process"]
+__all__ = ["Settings", "connect", "connect_when_reachable", "exit_process"]
+
+logger = logging.getLogger(__name__)
 
 
 def exit_process(code: int) -> NoReturn:
@@ -54,6 +59,23 @@ async def connect(settings: Settings, *, tracing: bool = True) -> Client:
         # Every request one trace, even one started without a client span (the Temporal CLI, a schedule).
         interceptors=[RequestTracing()] if tracing else [],
     )
+
+
+async def connect_when_reachable(settings: Settings, *, tracing: bool = True) -> Client:
+    """:func:`connect`, waiting up to ``settings.temporal_wait_seconds`` for a server that cannot be
+    reached yet (restarting, or started after this process), retrying with a growing pause. Raises the
+    last connection error after that."""
+    deadline = time.monotonic() + settings.temporal_wait_seconds
+    pause = 0.2
+    while True:
+        try:
+            return await connect(settings, tracing=tracing)
+        except RuntimeError as err:
+            if time.monotonic() + pause > deadline:
+                raise
+            logger.warning("Temporal at %s is not reachable yet (%s); retrying", settings.temporal_address, err)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 5.0)
 
 
 _databases: dict[str, Database] = {}

@@ -2,32 +2,47 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from workflows import search_attributes
 
 logger = logging.getLogger(__name__)
 
 
-async def ensure_search_attributes(client: Client, namespace: str) -> bool:
+async def ensure_search_attributes(client: Client, namespace: str, *, wait_seconds: float = 0.0) -> bool:
     """Register any missing lifecycle search attribute. Returns whether all of them are available; when
     they are not (no operator permission, a server without custom attributes) requests still run, they
-    are just not listed by stage or review state."""
+    are just not listed by stage or review state. A server that is unavailable for a moment (restarting)
+    is asked again for up to ``wait_seconds``, so such a moment does not cost the process its attributes
+    for the rest of its life."""
     wanted = {key.name: IndexedValueType.ValueType(key.indexed_value_type) for key in search_attributes.ALL}
-    try:
-        listed = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
-        missing = {name: kind for name, kind in wanted.items() if name not in listed.custom_attributes}
-        if missing:
-            await client.operator_service.add_search_attributes(
-                AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+    deadline = time.monotonic() + wait_seconds
+    pause = 0.2
+    while True:
+        try:
+            listed = await client.operator_service.list_search_attributes(
+                ListSearchAttributesRequest(namespace=namespace)
             )
-            logger.info("registered search attributes %s", ", ".join(sorted(missing)))
-        return True
-    except RPCError as err:
-        logger.warning("lifecycle search attributes unavailable (%s); the review inbox will be empty", err.message)
-        return False
+            missing = {name: kind for name, kind in wanted.items() if name not in listed.custom_attributes}
+            if missing:
+                await client.operator_service.add_search_attributes(
+                    AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+                )
+                logger.info("registered search attributes %s", ", ".join(sorted(missing)))
+            return True
+        except RPCError as err:
+            if err.status is not RPCStatusCode.UNAVAILABLE or time.monotonic() + pause > deadline:
+                logger.warning(
+                    "lifecycle search attributes unavailable (%s); the review inbox will be empty", err.message
+                )
+                return False
+            logger.warning("Temporal is unavailable (%s); asking again for the search attributes", err.message)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 5.0)

@@ -47,6 +47,7 @@ _ENVIRONMENT = {
     "AGENT_REVIEW_WEBHOOK": "review_webhook",
     "AGENT_MCP_SERVERS": "mcp_servers_file",
     "AGENT_MCP_ALLOW_LOOPBACK": "mcp_allow_loopback",
+    "AGENT_TEMPORAL_WAIT_SECONDS": "temporal_wait_seconds",
 }
 _LIST_ENVIRONMENT = {
     "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
@@ -106,6 +107,9 @@ class Settings(BaseModel):
     # SSRF check (their encrypted headers use hook_secret_key).
     mcp_servers_file: Path | None = None
     mcp_allow_loopback: bool = False
+    # How long a starting worker waits for an unreachable Temporal server (one restarting, one started
+    # after the worker) before it gives up with an error.
+    temporal_wait_seconds: float = Field(default=60.0, ge=0, le=3600)
 
     @field_validator("database_url")
     @classmethod

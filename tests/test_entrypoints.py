@@ -198,6 +198,58 @@ def test_a_worker_whose_database_is_unreachable_stops_with_a_clear_error(tmp_pat
     assert "error: no connection to the database" in done.stderr and "s3cret" not in done.stdout + done.stderr
 
 
+def test_a_worker_started_before_its_server_waits_for_it_within_a_bound(tmp_path):
+    """A worker whose Temporal server is not up yet (restarting, or started after it) keeps trying, and
+    polls once the server answers; with no server within ``AGENT_TEMPORAL_WAIT_SECONDS`` it stops with an
+    error naming the address."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": f"127.0.0.1:{port}",
+        "AGENT_STATE_DIR": str(tmp_path / "state"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    gave_up = subprocess.run(
+        [sys.executable, "worker.py"],
+        cwd=ROOT,
+        env={**env, "AGENT_TEMPORAL_WAIT_SECONDS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert gave_up.returncode == 1, gave_up.stdout + gave_up.stderr
+    assert f"Temporal at 127.0.0.1:{port} is not reachable yet" in gave_up.stderr
+    assert "error: Failed client connect" in gave_up.stderr and "worker polling" not in gave_up.stdout
+
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w+") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "worker.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        server = None
+        try:
+            deadline = time.monotonic() + 60
+            while "is not reachable yet" not in log_path.read_text():
+                assert worker.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.2)
+            server = subprocess.Popen(
+                [temporal_cli_path(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port)]
+                + ["--ui-port", str(_free_port()), "--headless", "--log-level", "error"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            while "worker polling" not in log_path.read_text():
+                assert worker.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline + 60, log_path.read_text()
+                time.sleep(0.2)
+        finally:
+            for proc in (worker, server):
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=30)
+
+
 def test_a_live_record_is_found_by_request_id_as_well_as_by_workflow_id(dev_worker):
     env = dev_worker
     ran = _cli(env, "run", "What is the price of ACME?", "--request-id", "live-1", "--metadata", '{"cache": "bypass"}')
