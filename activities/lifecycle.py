@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -53,6 +54,7 @@ from workflows.models import (
     StageSettings,
     SynthesizeInput,
     SynthesizeOutput,
+    ToolSpec,
     ToolStepInput,
     ToolStepOutput,
     json_size,
@@ -199,8 +201,12 @@ class LifecycleActivities(HookStageActivities):
         )
         span = trace.get_current_span().get_span_context()
         trace_id = format(span.trace_id, "032x") if span.is_valid else None
-        tools = [tool.model_copy(update={"description": "", "parameters": {}}) for tool in self.manifest.tools]
-        return self.manifest.model_copy(update={"hooks": visible, "tools": tools, "trace_id": trace_id})
+        return self.manifest.model_copy(update={"hooks": visible, "tools": self._recorded_tools, "trace_id": trace_id})
+
+    @functools.cached_property
+    def _recorded_tools(self) -> list[ToolSpec]:
+        """The tools as each request records them (the worker's tools are fixed when it is built)."""
+        return [tool.model_copy(update={"description": "", "parameters": {}}) for tool in self.manifest.tools]
 
     @activity.defn(name="remember")
     @heartbeating

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import logging
 import os
 import sys
-import time
 from datetime import timedelta
 from typing import NoReturn
 
@@ -22,11 +19,10 @@ from storage.responses import PostgresResponseCacheStore, ResponseCacheStore, SQ
 from workflows.converter import data_converter
 from workflows.tracing import RequestTracing
 
+from .retrying import retrying
 from .settings import Settings
 
 __all__ = ["Settings", "connect", "connect_when_reachable", "exit_process"]
-
-logger = logging.getLogger(__name__)
 
 
 def exit_process(code: int) -> NoReturn:
@@ -63,19 +59,13 @@ async def connect(settings: Settings, *, tracing: bool = True) -> Client:
 
 async def connect_when_reachable(settings: Settings, *, tracing: bool = True) -> Client:
     """:func:`connect`, waiting up to ``settings.temporal_wait_seconds`` for a server that cannot be
-    reached yet (restarting, or started after this process), retrying with a growing pause. Raises the
-    last connection error after that."""
-    deadline = time.monotonic() + settings.temporal_wait_seconds
-    pause = 0.2
-    while True:
-        try:
-            return await connect(settings, tracing=tracing)
-        except RuntimeError as err:
-            if time.monotonic() + pause > deadline:
-                raise
-            logger.warning("Temporal at %s is not reachable yet (%s); retrying", settings.temporal_address, err)
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, 5.0)
+    reached yet (restarting, or started after this process). Raises the last connection error after that."""
+    return await retrying(
+        lambda: connect(settings, tracing=tracing),
+        transient=lambda err: isinstance(err, RuntimeError),
+        within=settings.temporal_wait_seconds,
+        waiting=f"Temporal at {settings.temporal_address} is not reachable yet",
+    )
 
 
 _databases: dict[str, Database] = {}

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
@@ -12,6 +10,8 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows import search_attributes
+
+from .retrying import retrying
 
 logger = logging.getLogger(__name__)
 
@@ -23,26 +23,24 @@ async def ensure_search_attributes(client: Client, namespace: str, *, wait_secon
     is asked again for up to ``wait_seconds``, so such a moment does not cost the process its attributes
     for the rest of its life."""
     wanted = {key.name: IndexedValueType.ValueType(key.indexed_value_type) for key in search_attributes.ALL}
-    deadline = time.monotonic() + wait_seconds
-    pause = 0.2
-    while True:
-        try:
-            listed = await client.operator_service.list_search_attributes(
-                ListSearchAttributesRequest(namespace=namespace)
+
+    async def register() -> None:
+        listed = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+        missing = {name: kind for name, kind in wanted.items() if name not in listed.custom_attributes}
+        if missing:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
             )
-            missing = {name: kind for name, kind in wanted.items() if name not in listed.custom_attributes}
-            if missing:
-                await client.operator_service.add_search_attributes(
-                    AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
-                )
-                logger.info("registered search attributes %s", ", ".join(sorted(missing)))
-            return True
-        except RPCError as err:
-            if err.status is not RPCStatusCode.UNAVAILABLE or time.monotonic() + pause > deadline:
-                logger.warning(
-                    "lifecycle search attributes unavailable (%s); the review inbox will be empty", err.message
-                )
-                return False
-            logger.warning("Temporal is unavailable (%s); asking again for the search attributes", err.message)
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, 5.0)
+            logger.info("registered search attributes %s", ", ".join(sorted(missing)))
+
+    try:
+        await retrying(
+            register,
+            transient=lambda err: isinstance(err, RPCError) and err.status is RPCStatusCode.UNAVAILABLE,
+            within=wait_seconds,
+            waiting="Temporal is unavailable; asking again for the search attributes",
+        )
+    except RPCError as err:
+        logger.warning("lifecycle search attributes unavailable (%s); the review inbox will be empty", err.message)
+        return False
+    return True
