@@ -99,6 +99,7 @@ async def prepare(client: Client, settings: Settings, activities: LifecycleActiv
     activities.manifest.search_attributes = await ensure_search_attributes(
         client, settings.temporal_namespace, wait_seconds=settings.temporal_wait_seconds
     )
+    activities.manifest.stage_listing_delay_seconds = settings.stage_listing_delay_seconds
     activities.manifest.payload_store = client.data_converter.external_storage is not None
     db = database(settings)
     if db is not None:  # every store's schema on it, before any request

@@ -438,7 +438,10 @@ def verdicts(figures: dict[str, Any]) -> list[tuple[str, float | None, str, bool
 # --------------------------------------------------------------------------------------------------
 
 
-async def start_worker(tmp: Path, server: Server, prefix: str, bytecode_cache: bool) -> Any:
+async def start_worker(
+    tmp: Path, server: Server, prefix: str, bytecode_cache: bool, extra_env: dict[str, str] | None = None
+) -> Any:
+    """A benchmark worker process (its log in ``tmp``), once it polls; ``extra_env`` adds to its settings."""
     env = dict(os.environ)
     env.update(
         {
@@ -447,6 +450,7 @@ async def start_worker(tmp: Path, server: Server, prefix: str, bytecode_cache: b
             "PYTHONUNBUFFERED": "1",
             "OTEL_TRACES_EXPORTER": "none",
             "OTEL_METRICS_EXPORTER": "none",
+            **(extra_env or {}),
         }
     )
     if bytecode_cache:

@@ -48,6 +48,7 @@ _ENVIRONMENT = {
     "AGENT_MCP_SERVERS": "mcp_servers_file",
     "AGENT_MCP_ALLOW_LOOPBACK": "mcp_allow_loopback",
     "AGENT_TEMPORAL_WAIT_SECONDS": "temporal_wait_seconds",
+    "AGENT_STAGE_LISTING_DELAY_SECONDS": "stage_listing_delay_seconds",
 }
 _LIST_ENVIRONMENT = {
     "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
@@ -71,7 +72,8 @@ class Settings(BaseModel):
     (``postgresql://…``: every store on PostgreSQL, shared by workers on several machines),
     ``AGENT_DATABASE_POOL_SIZE``, ``AGENT_REVIEW_WEBHOOK`` (an ``http(s)://`` URL told of every checkpoint
     that opens; Slack-compatible; loopback only with ``AGENT_HOOK_ALLOW_LOOPBACK``), ``AGENT_MCP_SERVERS``
-    (the MCP servers whose tools the worker offers), ``AGENT_MCP_ALLOW_LOOPBACK`` (tests only).
+    (the MCP servers whose tools the worker offers), ``AGENT_MCP_ALLOW_LOOPBACK`` (tests only),
+    ``AGENT_TEMPORAL_WAIT_SECONDS``, ``AGENT_STAGE_LISTING_DELAY_SECONDS``.
     """
 
     temporal_address: str = "localhost:7233"
@@ -110,6 +112,10 @@ class Settings(BaseModel):
     # How long a starting worker waits for an unreachable Temporal server (one restarting, one started
     # after the worker) before it gives up with an error.
     temporal_wait_seconds: float = Field(default=60.0, ge=0, le=3600)
+    # How long a request waits in a stage before AgentLifecycleStage lists it (its first stage, a
+    # checkpoint and its end are listed at once); 0 lists every stage it waits in at once, at the cost
+    # of a visibility write per stage.
+    stage_listing_delay_seconds: float = Field(default=2.0, ge=0, le=3600)
 
     @field_validator("database_url")
     @classmethod

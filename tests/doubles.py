@@ -66,6 +66,25 @@ class BlockingTool(Tool):
         await asyncio.Event().wait()
 
 
+class HeldTool(BlockingTool):
+    """A tool that returns once the test releases it: the request waits in its tool step until then."""
+
+    capability = "wait_for_release"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def run(self, arguments, ctx: ToolContext):
+        self.started.set()
+        await self.release.wait()
+        return "released"
+
+    @classmethod
+    def step(cls, step_id: str = "held") -> PlanStep:
+        return PlanStep(step_id=step_id, namespace=cls.namespace, agent=cls.agent, capability=cls.capability)
+
+
 def decision(invocation: HookInvocation) -> tuple[str, str, str]:
     """(failure_policy, action, reason) of a recorded invocation."""
     d = invocation.decision

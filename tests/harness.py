@@ -153,6 +153,9 @@ class Harness:
     review: ReviewSettings | None = None
     # The dev server fixture registers the lifecycle search attributes; the time-skipping server does not.
     search_attributes: bool = True
+    # A worker lists a stage once a request has waited in it this long (2 s by default); the harness
+    # lists every stage at once, so a test reads each stage a request waited in from its history.
+    stage_listing_delay: float = 0.0
     memory: Any = None  # a ConversationMemory: completed runs are remembered
     review_webhook: Any = None  # a ReviewWebhook: told of every checkpoint that opens
     pipeline: str = "test"
@@ -176,6 +179,7 @@ class Harness:
             memory=self.memory,
             review_webhook=self.review_webhook,
         )
+        self.activities.manifest.stage_listing_delay_seconds = self.stage_listing_delay
         self.histories: list[WorkflowHistory] = []
 
     async def __aenter__(self) -> Harness:

@@ -71,6 +71,16 @@ SCENARIOS = {
         "history-reviewer",
     ),
 }
+# Added with the stage listing delay: stages after the first listed only once a request has waited in
+# them that long (one timer that never fires on these), a checkpoint's opening and closing and the end
+# at once. Recorded with a delay no stage here lasts.
+LISTING_DELAY_SCENARIOS = {
+    "message_with_listing_delay_approved_at_checkpoint": (
+        "Send a message to erin with the price of ACME",
+        {"cache": "bypass"},
+        "history-reviewer",
+    ),
+}
 # Added with the shared-memory hooks: the demo pipeline with build_memory_hooks — an announced
 # activity signal handed to the workflow as a managed lease (released after the request), episodic
 # memory and a detached knowledge extraction. Recorded with their own worker (the pipeline differs).
@@ -149,6 +159,32 @@ def subagent_harness(client, state: Path) -> Harness:
     return Harness(client, state, hooks=hooks, tools=[Delegate(), Echo()], planner=planner)
 
 
+async def record(h: Harness, scenarios: dict, rewrite_all: bool, check=None) -> None:
+    """Run each scenario without a committed history yet (every one with ``rewrite_all``) and write its
+    history; ``check(name, outcome)`` asserts what the scenario is there to show."""
+    for name, (text, metadata, reviewer) in scenarios.items():
+        if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
+            continue
+        out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
+        if check is not None:
+            check(name, out)
+        (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
+        print(f"wrote {name}.json ({len(out.history.events)} events)")
+
+
+def batched(name: str, out) -> None:
+    if "hook_batches" in name:
+        assert any(a.batched for a in out.scheduled), "no hooks ran in a batch"
+
+
+def released_a_lease(name: str, out) -> None:
+    assert any(a.activity_type == "release_lease" for a in out.scheduled), "no managed lease was released"
+
+
+def succeeded(name: str, out) -> None:
+    assert out.failure is None, out.failure
+
+
 async def main(rewrite_all: bool) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli_path(),
@@ -160,38 +196,21 @@ async def main(rewrite_all: bool) -> None:
             settings = Settings(state_dir=Path(state))
             memory = ConversationMemoryStore(Path(state) / "memory.sqlite3")
             async with Harness(env.client, Path(state), hooks=demo_hooks(settings), memory=memory) as h:
-                for name, (text, metadata, reviewer) in SCENARIOS.items():
-                    if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
-                        continue
-                    out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
-                    if "hook_batches" in name:
-                        assert any(a.batched for a in out.scheduled), "no hooks ran in a batch"
-                    (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
-                    print(f"wrote {name}.json ({len(out.history.events)} events)")
+                await record(h, SCENARIOS, rewrite_all, batched)
+        with tempfile.TemporaryDirectory() as state:
+            settings = Settings(state_dir=Path(state))
+            async with Harness(env.client, Path(state), hooks=demo_hooks(settings), stage_listing_delay=600) as h:
+                await record(h, LISTING_DELAY_SCENARIOS, rewrite_all, succeeded)
         with tempfile.TemporaryDirectory() as state:
             settings = Settings(state_dir=Path(state))
             memory = MemoryStore(Path(state) / "memory.sqlite3")
             async with Harness(
                 env.client, Path(state), hooks=demo_hooks(settings, memory), memory=memory, pipeline="demo"
             ) as h:
-                for name, (text, metadata, reviewer) in MEMORY_SCENARIOS.items():
-                    if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
-                        continue
-                    out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
-                    assert any(a.activity_type == "release_lease" for a in out.scheduled), (
-                        "no managed lease was released"
-                    )
-                    (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
-                    print(f"wrote {name}.json ({len(out.history.events)} events)")
+                await record(h, MEMORY_SCENARIOS, rewrite_all, released_a_lease)
         with tempfile.TemporaryDirectory() as state:
             async with subagent_harness(env.client, Path(state)) as h:
-                for name, (text, metadata, reviewer) in SUBAGENT_SCENARIOS.items():
-                    if (HISTORIES / f"{name}.json").exists() and not rewrite_all:
-                        continue
-                    out = await h.run(text, metadata, workflow_id=f"history-{name}", approve_as=reviewer)
-                    assert out.failure is None, out.failure
-                    (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
-                    print(f"wrote {name}.json ({len(out.history.events)} events)")
+                await record(h, SUBAGENT_SCENARIOS, rewrite_all, succeeded)
         if rewrite_all or not (HISTORIES / f"{MODEL_SCENARIO}.json").exists():
             with tempfile.TemporaryDirectory() as state:
                 await record_model_scenario(env.client, Path(state))

@@ -3,6 +3,7 @@ the Temporal CLI alone, and the `agent-lifecycle` CLI reading results and record
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.server
 import json
@@ -121,6 +122,27 @@ def test_temporal_cli_alone_starts_a_request_and_reads_its_record(dev_worker):
     stored = _cli(env, "record", workflow_id)
     assert stored.returncode == 0, stored.stderr
     assert "status succeeded" in stored.stdout and "after_planning   #1 allowed-operations (phase 1)" in stored.stdout
+
+    # The worker's default listing delay: the request was listed at its first stage (with its kind) and at
+    # its end; a stage between is listed only by a timer that fired (it waited 2 s there: a loaded machine).
+    shown = _temporal(env, "workflow", "show", "--workflow-id", workflow_id, "--output", "json")
+    assert shown.returncode == 0, shown.stderr
+    events = json.loads(shown.stdout)["events"]
+    listed = [
+        base64.b64decode(
+            e["upsertWorkflowSearchAttributesEventAttributes"]["searchAttributes"]["indexedFields"][name]["data"]
+        )
+        for e in events
+        if "upsertWorkflowSearchAttributesEventAttributes" in e
+        for name in e["upsertWorkflowSearchAttributesEventAttributes"]["searchAttributes"]["indexedFields"]
+        if name == "AgentLifecycleStage"
+    ]
+    assert listed[0] == b'"planning"' and listed[-1] == b'"completed"', listed
+    timers = [
+        base64.b64decode(e["userMetadata"]["summary"]["data"]) for e in events if "timerStartedEventAttributes" in e
+    ]
+    assert timers and set(timers) == {b'"list the stage it waits in"'}, timers
+    assert len(listed) - 2 <= sum("timerFiredEventAttributes" in e for e in events)
 
     # The Web UI of the embedded server answers.
     with urllib.request.urlopen(f"http://127.0.0.1:{env['TEMPORAL_UI_PORT']}/", timeout=10) as page:
@@ -308,3 +330,12 @@ def test_the_cli_exports_its_spans_over_otlp_http_and_a_bad_exporter_is_a_startu
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert worker.returncode == 2 and "unknown exporter 'prometheus'" in worker.stderr
+
+
+def test_a_negative_stage_listing_delay_is_a_startup_error(tmp_path):
+    env = {**os.environ, "AGENT_STATE_DIR": str(tmp_path / "state"), "AGENT_STAGE_LISTING_DELAY_SECONDS": "-1"}
+    run = subprocess.run(
+        [sys.executable, "worker.py", "--check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "AGENT_STAGE_LISTING_DELAY_SECONDS: Input should be greater than or equal to 0" in run.stderr

@@ -30,7 +30,7 @@ from workflows import search_attributes as sa
 from workflows.converter import LifecycleFailureConverter
 from workflows.models import Checkpoint, RequestResult
 
-from .doubles import FixedPlanner, eventually
+from .doubles import FixedPlanner, HeldTool, eventually
 from .harness import Harness, Outcome
 from .test_declared_hooks import Echo, echo
 from .test_declared_subagents import Delegate, delegate
@@ -55,6 +55,32 @@ def stage_upserts(out: Outcome) -> list[dict[str, object]]:
             if any(key.name in fields for key in sa.ALL):
                 found.append({k: data_converter.payload_converter.from_payload(v) for k, v in fields.items()})
     return found
+
+
+LISTING_TIMER = "list the stage it waits in"
+
+
+def listing_timers(out: Outcome) -> tuple[int, int, int]:
+    """(started, fired, cancelled) of the workflow's stage-listing timers."""
+    started = {
+        e.event_id
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        and data_converter.payload_converter.from_payload(e.user_metadata.summary) == LISTING_TIMER
+    }
+    fired = [
+        e
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED
+        and e.timer_fired_event_attributes.started_event_id in started
+    ]
+    cancelled = [
+        e
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED
+        and e.timer_canceled_event_attributes.started_event_id in started
+    ]
+    return len(started), len(fired), len(cancelled)
 
 
 def failure_chain(failure: Failure) -> list[Failure]:
@@ -281,3 +307,54 @@ async def test_a_checkpoint_left_open_keeps_the_stage_until_a_decision(client: C
         after = len((await handle.fetch_history()).events)
         await h.finish(handle, approve_as="ops")
     assert checkpoint.phase == 2 and before == after
+
+
+async def test_with_a_listing_delay_a_request_lists_its_first_stage_its_checkpoint_and_its_end(
+    client: Client, tmp_path
+):
+    # A worker's default: a stage is listed once the request has waited in it for the delay. This request
+    # never waits that long outside its checkpoint, so the stages it passes through cost no upsert — one
+    # timer, started at the first of them, never fires — while what listings must show at once is there:
+    # the first stage with the kind, the checkpoint opening and closing (reviewers' inboxes), the end.
+    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path)), stage_listing_delay=600) as h:
+        out = await h.run(MESSAGE, {"cache": "bypass"}, approve_as="ops")
+
+    assert out.result is not None
+    upserts = stage_upserts(out)
+    assert [u[sa.LIFECYCLE_STAGE.name] for u in upserts] == ["planning", "awaiting_review", "executing", "completed"]
+    assert upserts[0][sa.WORKFLOW_KIND.name] == "request"
+    flags = [(u[sa.LIFECYCLE_STAGE.name], u[sa.AWAITING_REVIEW.name]) for u in upserts if sa.AWAITING_REVIEW.name in u]
+    assert flags == [("awaiting_review", True), ("executing", False), ("completed", False)]
+    assert listing_timers(out) == (1, 0, 0)
+    attributes = (await client.get_workflow_handle(out.workflow_id).describe()).typed_search_attributes
+    assert attributes.get(sa.LIFECYCLE_STAGE) == "completed" and attributes.get(sa.AWAITING_REVIEW) is False
+    # The record and the current details still pass through every stage.
+    assert out.record is not None and out.record.lifecycle_stage == "completed"
+
+
+async def test_with_a_listing_delay_a_stage_the_request_waits_in_that_long_is_listed(client: Client, tmp_path):
+    tool = HeldTool()
+    async with Harness(
+        client, tmp_path, tools=[tool], planner=FixedPlanner(HeldTool.step()), stage_listing_delay=0.5
+    ) as h:
+        handle = await h.start("wait for the held tool", {"cache": "bypass"})
+        await asyncio.wait_for(tool.started.wait(), timeout=30)
+
+        async def listed_executing() -> bool:
+            query = f"WorkflowId = '{handle.id}' AND {sa.LIFECYCLE_STAGE.name} = 'executing'"
+            return bool([e.id async for e in client.list_workflows(query)])
+
+        # The tool holds the request in "executing" until released: the listing catches up with it.
+        await eventually(listed_executing, what="the request listed at executing")
+        assert "executing" in await current_details(handle)
+        tool.release.set()
+        out = await h.finish(handle)
+
+    assert out.result is not None
+    stages = [u[sa.LIFECYCLE_STAGE.name] for u in stage_upserts(out)]
+    assert stages[:2] == ["planning", "executing"] and stages[-1] == "completed", stages
+    # Synthesis started a second timer; it fires only on a machine too slow to end the request within the
+    # delay, and then lists the stage the request is in. A timer is never cancelled.
+    started, fired, cancelled = listing_timers(out)
+    assert started == 2 and fired >= 1 and cancelled == 0
+    assert len(stages) - 3 <= fired - 1

@@ -115,6 +115,7 @@ class HookInvoker:
     _upserted_stage: str | None = None  # the stage AgentLifecycleStage holds
     _upserted_awaiting = False  # whether AgentAwaitingReview holds true
     _unpublished_stage: tuple[str, bool] | None = None  # (stage, terminal) entered since the last upsert
+    _listing_timer: asyncio.Task[None] | None = None  # lists the stage once the listing delay has passed
 
     def _set_stage(self, stage: str, detail: str = "", *, outcome: str = "") -> None:
         """Enter ``stage``: the record and the current details an operator reads (what was asked, the
@@ -129,12 +130,43 @@ class HookInvoker:
             self._unpublished_stage = (str(stage), bool(outcome))
 
     def _publish_stage(self) -> None:
-        """Upsert the stage entered last, where the workflow is about to wait on something outside its
-        workflow task — an activity, a child, a reviewer — or to end. A listing reads the attributes
-        as a workflow task leaves them, so the stages a task passes through on its way (in-process hooks
-        run as local activities, stages without hooks) could never be seen there: they cost no upsert,
-        and the stage a request is listed at is always the one it waits in. The current details and the
-        record show every stage."""
+        """List the stage entered last, where the workflow is about to wait on something outside its
+        workflow task — an activity, a child, a reviewer — or to end. A listing reads the attributes as a
+        workflow task leaves them, so the stages a task passes through on its way (in-process hooks run as
+        local activities, stages without hooks) could never be seen there: they cost no upsert, and the
+        stage a request is listed at is always one it waited in. The current details and the record show
+        every stage at once.
+
+        Each upsert is a write to the server's visibility store, the largest part of what a request costs
+        the server beyond its activities. So, with a listing delay (the manifest's
+        ``stage_listing_delay_seconds``), a request's first stage (with its kind), a change of
+        ``AgentAwaitingReview`` (what reviewers' inboxes read) and its end are listed at once, and any
+        other stage once the request has been waiting that long: one durable timer, started when such a
+        stage is entered and none is running, lists the stage the request is in when it fires. A listing
+        is then at most the delay behind, and a request that never waits that long costs one timer
+        instead of an upsert per stage. Without a delay every stage a request waits in is listed at
+        once."""
+        if self._unpublished_stage is None or not self._manifest.search_attributes:
+            return
+        stage, terminal = self._unpublished_stage
+        delay = self._manifest.stage_listing_delay_seconds
+        at_once = (
+            terminal
+            or not delay
+            or self._upserted_stage is None
+            or (stage == AWAITING_REVIEW_STAGE) != self._upserted_awaiting
+        )
+        if at_once:
+            self._list_stage()
+        elif self._listing_timer is None:
+            self._listing_timer = asyncio.create_task(self._list_stage_after(delay))
+
+    async def _list_stage_after(self, delay: float) -> None:
+        await workflow.sleep(delay, summary="list the stage it waits in")
+        self._listing_timer = None
+        self._list_stage()
+
+    def _list_stage(self) -> None:
         if self._unpublished_stage is not None:
             stage, terminal = self._unpublished_stage
             self._unpublished_stage = None

@@ -100,6 +100,10 @@ class PipelineManifest(ByReference):
     memory: bool = False  # a conversation memory store is configured: completed runs are remembered
     # Whether the lifecycle search attributes are registered on the namespace (checked by the worker).
     search_attributes: bool = False
+    # How long a request waits in a stage before the stage is listed (AgentLifecycleStage); its first
+    # stage, a checkpoint's opening and closing, and its end are listed at once. 0 lists every stage it
+    # waits in at once — what a manifest recorded without this field (an older worker's) replays with.
+    stage_listing_delay_seconds: float = Field(default=0.0, ge=0)
     # Whether the worker's data converter sends large activity payloads to the payload store (by reference).
     payload_store: bool = False
     # The request's OpenTelemetry trace, as resolve_pipeline ran in it (None without tracing).
