@@ -122,8 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=100, help="requests started at once (default 100)")
     args = parser.parse_args(argv)
     delays = [d.strip() for d in args.delays.split(",") if d.strip()]
-    if not delays or any(float(d) < 0 for d in delays):
-        parser.error("--delays: one or more delays of 0 seconds or more")
+    try:
+        valid = bool(delays) and all(float(d) >= 0 for d in delays)
+    except ValueError:
+        valid = False
+    if not valid:
+        parser.error(f"--delays: one or more delays of 0 seconds or more, comma-separated (not {args.delays!r})")
     result = asyncio.run(measure(delays, args.rounds, args.concurrency))
     log("medians:")
     for name in [*map(kind_name, delays), PEER]:
