@@ -18,6 +18,7 @@ import importlib
 import logging
 import signal
 import sys
+import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -30,6 +31,7 @@ from activities import LifecycleActivities
 from activities.mcp import McpStartupError, McpTool
 from client import Settings, connect_when_reachable, database, exit_process
 from client.devserver import start_dev_server
+from client.pipeline import PipelineSettingsError, apply_settings
 from client.search import ensure_search_attributes
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 from hooks import InvalidPipelineConfigError
@@ -40,13 +42,39 @@ from workflows.local_payloads import LocalPayloadsInline
 logger = logging.getLogger("worker")
 
 
+class PipelineLoadError(Exception):
+    """``AGENT_PIPELINE`` names no factory the worker can call, or the factory returned something else."""
+
+
 def load_activities(settings: Settings) -> LifecycleActivities:
-    """Build the activities from the configured pipeline factory (validates the hook registry)."""
-    module_name, _, function_name = settings.pipeline_factory.partition(":")
-    factory = getattr(importlib.import_module(module_name), function_name or "build_activities")
-    activities = factory(settings)
+    """Build the activities from the configured pipeline factory (which validates the hook registry),
+    then apply every pipeline setting the factory did not (``client.pipeline.apply_settings``)."""
+    where = settings.pipeline_factory
+    module_name, _, function_name = where.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise PipelineLoadError(
+            f"AGENT_PIPELINE={where}: cannot import {module_name!r} ({err}); is its folder on PYTHONPATH?"
+        ) from None
+    factory = getattr(module, function_name or "build_activities", None)
+    if not callable(factory):
+        raise PipelineLoadError(f"AGENT_PIPELINE={where}: {module_name} has no function {function_name!r}")
+    try:
+        activities = factory(settings)
+    except (ValueError, McpStartupError):  # a bad setting, hook list or MCP server: reported as such
+        raise
+    except Exception as err:  # noqa: BLE001 - a factory's own bug: one line, with where it was raised
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        raise PipelineLoadError(
+            f"AGENT_PIPELINE={where} raised {type(err).__name__}: {err} ({frame.filename}:{frame.lineno})"
+        ) from None
     if not isinstance(activities, LifecycleActivities):
-        raise TypeError(f"{settings.pipeline_factory} returned {type(activities).__name__}, not LifecycleActivities")
+        raise PipelineLoadError(
+            f"AGENT_PIPELINE={where} returned {type(activities).__name__}, not LifecycleActivities "
+            "(build it with client.pipeline.build_pipeline)"
+        )
+    apply_settings(activities, settings)
     return activities
 
 
@@ -158,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         activities = load_activities(settings)
+    except PipelineLoadError as err:
+        print(f"pipeline error: {err}", file=sys.stderr)
+        return 2
+    except PipelineSettingsError as err:
+        print(f"configuration error: {err}", file=sys.stderr)
+        return 2
     except McpStartupError as err:  # a bad AGENT_MCP_SERVERS file, or a server down at start-up
         print(f"MCP server error: {err}", file=sys.stderr)
         return 2
@@ -174,9 +208,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{entry.index}: {entry.name} [{', '.join(s.value for s in entry.stages)}]{_entry_options(activities, entry)}"
             )
         for spec in activities.tools.specs():
-            if isinstance(activities.tools.get(spec.key), McpTool):
-                flags = [flag for flag in ("read_only", "approval_required") if getattr(spec, flag)]
-                print(f"mcp tool: {spec.key}{''.join(f' {flag}' for flag in flags)}")
+            flags = "".join(f" {flag}" for flag in ("read_only", "approval_required") if getattr(spec, flag))
+            kind = "mcp tool" if isinstance(activities.tools.get(spec.key), McpTool) else f"{spec.kind}"
+            print(f"{kind}: {spec.key}{flags}")
+        review = activities.manifest.review
+        print(
+            f"planner: {_part_name(activities.planner)}; synthesizer: {_part_name(activities.synthesizer)}; "
+            f"reviewers: {', '.join(review.reviewers) or '(any named reviewer)'}; "
+            f"checkpoint expiry: {review.checkpoint_expiry_seconds:g} s; "
+            f"reviewers' webhook: {'yes' if review.notify else 'no'}"
+        )
         print("pipeline ok")
         return 0
     try:
@@ -192,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutdown_telemetry()
     return 0
+
+
+def _part_name(part: Any) -> str:
+    return str(getattr(part, "name", None) or type(part).__name__)
 
 
 def _entry_options(activities, entry) -> str:

@@ -127,17 +127,36 @@ class LifecycleActivities(HookStageActivities):
         self.prompt_builder = prompt_builder
         self.memory = memory
         self.review_webhook = review_webhook
+        # The pipeline settings (``client.pipeline.PIPELINE_VARIABLES``) these activities already take into
+        # account: the worker applies the others, or refuses to start.
+        self.applied_settings: frozenset[str] = frozenset()
+        self._cache_variation = dict(cache_variation or {})
         review = (review or ReviewSettings()).model_copy(update={"notify": review_webhook is not None})
         self.manifest = PipelineManifest(
             pipeline=registry.pipeline,
-            hooks=registry.entries,
-            tools=tools.specs(),
-            cache_variation={**self._builtin_variation(), **(cache_variation or {})},
-            reserved_metadata_dimensions=list(reserved_metadata_dimensions),
-            settings=self.settings,
             review=review,
             search_attributes=search_attributes,
-            memory=memory is not None,
+            reserved_metadata_dimensions=list(reserved_metadata_dimensions),
+        )
+        self.rebuild()
+
+    def rebuild(self, *, registry: HookRegistry | None = None, add_tools: Sequence[Any] = ()) -> None:
+        """Take a new hook registry or more tools (what the worker adds from its settings before it serves
+        anything), and derive the manifest every request records from the parts as they are now."""
+        if registry is not None:
+            self.registry = registry
+        self.tools.add(add_tools)
+        vars(self).pop("_recorded_tools", None)
+        self.manifest = self.manifest.model_copy(
+            update={
+                "pipeline": self.registry.pipeline,
+                "hooks": self.registry.entries,
+                "tools": self.tools.specs(),
+                "cache_variation": {**self._builtin_variation(), **self._cache_variation},
+                "settings": self.settings,
+                "memory": self.memory is not None,
+                "review": self.manifest.review.model_copy(update={"notify": self.review_webhook is not None}),
+            }
         )
 
     def _builtin_variation(self) -> dict[str, str]:

@@ -17,6 +17,7 @@ from workflows.models import (
     ENRICHMENT_USER_PROFILE,
     Plan,
     StepResult,
+    StepStatus,
     SynthesizeInput,
     SynthesizeOutput,
     ToolSpec,
@@ -132,3 +133,28 @@ def build_planning_prompt(input: PromptInput) -> str:
         '"depends_on"}]}; depends_on may name only earlier steps.'
     )
     return "\n\n".join(sections)
+
+
+class ReadableSynthesizer:
+    """The default synthesizer without a model: each step's outcome on its own line, the result text as a
+    planner or model would read it (after after_tool hooks), and a line saying nothing ran when nothing did."""
+
+    name = "readable"
+
+    async def synthesize(self, input: SynthesizeInput) -> SynthesizeOutput:
+        steps = input.execution.steps
+        if not steps:
+            return SynthesizeOutput(response="No tool was needed for this request, and none ran.", confidence=0.5)
+        lines = []
+        for step in steps:
+            text = (step.result or "").strip() or "(no result)"
+            if step.recovered_from is not None:
+                lines.append(f"{step.tool}: failed, handled by {step.recovered_from.handled_by}: {text}")
+            elif step.status is StepStatus.SUCCEEDED:
+                lines.append(f"{step.tool}: {text}")
+            elif step.status is StepStatus.FAILED:
+                lines.append(f"{step.tool} failed: {text}")
+            else:
+                lines.append(f"{step.tool} was not run ({step.skip_reason or 'skipped'}): {text}")
+        succeeded = sum(s.status is StepStatus.SUCCEEDED and s.recovered_from is None for s in steps)
+        return SynthesizeOutput(response="\n".join(lines), confidence=round(succeeded / len(steps), 3))

@@ -3,8 +3,9 @@
 The payload is a Slack incoming-webhook message — a top-level ``text`` and ``blocks`` — so a Slack
 webhook URL works as it is, and carries the same facts as structured fields under ``review`` for any
 other receiver: the request (id, a short excerpt of what was asked with common secrets masked), the
-checkpoint (id, phase, reasons, expiry), the plan to review (each step's tool and an excerpt of its
-arguments) and how to decide it (the CLI commands and the workflow's ``review`` update).
+checkpoint (id, phase, reasons, expiry), the calls approval runs — exactly as they will run, after every
+rewrite, with the arguments as planned where those differ — the plan for context (each step's tool and an
+excerpt of its arguments; every excerpt with common secrets masked) and how to decide it (the CLI commands and the workflow's ``review`` update).
 
 The POST goes through the SSRF guard of declared HTTP hooks: the URL's host is resolved, every address
 checked, and the connection pinned to the checked address; loopback only with
@@ -110,6 +111,20 @@ def review_payload(input: ReviewNotificationInput) -> dict[str, Any]:
         for step in checkpoint.plan.steps
     ]
     reasons = [reason.model_dump(mode="json") for reason in checkpoint.reasons]
+    calls = [
+        {
+            "step_id": call.step_id,
+            "tool": call.tool,
+            "arguments": _excerpt(call.arguments, ARGUMENTS_EXCERPT_CHARS),
+            "planned_arguments": (
+                _excerpt(call.planned_arguments, ARGUMENTS_EXCERPT_CHARS)
+                if call.planned_arguments is not None
+                else None
+            ),
+            "modified_by": list(call.modified_by),
+        }
+        for call in checkpoint.calls
+    ]
     commands = decide_commands(workflow_id, checkpoint.checkpoint_id)
     review = {
         "request": {"request_id": input.request_id, "workflow_id": workflow_id, "excerpt": excerpt},
@@ -117,9 +132,11 @@ def review_payload(input: ReviewNotificationInput) -> dict[str, Any]:
             "checkpoint_id": checkpoint.checkpoint_id,
             "phase": checkpoint.phase,
             "reasons": reasons,
+            "step_id": checkpoint.step_id,
             "requested_at": checkpoint.requested_at.isoformat(),
             "expires_at": checkpoint.expires_at.isoformat(),
         },
+        "calls": calls,
         "plan": {"phase": checkpoint.plan.phase, "steps": steps},
         "reviewers": list(input.reviewers),
         "decide": {
@@ -142,6 +159,11 @@ def review_payload(input: ReviewNotificationInput) -> dict[str, Any]:
         f"\n… and {len(steps) - MAX_LISTED_STEPS} more" if len(steps) > MAX_LISTED_STEPS else ""
     )
     why = "\n".join(f"• {_mrkdwn(r['tool'])}: {_mrkdwn(r['reason'])}" for r in reasons[:MAX_LISTED_STEPS])
+    runs = "\n".join(
+        f"• `{_mrkdwn(c.tool)}` {_mrkdwn(_excerpt(c.arguments, ARGUMENTS_EXCERPT_CHARS))}"
+        + (f" (rewritten by {_mrkdwn(', '.join(c.modified_by))})" if c.modified_by else "")
+        for c in checkpoint.calls[:MAX_LISTED_STEPS]
+    )
     blocks = [
         {"type": "header", "text": {"type": "plain_text", "text": f"Review needed: {input.request_id}"[:150]}},
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*Asked:* {_mrkdwn(excerpt)}"}},
@@ -155,6 +177,11 @@ def review_payload(input: ReviewNotificationInput) -> dict[str, Any]:
             ],
         },
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*Why*\n{why or '—'}"[:3000]}},
+        *(
+            [{"type": "section", "text": {"type": "mrkdwn", "text": f"*Approving runs exactly*\n{runs}"[:3000]}}]
+            if runs
+            else []
+        ),
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*Plan*\n{listed or '—'}"[:3000]}},
         {
             "type": "context",

@@ -77,6 +77,10 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[Tool]) -> None:
         self._tools: dict[str, Tool] = {}
+        self.add(tools)
+
+    def add(self, tools: Iterable[Tool]) -> None:
+        """Register more tools (before the worker serves requests: everything holding this registry sees them)."""
         for tool in tools:
             key = tool.spec().key
             if key in self._tools:

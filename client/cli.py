@@ -297,17 +297,27 @@ def format_record(record: ExecutionRecord) -> str:
 
 
 def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
+    """A checkpoint as a reviewer reads it: the calls approval runs, exactly as they will run (after every
+    rewrite), why each needs approval, and the rest of the plan for context."""
+    scope = f"  step {checkpoint.step_id}" if checkpoint.step_id else ""
     lines = [
-        f"{workflow_id}  checkpoint {checkpoint.checkpoint_id}  phase {checkpoint.phase}  "
+        f"{workflow_id}  checkpoint {checkpoint.checkpoint_id}  phase {checkpoint.phase}{scope}  "
         f"requested {checkpoint.requested_at:%Y-%m-%d %H:%M:%S}  expires {checkpoint.expires_at:%Y-%m-%d %H:%M:%S} UTC",
         "  needs approval:",
         *(f"    {r.step_id} ({r.tool}): {r.reason}" for r in checkpoint.reasons),
-        "  plan:",
     ]
+    if checkpoint.calls:
+        lines.append("  approving runs exactly:")
+        for call in checkpoint.calls:
+            lines.append(f"    {call.step_id}: {call.tool} {json.dumps(call.arguments, ensure_ascii=False)}")
+            if call.planned_arguments is not None:
+                by = f" (rewritten by {', '.join(call.modified_by)})" if call.modified_by else ""
+                lines.append(f"      planned as {json.dumps(call.planned_arguments, ensure_ascii=False)}{by}")
+    lines.append("  plan:")
     for step in checkpoint.plan.steps:
         deps = step.depends_on + step.implicit_deps
         lines.append(
-            f"    {step.step_id}: {step.tool} {json.dumps(step.arguments)}"
+            f"    {step.step_id}: {step.tool} {json.dumps(step.arguments, ensure_ascii=False)}"
             + (f" after {', '.join(deps)}" if deps else "")
         )
     return "\n".join(lines)

@@ -128,6 +128,8 @@ def _fields(step: StepResult) -> dict:
 
 
 def _describe(step: StepResult) -> str:
+    if step.recovered_from is not None:  # an on_tool_error hook gave the model a readable result instead
+        return f"{step.tool} ({step.step_id}) failed: {step.result}"
     output = _fields(step)
     if step.status is StepStatus.SUCCEEDED and not output:
         return f"{step.tool} ({step.step_id}): {step.result}"
@@ -143,7 +145,7 @@ def _describe(step: StepResult) -> str:
             return f"{output.get('name')} ({output.get('symbol')}) is in {output.get('sector')}, with {output.get('employees')} employees."
         return f"{step.tool} succeeded."
     if step.status is StepStatus.FAILED:
-        if step.error_handled_by:  # an on_tool_error hook gave the model a readable result instead
+        if step.error_handled_by:  # handled before a handled error made its step succeed
             return f"{step.tool} ({step.step_id}) failed: {step.result}"
         return f"I could not complete {step.tool} ({step.step_id}): {step.result}"
     return f"I skipped {step.tool} ({step.step_id}): {step.result or step.skip_reason}"

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from activities import LifecycleActivities, ToolRegistry
+from activities import LifecycleActivities
 from activities.memory import MemoryStore
-from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer
-from client import database, execution_store, response_cache_store, review_webhook
-from client.declared_hooks import settings_declared_hooks
-from client.mcp_servers import settings_mcp_tools
+from activities.models import ModelSettings
+from client import database, response_cache_store
+from client.pipeline import build_pipeline
 from client.settings import Settings
-from hooks import HookRegistry, allow_list, redact
+from hooks import allow_list, redact
 from hooks.builtin import (
     AllowedOperationsHook,
     AuditHook,
@@ -27,7 +26,7 @@ from hooks.builtin import (
     build_memory_hooks,
 )
 from hooks.memory import MemoryBackends
-from workflows.models import ReviewSettings, StageSettings
+from workflows.models import StageSettings
 
 from .agent import RulePlanner, TemplateSynthesizer
 from .tools import demo_mcp_servers, demo_tools
@@ -70,27 +69,26 @@ def demo_hooks(settings: Settings, memory: MemoryStore | None = None) -> list:
         *memory_hooks,
         AllowedOperationsHook(settings.allowed_operations),
         AuditHook(JsonlAuditWriter(settings.state_dir / "audit.jsonl")),
-        *settings_declared_hooks(settings),  # AGENT_HOOKS_FILE: ordered with these by priority
     ]
 
 
 def build_activities(settings: Settings) -> LifecycleActivities:
+    """The demo's parts; :func:`~client.pipeline.build_pipeline` applies every worker setting around them
+    (declared hooks, MCP servers, the model, reviewers, expiry, the reviewers' webhook, the stores)."""
     memory = demo_memory(settings)
-    # The Python tools, then the tools of the demo's MCP server and of AGENT_MCP_SERVERS (listed now).
-    tools = ToolRegistry([*demo_tools(settings.state_dir), *settings_mcp_tools(settings, demo_mcp_servers())])
     # A model where AGENT_MODEL (or a per-role model) is set; the rule planner and template otherwise.
     model = ModelSettings.from_env()
-    return LifecycleActivities(
-        registry=HookRegistry(demo_hooks(settings, memory), pipeline="demo"),
-        tools=tools,
-        planner=OpenAIPlanner(model, tools) if model.configured("planner") else RulePlanner(),
-        synthesizer=OpenAISynthesizer(model) if model.configured("synthesizer") else TemplateSynthesizer(),
+    return build_pipeline(
+        settings,
+        name="demo",
+        hooks=demo_hooks(settings, memory),
+        # The Python tools, then the tools of the demo's MCP server (and of AGENT_MCP_SERVERS).
+        tools=demo_tools(settings.state_dir),
+        mcp_servers=demo_mcp_servers(),
+        planner=None if model.configured("planner") else RulePlanner(),
+        synthesizer=None if model.configured("synthesizer") else TemplateSynthesizer(),
         # secret-redaction protects the answer after synthesis: a streamed draft would bypass it.
-        settings=StageSettings(max_model_tokens_per_request=model.max_tokens_per_request, answer_streaming=False),
-        store=execution_store(settings),
-        review=ReviewSettings(
-            reviewers=settings.reviewers, checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds
-        ),
+        stage_settings=StageSettings(answer_streaming=False),
         memory=memory,
-        review_webhook=review_webhook(settings),
+        model=model,
     )

@@ -30,8 +30,34 @@ class InvalidPipelineConfigError(ValueError):
 
 
 class InvalidRequiredAfterPlanningHookError(InvalidPipelineConfigError):
-    """The required after-planning marker is misused: ``stage_drift``, ``multiple_required`` or
-    ``required_not_terminal``."""
+    """The required after-planning marker is misused: ``stage_drift``, ``multiple_required``,
+    ``required_not_terminal`` or ``required_not_universal``."""
+
+
+# The options that would let the required gate skip some requests: a mandatory control applies to every
+# request, so each is a construction error on the required hook (with its value), never a narrowed gate.
+_NARROWING_OPTIONS = {
+    "scope": lambda value: value != "global",
+    "tenant_id": lambda value: value is not None,
+    "agent_id": lambda value: value is not None,
+    "matcher": lambda value: value is not None,
+    "subagent_only": lambda value: value is not False,
+}
+
+
+def _check_universal(hook: Any, index: int, name: str) -> None:
+    """The required hook runs for every request: refuse any option that would make it skip some."""
+    for option, narrows in _NARROWING_OPTIONS.items():
+        value = hook_option(hook, option)
+        if narrows(value):
+            raise InvalidRequiredAfterPlanningHookError(
+                f"required after-planning hook {name!r} (index {index}) sets {option}={value!r}, which would "
+                "skip it for some requests; a required hook governs every request — remove the option, or "
+                "let the hook itself decide per request",
+                reason="required_not_universal",
+                index=index,
+                hook=name,
+            )
 
 
 def is_required(hook: Any) -> bool:
@@ -190,6 +216,8 @@ class HookRegistry:
                     index=index,
                     hook=name,
                 )
+            if required:
+                _check_universal(hook, index, name)
             if not methods:
                 raise InvalidPipelineConfigError(
                     f"hook {name!r} (index {index}) implements no stage; define one of {', '.join(STAGE_METHODS)}",

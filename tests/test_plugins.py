@@ -356,12 +356,10 @@ async def test_retry_on_error_reports_a_tool_failure_as_a_readable_result(client
     assert out.failure is None, out.failure
     readable = "The tool broker/place_order failed: broker offline. Try another approach or tell the user."
     order = steps_by_id(out)["order"]
-    assert (order.status, order.error, order.error_handled_by) == (
-        StepStatus.FAILED,
-        "broker offline",
-        "retry-on-error",
-    )
-    assert order.result == readable
+    # Handled: the step succeeds with the readable result, so the plan can go on; the error is kept.
+    assert (order.status, order.error, order.error_handled_by) == (StepStatus.SUCCEEDED, None, "retry-on-error")
+    assert order.recovered_from is not None and order.recovered_from.error == "broker offline"
+    assert order.result == order.output == readable
     assert failing.attempts == 2  # the tool's own retries come first
     assert out.result.response == f"broker/place_order (order) failed: {readable}\nfiles/read (ok): fine"
     [inv] = out.record.invocations(Stage.ON_TOOL_ERROR, "retry-on-error")

@@ -497,16 +497,22 @@ def test_worker_check_refuses_a_misconfigured_pipeline(factory, reason, fragment
 def test_worker_check_lists_the_hooks_of_a_valid_pipeline(tmp_path):
     proc = run_check("valid", tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [
+    lines = proc.stdout.splitlines()
+    assert lines[:4] == [
         "0: enrich [before_planning]",
         "1: reviewer [after_planning]",
         "2: governed-plan [after_planning] required",
         "3: redact [after_synthesis]",
-        "pipeline ok",
     ]
+    assert "tool: demo-tools/stock-service/stock_quote read_only" in lines
+    assert "tool: demo-tools/notify-service/send_message approval_required" in lines
+    assert lines[-2].startswith("planner: rule-planner/1; synthesizer: template-synthesizer/1; reviewers: (any")
+    assert lines[-1] == "pipeline ok"
 
 
 def test_worker_check_accepts_an_empty_pipeline(tmp_path):
     proc = run_check("empty", tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["pipeline ok"]
+    lines = proc.stdout.splitlines()
+    assert not [line for line in lines if line[:1].isdigit()]  # no hook
+    assert lines[-1] == "pipeline ok"

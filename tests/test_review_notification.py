@@ -137,7 +137,16 @@ async def test_an_opening_checkpoint_posts_one_slack_compatible_notification(cli
     # Slack's incoming webhook reads `text` and `blocks`; everything else reads `review`.
     assert body["text"].startswith(f"Review needed: request launch-42 waits at checkpoint {checkpoint.checkpoint_id}")
     assert "notify-service/send_message" in body["text"]
-    assert [b["type"] for b in body["blocks"]] == ["header", "section", "section", "section", "section", "context"]
+    assert [b["type"] for b in body["blocks"]] == [
+        "header",
+        "section",
+        "section",
+        "section",
+        "section",
+        "section",
+        "context",
+    ]
+    assert body["blocks"][4]["text"]["text"].startswith("*Approving runs exactly*\n• `notify-service/send_message`")
     review_fields = body["review"]
     request = review_fields["request"]
     assert request["request_id"] == "launch-42" and request["workflow_id"] == handle.id
@@ -148,9 +157,14 @@ async def test_an_opening_checkpoint_posts_one_slack_compatible_notification(cli
         "checkpoint_id": checkpoint.checkpoint_id,
         "phase": 1,
         "reasons": [r.model_dump(mode="json") for r in checkpoint.reasons],
+        "step_id": None,
         "requested_at": checkpoint.requested_at.isoformat(),
         "expires_at": checkpoint.expires_at.isoformat(),
     }
+    # The call approval runs, exactly as it will run (masked like every excerpt).
+    [call] = review_fields["calls"]
+    assert (call["step_id"], call["tool"], call["modified_by"]) == ("notify", "notify-service/send_message", [])
+    assert '"to": "bob"' in call["arguments"] and call["planned_arguments"] is None
     [step] = review_fields["plan"]["steps"]
     assert step["step_id"] == "notify" and step["tool"] == "notify-service/send_message"
     assert '"to": "bob"' in step["arguments"] and "launch moved, use " in step["arguments"]

@@ -741,7 +741,8 @@ async def test_a_handled_tool_error_substitutes_the_result_and_the_first_handled
     )
     late = OnToolError("late", lambda call, outcome: ToolErrorResolution(handled=True, result="late"))
     observer = AfterTool("observer")
-    planner = FixedPlanner(step("order", Broken), step("ok", Echo, text="hi"))
+    # "then" runs only once "order" has succeeded: a handled error lets the plan go on.
+    planner = FixedPlanner(step("order", Broken), step("ok", Echo, text="hi"), step("then", Echo, ["order"], text="go"))
     async with Harness(
         client,
         tmp_path,
@@ -758,17 +759,27 @@ async def test_a_handled_tool_error_substitutes_the_result_and_the_first_handled
     assert (seen.status, seen.error, seen.result) == ("failed", "broker offline", "error: broker offline")
     assert list(passes.seen) == ["order"]  # not offered a step that succeeded
     order = steps_by_id(out)["order"]
-    assert order.status is StepStatus.FAILED
-    assert order.error == "broker offline" and order.error_type == "RuntimeError"
-    assert order.error_handled_by == "handler"
-    assert order.result == "The broker is down; try later."
-    assert observer.seen["order"].status == "failed"
+    # The error is suppressed: the step succeeded with the substitute, and the record keeps what failed.
+    assert order.status is StepStatus.SUCCEEDED
+    assert order.error is None and order.error_type is None
+    assert order.recovered_from is not None
+    assert (order.recovered_from.error, order.recovered_from.error_type) == ("broker offline", "RuntimeError")
+    assert order.recovered_from.handled_by == "handler" and order.error_handled_by == "handler"
+    assert order.result == order.output == "The broker is down; try later."
+    assert (observer.seen["order"].status, observer.seen["order"].recovered_from) == ("executed", "broker offline")
     assert observer.seen["order"].result == "The broker is down; try later."
-    assert out.result.response == "broker/place_order (order) failed: The broker is down; try later.\necho/say (ok): hi"
+    # Its dependent ran, on the substitute; synthesis read it; the metrics still count the failure.
+    assert steps_by_id(out)["then"].status is StepStatus.SUCCEEDED
+    assert sorted(step_id for step_id, _ in echo.calls) == ["ok", "then"]
+    assert out.result.response == (
+        "broker/place_order (order) failed: The broker is down; try later.\necho/say (ok): hi\necho/say (then): go"
+    )
+    assert out.record.tool_metrics["broker/place_order"].failures == 1
+    assert out.record.cache is not None and not out.record.cache.cacheable
     invocations = stage_invocations(out, Stage.ON_TOOL_ERROR)
     assert invocations[:2] == [("passes", "order", 1, ACCEPTED), ("handler", "order", 2, HANDLED)]
     assert all(step_id == "order" for _, step_id, _, _ in invocations)
-    assert [s.status for s in out.result.steps] == ["failed", "succeeded"]
+    assert [s.status for s in out.result.steps] == ["succeeded", "succeeded", "succeeded"]
 
 
 async def test_an_unhandled_tool_error_stays_the_steps_error(client, tmp_path):

@@ -6,16 +6,18 @@ misconfigured ones raise from :class:`hooks.HookRegistry` while building it, as 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
 
 from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from activities.planning import ReadableSynthesizer
 from client.settings import Settings
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry, PipelineHook, RequiredAfterPlanningHook
-from workflows.models import RunMode, StageSettings
+from workflows.models import Plan, PlanStep, ReviewSettings, RunMode, StageSettings, ToolDecision
 
 
 class Enrich(PipelineHook):
@@ -138,3 +140,79 @@ def crashing_gate(settings: Settings) -> LifecycleActivities:
             heartbeat_timeout_seconds=2.0, max_worker_losses=int(os.environ.get("AGENT_TEST_WORKER_LOSSES", "5"))
         ),
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Pipelines of one's own, built by hand (not with build_pipeline): the worker applies its settings
+# around them, or refuses to start.
+# --------------------------------------------------------------------------------------------------
+
+
+class ScriptedPlanner:
+    """Plans the steps ``AGENT_TEST_PLAN`` lists (JSON plan steps), in phase 1 only."""
+
+    name = "scripted-planner"
+
+    async def plan(self, request) -> Plan:
+        raw = os.environ.get("AGENT_TEST_PLAN")
+        steps = [PlanStep.model_validate(step) for step in json.loads(raw)] if raw and request.phase == 1 else []
+        return Plan(phase=request.phase, steps=steps)
+
+
+class SignMessages(PipelineHook):
+    """A Python before_tool hook that rewrites every message it sees: the text gets a signature."""
+
+    name = "sign-messages"
+
+    def before_tool(self, ctx, call):
+        if call.capability != "send_message":
+            return None
+        return ToolDecision.modify({**call.arguments, "text": f"{call.arguments['text']} [signed]"}, reason="sign")
+
+
+def hand_built(settings: Settings, review: ReviewSettings | None = None) -> LifecycleActivities:
+    """A pipeline of one's own, constructed directly: its own planner (the plan in ``AGENT_TEST_PLAN``),
+    the readable synthesizer, the demo's tools and one Python before_tool rewrite. No setting is wired in:
+    the worker must apply them."""
+    return LifecycleActivities(
+        registry=HookRegistry([SignMessages()], pipeline="hand-built"),
+        tools=ToolRegistry(demo_tools(settings.state_dir)),
+        planner=ScriptedPlanner(),
+        synthesizer=ReadableSynthesizer(),
+        store=SQLiteExecutionStore(settings.execution_store_path),
+        review=review,
+    )
+
+
+def own_reviewers(settings: Settings) -> LifecycleActivities:
+    """A hand-built pipeline that names its own reviewers."""
+    return hand_built(settings, ReviewSettings(reviewers=["bob"]))
+
+
+class NarrowedGate(RequiredAfterPlanningHook, PipelineHook):
+    """The required gate with one narrowing option from ``AGENT_TEST_GATE_OPTION`` (``name=json-value``)."""
+
+    name = "narrowed-gate"
+
+    def __init__(self) -> None:
+        option, _, value = os.environ["AGENT_TEST_GATE_OPTION"].partition("=")
+        setattr(self, option, json.loads(value))
+
+    def after_planning(self, ctx, plan):
+        return plan
+
+
+def narrowed_required(settings: Settings) -> LifecycleActivities:
+    return _activities(settings, [Enrich("enrich"), NarrowedGate()])
+
+
+def own_store(settings: Settings) -> LifecycleActivities:
+    """A hand-built pipeline that keeps its records in a file of its own choosing."""
+    activities = hand_built(settings)
+    activities.store = SQLiteExecutionStore(settings.state_dir / "mine.sqlite3")
+    return activities
+
+
+def not_a_pipeline(settings: Settings) -> str:
+    """A factory that returns something else than the activities."""
+    return "a pipeline"

@@ -23,7 +23,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     from pydantic import JsonValue
 
-    from . import decisions, dispatch, story
+    from . import decisions, dispatch, patches, story
     from . import search_attributes as sa
     from .detached import DETACHED_WORKFLOW_TYPE, detached_workflow_id, start_effect_child
     from .effects import elapsed_ms, record_effects
@@ -106,6 +106,7 @@ class HookInvoker:
     _hook_state: dict[str, dict[str, JsonValue]]
     _leases: ManagedLeases
     _detached_tokens: dict[str, str]
+    _behaviour: patches.Behaviour
     _local_bookkeeping: bool = False
     _hook_batches: bool = False
     _inflight_bytes: int = 0  # inline input bytes of the activities scheduled and not yet finished

@@ -19,7 +19,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     from pydantic import JsonValue
 
-    from . import decisions, story
+    from . import decisions, patches, story
     from . import search_attributes as sa
     from .detached import EFFECT_UPDATE_SIGNAL
     from .effects import record_effects
@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         AfterSynthesisOutcome,
         AnswerChunk,
         AnswerView,
+        ApprovalCall,
         ApprovalReason,
         ApproveSignal,
         BeforePlanningCall,
@@ -113,15 +114,6 @@ CHECKPOINT_REJECTED = "CheckpointRejected"
 CHECKPOINT_EXPIRED = "CheckpointExpired"
 INVALID_REVIEW = "InvalidReview"
 INVALID_QUERY = "InvalidQuery"
-# Executions started from here on resolve the pipeline and write the record as local activities, and
-# run consecutive in-process hooks of a stage in one local activity.
-IN_PROCESS_PATCH = "in-process-bookkeeping-and-hook-batches"
-# Executions started from here on keep AgentLifecycleStage at the stage they wait in, set
-# AgentWorkflowKind, and start their children with their kind.
-STAGE_SEARCH_ATTRIBUTES_PATCH = "stage-and-kind-search-attributes"
-# Executions started from here on do both of the above under this one patch: each patch a new execution
-# checks costs it a marker and an upsert of TemporalChangeVersion.
-CURRENT_PATCH = "lifecycle-2026-12"
 SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal, EffectUpdateSignal)
 
 
@@ -144,6 +136,9 @@ class RequestLifecycleWorkflow(StepExecution):
         self._enrichments: dict[str, JsonValue] = {}
         self._gate = GateState()
         self._results: dict[str, StepResult] = {}
+        self._needs_approval, self._prepared, self._approved = {}, {}, {}
+        self._executing = Plan()
+        self._behaviour = patches.Behaviour()
         self._phase = 1
         self._ask = self._input.request
         self._instructions = ""
@@ -176,9 +171,15 @@ class RequestLifecycleWorkflow(StepExecution):
 
     @workflow.query(name="pending_checkpoint")
     def pending_checkpoint(self, *args: Any) -> Checkpoint | None:
-        """The checkpoint waiting for a reviewer, or null."""
+        """The checkpoint waiting for a reviewer (the oldest, when several steps wait), or null."""
         _no_arguments("pending_checkpoint", args)
         return next((c for c in self._record.checkpoints if c.status is CheckpointStatus.PENDING), None)
+
+    @workflow.query(name="pending_checkpoints")
+    def pending_checkpoints(self, *args: Any) -> list[Checkpoint]:
+        """Every checkpoint waiting for a reviewer, oldest first."""
+        _no_arguments("pending_checkpoints", args)
+        return [c for c in self._record.checkpoints if c.status is CheckpointStatus.PENDING]
 
     @workflow.signal(name="approve")
     def approve(self, *args: Any) -> None:
@@ -324,11 +325,9 @@ class RequestLifecycleWorkflow(StepExecution):
                 story.current_details("(no valid request)", stage=str(RequestStatus.FAILED), outcome=headline)
             )
             raise ApplicationError(self._input_problem, type=decisions.INVALID_REQUEST, non_retryable=True)
-        if workflow.patched(CURRENT_PATCH):
-            self._local_bookkeeping = self._hook_batches = self._stage_upserts = True
-        else:
-            self._local_bookkeeping = self._hook_batches = workflow.patched(IN_PROCESS_PATCH)
-            self._stage_upserts = workflow.patched(STAGE_SEARCH_ATTRIBUTES_PATCH)
+        self._behaviour = behaviour = patches.detect()
+        self._local_bookkeeping, self._hook_batches = behaviour.local_bookkeeping, behaviour.hook_batches
+        self._stage_upserts = behaviour.stage_upserts
         try:
             result = await self._lifecycle()
         except RunStopped as stop:
@@ -622,7 +621,9 @@ class RequestLifecycleWorkflow(StepExecution):
             plan = await self._after_planning(plan)
             await self._persist(LifecycleBoundary.ACCEPTED_PLAN)
             reasons = approval_reasons(plan, self._manifest.tools)
-            if reasons:
+            if reasons and self._behaviour.approval_after_rewrites:
+                await self._review_ready_calls(plan, reasons)
+            elif reasons:  # executions started before calls were approved as they run
                 plan = await self._checkpoint(plan, reasons)
             await self._execute(plan)
             if not plan.continue_after:
@@ -702,23 +703,66 @@ class RequestLifecycleWorkflow(StepExecution):
         self._record.plans.append(AcceptedPlan(phase=current.phase, plan=current, accepted_at=workflow.now()))
         return current
 
+    async def _review_ready_calls(self, plan: Plan, reasons: list[ApprovalReason]) -> None:
+        """Approve each call that needs a reviewer exactly as it will run. A call that can run now — all it
+        depends on succeeded, so its references resolve — is prepared first: resolved, validated and
+        through its before_tool chain, so every rewrite is done and a denial never reaches a reviewer; the
+        phase's one checkpoint lists the prepared calls, and approval runs those values. A call that waits
+        on steps of its own phase is prepared and approved when it is ready (``_confirm_step``)."""
+        self._needs_approval = {}
+        for reason in reasons:
+            self._needs_approval.setdefault(reason.step_id, []).append(reason)
+        self._set_stage(Stage.BEFORE_TOOL)
+        calls: list[ApprovalCall] = []
+        for step in plan.steps:
+            if step.step_id in self._needs_approval and self._can_start(step):
+                prepared = await self._prepare_step(step)
+                self._prepared[step.step_id] = prepared
+                if prepared.ready:
+                    calls.append(prepared.approval_call(step))
+        if not calls:
+            return
+        checkpoint = self._new_checkpoint(
+            plan, [r for call in calls for r in self._needs_approval[call.step_id]], calls=calls
+        )
+        await self._await_review(checkpoint)
+        for call in calls:
+            self._approved[call.step_id] = checkpoint
+
     async def _checkpoint(self, plan: Plan, reasons: list[ApprovalReason]) -> Plan:
-        """Wait for a reviewer. Approval runs this plan as it is (after_planning does not run again);
-        rejection or expiry fails the request before any of its tools runs."""
+        """Wait for a reviewer on the plan as planned (executions started before calls were approved as
+        they run): approval runs this plan, before_tool after the approval."""
+        await self._await_review(self._new_checkpoint(plan, reasons))
+        return plan
+
+    def _new_checkpoint(
+        self,
+        plan: Plan,
+        reasons: list[ApprovalReason],
+        *,
+        calls: list[ApprovalCall] | None = None,
+        step_id: str | None = None,
+    ) -> Checkpoint:
         now = workflow.now()
-        checkpoint = Checkpoint(
+        return Checkpoint(
             checkpoint_id=f"cp-{plan.phase}-{str(workflow.uuid4())[:8]}",
             phase=plan.phase,
             plan=plan,
             reasons=reasons,
+            calls=calls or [],
+            step_id=step_id,
             requested_at=now,
             expires_at=now + timedelta(seconds=self._manifest.review.checkpoint_expiry_seconds),
         )
+
+    async def _await_review(self, checkpoint: Checkpoint) -> None:
+        """Open ``checkpoint`` and wait for its reviewer. Rejection or expiry fails the request before any
+        of its calls runs. Several step checkpoints of one phase may be open at once: the request is
+        suspended until the last of them is decided."""
+        now = checkpoint.requested_at
         self._record.checkpoints.append(checkpoint)
         self._record.status = RequestStatus.SUSPENDED
-        self._set_stage(
-            AWAITING_REVIEW_STAGE, detail=f"checkpoint {checkpoint.checkpoint_id}: {len(reasons)} reason(s)"
-        )
+        self._set_stage(AWAITING_REVIEW_STAGE, detail=story.checkpoint_detail(checkpoint))
         if not self._stage_upserts:
             self._upsert_search_attributes(AWAITING_REVIEW_STAGE, awaiting_review=True)
         self._publish_stage()
@@ -741,9 +785,15 @@ class RequestLifecycleWorkflow(StepExecution):
         except asyncio.TimeoutError:
             checkpoint.status = CheckpointStatus.EXPIRED
             checkpoint.decided_at = workflow.now()
-        self._record.status = RequestStatus.RUNNING
-        if not self._stage_upserts:
-            self._upsert_search_attributes("executing", awaiting_review=False)
+        still_open = [c for c in self._record.checkpoints if c.status is CheckpointStatus.PENDING]
+        if still_open:
+            self._set_stage(AWAITING_REVIEW_STAGE, detail=story.checkpoint_detail(still_open[0]))
+        else:
+            self._record.status = RequestStatus.RUNNING
+            if checkpoint.step_id is not None:
+                self._set_stage("executing")
+            if not self._stage_upserts:
+                self._upsert_search_attributes("executing", awaiting_review=False)
         details = {
             "checkpoint_id": checkpoint.checkpoint_id,
             "phase": checkpoint.phase,
@@ -764,7 +814,6 @@ class RequestLifecycleWorkflow(StepExecution):
                 type=CHECKPOINT_EXPIRED,
                 non_retryable=True,
             )
-        return checkpoint.plan
 
     async def _after_execution(self, execution: ExecutionResult) -> None:
         """Observers of every step's outcome: its status, result text (capped) and error, not each raw

@@ -10,8 +10,10 @@ on_tool_error when it failed, and after_tool on every outcome. Workflow code onl
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -31,13 +33,17 @@ with workflow.unsafe.imports_passed_through():
         METADATA_SUBAGENT_DEPTH,
         AfterToolCall,
         AfterToolOutcome,
+        ApprovalCall,
+        ApprovalReason,
         BeforeToolCall,
         BeforeToolOutcome,
+        Checkpoint,
         ExecutionResult,
         HookCall,
         HookEntry,
         Plan,
         PlanStep,
+        RecoveredError,
         RequestInput,
         RequestResult,
         Stage,
@@ -63,16 +69,54 @@ _OUTCOME_STATUS: dict[StepStatus, Literal["executed", "failed", "skipped"]] = {
 }
 
 
+@dataclass
+class PreparedCall:
+    """A step on its way to its tool: the call as it will run and the step's result so far. ``ready``: the
+    tool may run (its references resolved, its arguments valid, its before_tool chain let it through);
+    otherwise the result says why not — a missing input, invalid arguments (``invalid``), a denial."""
+
+    call: ToolCall
+    result: StepResult
+    ready: bool
+    invalid: bool = False
+
+    def approval_call(self, step: PlanStep) -> ApprovalCall:
+        """The call as a reviewer approves it: the arguments it will run with."""
+        arguments = copy.deepcopy(self.call.arguments)
+        return ApprovalCall(
+            step_id=step.step_id,
+            tool=step.tool,
+            arguments=arguments,
+            planned_arguments=copy.deepcopy(step.arguments) if arguments != step.arguments else None,
+            modified_by=list(self.result.modified_by),
+        )
+
+
 class StepExecution(HookInvoker):
     """The request workflow's plan execution (its state is the workflow's)."""
 
     _results: dict[str, StepResult]
+    # The calls of this phase that need a reviewer, with why; those prepared before the phase's
+    # checkpoint; and the checkpoint each approved call runs under.
+    _needs_approval: dict[str, list[ApprovalReason]]
+    _prepared: dict[str, PreparedCall]
+    _approved: dict[str, Checkpoint]
+
+    async def _await_review(self, checkpoint: Checkpoint) -> None:
+        """Open ``checkpoint`` and wait until a reviewer approves it; rejection or expiry ends the request."""
+        raise NotImplementedError
+
+    def _can_start(self, step: PlanStep) -> bool:
+        """Whether every step ``step`` depends on (in its phase or an earlier one) has already succeeded."""
+        deps = [self._results.get(d) for d in [*step.depends_on, *step.implicit_deps]]
+        return all(d is not None and d.status is StepStatus.SUCCEEDED for d in deps)
 
     async def _execute(self, plan: Plan) -> ExecutionResult:
         """One activity per step, each started as soon as its dependencies have succeeded. If a step ends
         the run (a stop, a hook that fails closed, cancellation) the steps still running are cancelled, and
         every step that finished is kept in the record."""
         self._set_stage("executing")
+        self._executing = plan
         results = self._results
         waiting = list(plan.steps)
         running: dict[asyncio.Task[StepResult], str] = {}
@@ -106,14 +150,41 @@ class StepExecution(HookInvoker):
                 await asyncio.gather(*running, return_exceptions=True)
             self._record.steps.extend(results[s.step_id] for s in plan.steps if s.step_id in results)
             raise
+        finally:
+            self._needs_approval, self._prepared, self._approved = {}, {}, {}
         execution = ExecutionResult(steps=[results[s.step_id] for s in plan.steps])
         self._record.steps.extend(execution.steps)
         return execution
 
     async def _run_step(self, step: PlanStep, *, missing: str | None = None) -> StepResult:
-        """One step through its tool-call stages, then the cap on the result text a model reads."""
-        started = workflow.now()
-        result = StepResult(step_id=step.step_id, tool=step.tool, status=StepStatus.SKIPPED, started_at=started)
+        """One step through its tool-call stages, then the cap on the result text a model reads. A call
+        that needs a reviewer runs only once approved, with exactly the approved arguments."""
+        prepared = self._prepared.pop(step.step_id, None)
+        if prepared is None or missing is not None:
+            prepared = await self._prepare_step(step, missing=missing)
+            if prepared.ready and step.step_id in self._needs_approval and step.step_id not in self._approved:
+                await self._confirm_step(step, prepared)
+        call, result = prepared.call, prepared.result
+        if prepared.ready:
+            checkpoint = self._approved.get(step.step_id)
+            if checkpoint is not None:
+                # Execution receives a copy of the approved values, whatever holds the call meanwhile.
+                [approved] = [c for c in checkpoint.calls if c.step_id == step.step_id]
+                call.arguments = copy.deepcopy(approved.arguments)
+                result.arguments, result.approved_in = call.arguments, checkpoint.checkpoint_id
+            await self._call_tool(step, call, result)
+        elif prepared.invalid:
+            await self._on_tool_error(step, call, result)
+        await self._after_tool(step, call, result)
+        limit = self._manifest.settings.max_tool_result_chars
+        if result.result is not None and len(result.result) > limit:
+            result.result = result.result[: max(0, limit - 1)] + "…"
+        return result
+
+    async def _prepare_step(self, step: PlanStep, *, missing: str | None = None) -> PreparedCall:
+        """Resolve the step's references, validate the resolved arguments and run its before_tool chain:
+        the call as it will run, or why it will not. A stop ends the run."""
+        result = StepResult(step_id=step.step_id, tool=step.tool, status=StepStatus.SKIPPED, started_at=workflow.now())
         call = ToolCall(
             step_id=step.step_id,
             namespace=step.namespace,
@@ -129,21 +200,38 @@ class StepExecution(HookInvoker):
                 missing = str(err)
         if missing is not None:
             result.skip_reason, result.skip_detail, result.result = "missing", missing, missing
-        else:
-            result.arguments = call.arguments
-            problems = await self._resolved_argument_problems(step, call)
-            if problems:
-                # before_tool sees only validated arguments; these fail like a call the tool refused.
-                result.status, result.error_type = StepStatus.FAILED, "InvalidArguments"
-                result.error = result.result = "invalid arguments: " + "; ".join(problems)
-                await self._on_tool_error(step, call, result)
-            elif not await self._before_tool(step, call, result):
-                await self._call_tool(step, call, result)
-        await self._after_tool(step, call, result)
-        limit = self._manifest.settings.max_tool_result_chars
-        if result.result is not None and len(result.result) > limit:
-            result.result = result.result[: max(0, limit - 1)] + "…"
-        return result
+            return PreparedCall(call, result, ready=False)
+        result.arguments = call.arguments
+        problems = await self._resolved_argument_problems(step, call)
+        if problems:
+            # before_tool sees only validated arguments; these fail like a call the tool refused.
+            result.status, result.error_type = StepStatus.FAILED, "InvalidArguments"
+            result.error = result.result = "invalid arguments: " + "; ".join(problems)
+            return PreparedCall(call, result, ready=False, invalid=True)
+        denied = await self._before_tool(step, call, result)
+        return PreparedCall(call, result, ready=not denied)
+
+    async def _confirm_step(self, step: PlanStep, prepared: PreparedCall) -> None:
+        """A call whose arguments existed only once steps of its own phase had run: its own checkpoint,
+        opened now that it is ready, lists it as it will run."""
+        checkpoint = self._new_checkpoint(
+            self._executing,
+            self._needs_approval[step.step_id],
+            calls=[prepared.approval_call(step)],
+            step_id=step.step_id,
+        )
+        await self._await_review(checkpoint)
+        self._approved[step.step_id] = checkpoint
+
+    def _new_checkpoint(
+        self,
+        plan: Plan,
+        reasons: list[ApprovalReason],
+        *,
+        calls: list[ApprovalCall] | None = None,
+        step_id: str | None = None,
+    ) -> Checkpoint:
+        raise NotImplementedError
 
     async def _resolved_argument_problems(self, step: PlanStep, call: ToolCall) -> list[str]:
         """Arguments with references were validated at planning only for presence; check their resolved
@@ -300,6 +388,14 @@ class StepExecution(HookInvoker):
                 return None
             result.error_handled_by = hook.name
             result.result = outcome.resolution.result
+            if self._behaviour.handled_tool_error_succeeds:
+                # Handled: the error is suppressed. The step succeeds with the substitute (its dependents run
+                # on it), and the record keeps what failed beside it.
+                result.recovered_from = RecoveredError(
+                    error=result.error, error_type=result.error_type, handled_by=hook.name
+                )
+                result.status, result.output = StepStatus.SUCCEEDED, outcome.resolution.result
+                result.error = result.error_type = None
             return True
 
         def make(hook: HookEntry) -> ToolErrorCall:
@@ -311,6 +407,7 @@ class StepExecution(HookInvoker):
         """Chain result rewrites over every outcome; the execution status never changes here."""
 
         def make(hook: HookEntry) -> AfterToolCall:
+            recovered = result.recovered_from
             view = ToolOutcomeView(
                 status=_OUTCOME_STATUS[result.status],
                 output=result.output if result.status is StepStatus.SUCCEEDED else None,
@@ -318,6 +415,7 @@ class StepExecution(HookInvoker):
                 extension=result.skipped_by,
                 error=result.error,
                 result=result.result or "",
+                recovered_from=(recovered.error or recovered.error_type) if recovered is not None else None,
             )
             return AfterToolCall(hook=hook, view=self._view(hook), call=call, outcome=view)
 
@@ -332,7 +430,7 @@ class StepExecution(HookInvoker):
             metrics.skipped += 1
             return
         metrics.calls += 1
-        metrics.failures += result.status is StepStatus.FAILED
+        metrics.failures += result.status is StepStatus.FAILED or result.recovered_from is not None
         duration = result.duration_ms or 0.0
         metrics.total_duration_ms += duration
         metrics.max_duration_ms = max(metrics.max_duration_ms, duration)

@@ -11,9 +11,11 @@ may call them.
 from __future__ import annotations
 
 import functools
+import json
 import re
 
 from .masking import masked_preview
+from .models import Checkpoint
 
 SUMMARY_CHARS = 120  # the one-line summary in the workflow list
 EXCERPT_CHARS = 400  # the request or answer excerpt in the details
@@ -69,6 +71,18 @@ def review_notification_details(parent_workflow_id: str, request_id: str, checkp
         f"**reviewers told of checkpoint** {excerpt(checkpoint_id, 200)} **of:** {excerpt(parent_workflow_id, 200)} "
         f"(request {excerpt(request_id, 200)})"
     )
+
+
+def checkpoint_detail(checkpoint: Checkpoint) -> str:
+    """What a waiting request's current details say of its checkpoint: the calls to approve, as they will
+    run, and why each needs a reviewer."""
+    why = "; ".join(dict.fromkeys(f"{r.tool}: {r.reason}" for r in checkpoint.reasons))
+    if not checkpoint.calls:
+        return f"checkpoint {checkpoint.checkpoint_id}: {why or 'review the plan'}"
+    calls = "; ".join(
+        f"{call.tool} {json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)}" for call in checkpoint.calls
+    )
+    return f"checkpoint {checkpoint.checkpoint_id}: approve {calls} ({why})"
 
 
 def failure_headline(error_type: str, message: str) -> str:

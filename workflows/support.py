@@ -235,6 +235,8 @@ def cache_verdict(
     for step in record.steps:
         if step.status is not StepStatus.SUCCEEDED:
             reasons.append(f"step {step.step_id} {step.status.value}")
+        elif step.recovered_from is not None:
+            reasons.append(f"step {step.step_id} recovered from an error ({step.recovered_from.handled_by})")
         elif not read_only.get(step.tool, False):
             reasons.append(f"step {step.step_id} calls {step.tool}, which is not read_only")
     for invocation in record.pipeline_hooks:

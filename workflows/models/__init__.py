@@ -125,7 +125,7 @@ from ._pipeline import (
     StageSettings,
     WorkerLoss,
 )
-from ._plans import ExecutionResult, Plan, PlanStep, StepResult, StepStatus, ToolMetrics, ToolSpec
+from ._plans import ExecutionResult, Plan, PlanStep, RecoveredError, StepResult, StepStatus, ToolMetrics, ToolSpec
 from ._record import (
     MAX_IGNORED_FIELD_CHARS,
     MAX_IGNORED_MESSAGES,
@@ -133,6 +133,7 @@ from ._record import (
     MAX_REVIEW_COMMENT_CHARS,
     MAX_REVIEW_ID_CHARS,
     AcceptedPlan,
+    ApprovalCall,
     ApprovalReason,
     ApproveSignal,
     Checkpoint,
@@ -185,6 +186,7 @@ __all__ = [
     "AfterToolCall",
     "AfterToolOutcome",
     "AnswerView",
+    "ApprovalCall",
     "ApprovalReason",
     "ApproveSignal",
     "BeforePlanningCall",
@@ -294,6 +296,7 @@ __all__ = [
     "SkipMemory",
     "Stage",
     "StageSettings",
+    "RecoveredError",
     "StepResult",
     "StepStatus",
     "StepSummary",

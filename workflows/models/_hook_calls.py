@@ -131,7 +131,9 @@ class ToolDecision(BaseModel):
 
 class ToolOutcomeView(BaseModel):
     """What an after_tool hook sees: ``executed`` (with the raw output), ``skipped`` (reason policy or
-    missing, and the hook that denied) or ``failed`` (the error); ``result`` is the current text."""
+    missing, and the hook that denied) or ``failed`` (the error); ``result`` is the current text. A tool
+    error an on_tool_error hook handled is ``executed`` with the substitute as its output, and
+    ``recovered_from`` says what failed."""
 
     status: Literal["executed", "skipped", "failed"]
     output: JsonValue = None
@@ -139,6 +141,7 @@ class ToolOutcomeView(BaseModel):
     extension: str | None = None
     error: str | None = None
     result: str = ""
+    recovered_from: str | None = None
 
 
 class ToolErrorResolution(BaseModel):

@@ -69,6 +69,14 @@ class StepStatus(StrEnum):
     SKIPPED = "skipped"
 
 
+class RecoveredError(BaseModel):
+    """The tool error an on_tool_error hook handled: the step succeeded with the hook's substitute."""
+
+    error: str | None = None
+    error_type: str | None = None
+    handled_by: str
+
+
 class StepResult(BaseModel):
     """The outcome of one executed (or skipped) plan step.
 
@@ -85,6 +93,9 @@ class StepResult(BaseModel):
     error: str | None = None
     error_type: str | None = None
     error_handled_by: str | None = None  # the on_tool_error hook that substituted the result
+    # The error a handled step recovered from (the step then succeeded, with the substitute as its output).
+    recovered_from: RecoveredError | None = None
+    approved_in: str | None = None  # the checkpoint whose approval this call ran under
     skip_reason: str | None = None  # policy | missing
     skip_detail: str | None = None
     skipped_by: str | None = None  # the hook that denied the call

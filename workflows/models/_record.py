@@ -34,13 +34,32 @@ class ApprovalReason(BaseModel):
     reason: str
 
 
+class ApprovalCall(BaseModel):
+    """One call a checkpoint asks a reviewer to approve, exactly as it will run: its arguments with every
+    reference to an earlier step resolved and after every before_tool rewrite. Approval executes a copy
+    of these values; no hook runs between the approval and the tool."""
+
+    step_id: str
+    tool: str
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    # The arguments as the plan wrote them, when resolution or a rewrite changed them.
+    planned_arguments: dict[str, JsonValue] | None = None
+    modified_by: list[str] = Field(default_factory=list)  # the before_tool hooks that rewrote the call
+
+
 class Checkpoint(BaseModel):
-    """A plan waiting for a reviewer. Approval runs exactly this plan; after_planning does not run again."""
+    """Calls waiting for a reviewer. ``calls`` are what approval runs, exactly; after_planning and
+    before_tool do not run again for them. A checkpoint of a whole phase lists the calls that were ready
+    when its plan was accepted; a call whose arguments existed only once steps of its own phase had run
+    has a checkpoint of its own (``step_id``), opened when it is ready. Checkpoints recorded before calls
+    were listed have none: approval ran their ``plan`` as planned."""
 
     checkpoint_id: str
     phase: int
     plan: Plan
     reasons: list[ApprovalReason]
+    calls: list[ApprovalCall] = Field(default_factory=list)
+    step_id: str | None = None  # the one step a step's own checkpoint approves
     requested_at: datetime
     expires_at: datetime
     status: CheckpointStatus = CheckpointStatus.PENDING

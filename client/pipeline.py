@@ -1,0 +1,252 @@
+"""The pipeline a worker runs, with every worker setting applied to it.
+
+A pipeline factory (``AGENT_PIPELINE=module:function``) takes the process :class:`~client.settings.Settings`
+and returns the :class:`~activities.LifecycleActivities` the worker registers. :func:`build_pipeline` is
+the way to build them: it takes the application's own parts — hooks, tools, planner, synthesizer — and
+applies every setting around them (declared hooks, MCP servers, the model, reviewers, checkpoint expiry,
+the reviewers' webhook, the execution store, the token budget).
+
+Whatever a factory returns, the worker hands it to :func:`apply_settings` before it serves anything: a
+setting the pipeline did not take into account is applied to it there, and one that cannot be — a model
+for a pipeline that brings a planner of its own, reviewers that differ from the pipeline's — stops the
+worker at start-up (:class:`PipelineSettingsError`, exit 2, naming the variable and why). A worker
+setting never silently does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from temporalio.exceptions import ApplicationError
+
+from activities import LifecycleActivities, Tool, ToolRegistry
+from activities.mcp import McpServerConfig, McpTool
+from activities.memory import ConversationMemory
+from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer
+from activities.planning import Planner, PromptBuilder, ReadableSynthesizer, Synthesizer, build_planning_prompt
+from hooks import HookRegistry
+from hooks.declarative import DeclaredHook
+from storage.executions import ExecutionStore, PostgresExecutionStore, SQLiteExecutionStore
+from workflows.models import ReviewSettings, StageSettings
+
+from . import database, execution_store, review_webhook
+from .declared_hooks import settings_declared_hooks
+from .mcp_servers import settings_mcp_tools
+from .settings import Settings
+
+# The variables that shape a pipeline (the rest shape the process: where Temporal is, the task queue, the
+# payload store, ...). ``build_pipeline`` applies all of them; ``apply_settings`` applies or refuses each.
+PIPELINE_VARIABLES = (
+    "AGENT_REVIEWERS",
+    "AGENT_CHECKPOINT_EXPIRY_SECONDS",
+    "AGENT_REVIEW_WEBHOOK",
+    "AGENT_HOOKS_FILE",
+    "AGENT_MCP_SERVERS",
+    "AGENT_MODEL",
+    "AGENT_MODEL_MAX_TOKENS_PER_REQUEST",
+    "AGENT_EXECUTION_STORE",
+    "AGENT_DATABASE_URL",
+    "AGENT_RECORD_RETENTION_DAYS",
+    "AGENT_ERROR_RETENTION_DAYS",
+)
+
+
+class PipelineSettingsError(ValueError):
+    """A worker setting that cannot be applied to the pipeline the worker loaded."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(f"{variable}: {message}")
+        self.variable = variable
+
+
+class NoPlanner:
+    """The planner of a pipeline built without one and without a model: every request fails at planning
+    with a message that says how to give it one (a worker still starts, so ``--check`` can show the rest)."""
+
+    name = "no-planner"
+
+    async def plan(self, request: Any) -> Any:
+        raise ApplicationError(
+            "this pipeline has no planner: set AGENT_MODEL, or pass planner= to build_pipeline",
+            type="NoPlanner",
+            non_retryable=True,
+        )
+
+
+def build_pipeline(
+    settings: Settings,
+    *,
+    hooks: Sequence[Any] = (),
+    tools: Sequence[Tool] = (),
+    planner: Planner | None = None,
+    synthesizer: Synthesizer | None = None,
+    name: str = "default",
+    stage_settings: StageSettings | None = None,
+    memory: ConversationMemory | None = None,
+    prompt_builder: PromptBuilder = build_planning_prompt,
+    cache_variation: Mapping[str, str] | None = None,
+    reserved_metadata_dimensions: Sequence[str] = (),
+    mcp_servers: Sequence[McpServerConfig] = (),
+    store: ExecutionStore | None = None,
+    model: ModelSettings | None = None,
+) -> LifecycleActivities:
+    """The activities of a pipeline: the application's parts, with every setting applied.
+
+    Args:
+        settings: The process settings (what the factory receives).
+        hooks: The pipeline's hooks, in execution order; the declared hooks of ``AGENT_HOOKS_FILE`` follow
+            them (ordered with them by priority).
+        tools: The Python tools; the tools of ``mcp_servers`` and of ``AGENT_MCP_SERVERS`` join them.
+        planner: Chooses tools. Default: the model planner on ``AGENT_MODEL`` (or ``AGENT_PLANNER_MODEL``).
+        synthesizer: Writes the answer. Default: the model synthesizer on the configured model.
+        name: The pipeline's name, as records and the UI show it.
+        stage_settings: Timeouts and limits; ``AGENT_MODEL_MAX_TOKENS_PER_REQUEST`` fills the token budget
+            where it is not set here.
+        memory: Conversation memory (completed runs are remembered).
+        prompt_builder: Renders the planning prompt.
+        cache_variation: Extra cache dimensions the pipeline owns.
+        reserved_metadata_dimensions: Request-metadata keys that are cache dimensions.
+        mcp_servers: MCP servers of the pipeline's own, beside those of ``AGENT_MCP_SERVERS``.
+        store: Where records are kept; default: the store the settings name.
+        model: The model endpoint; default: read from the ``AGENT_MODEL*`` variables.
+
+    Raises:
+        DeclaredHookConfigError, McpStartupError, InvalidPipelineConfigError, ValueError: a part or a
+            setting that cannot be used (the worker exits 2 with the reason).
+    """
+    model = model or ModelSettings.from_env()
+    registry = ToolRegistry([*tools, *settings_mcp_tools(settings, mcp_servers)])
+    if planner is None:
+        planner = OpenAIPlanner(model, registry) if model.configured("planner") else NoPlanner()
+    if synthesizer is None:
+        synthesizer = OpenAISynthesizer(model) if model.configured("synthesizer") else ReadableSynthesizer()
+    stage_settings = stage_settings or StageSettings()
+    if stage_settings.max_model_tokens_per_request is None and model.max_tokens_per_request is not None:
+        stage_settings = stage_settings.model_copy(
+            update={"max_model_tokens_per_request": model.max_tokens_per_request}
+        )
+    activities = LifecycleActivities(
+        registry=HookRegistry([*hooks, *settings_declared_hooks(settings)], pipeline=name),
+        tools=registry,
+        planner=planner,
+        synthesizer=synthesizer,
+        store=store or execution_store(settings),
+        settings=stage_settings,
+        cache_variation=cache_variation,
+        reserved_metadata_dimensions=reserved_metadata_dimensions,
+        prompt_builder=prompt_builder,
+        review=ReviewSettings(
+            reviewers=settings.reviewers, checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds
+        ),
+        memory=memory,
+        review_webhook=review_webhook(settings),
+    )
+    activities.applied_settings = frozenset(PIPELINE_VARIABLES)
+    return activities
+
+
+def apply_settings(activities: LifecycleActivities, settings: Settings, model: ModelSettings | None = None) -> None:
+    """Apply to ``activities`` every pipeline setting it has not taken into account (a pipeline built
+    without :func:`build_pipeline`), or refuse the ones that cannot be applied.
+
+    Raises:
+        PipelineSettingsError: a setting that conflicts with the pipeline, naming its variable.
+        DeclaredHookConfigError, McpStartupError, InvalidPipelineConfigError: a declared-hooks or MCP
+            servers file that cannot be used, or declared hooks that do not fit the pipeline's.
+    """
+    missing = [v for v in PIPELINE_VARIABLES if v not in activities.applied_settings]
+    if not missing:
+        return
+    given = {Settings.variable(field) for field in settings.model_fields_set}
+    model = model or ModelSettings.from_env()
+    _apply_review(activities, settings, given)
+    hooks, tools = list(activities.registry.hooks), []
+    if settings.hooks_file is not None and not any(isinstance(h, DeclaredHook) for h in hooks):
+        hooks += settings_declared_hooks(settings)
+    if settings.mcp_servers_file is not None and not any(
+        isinstance(activities.tools.get(spec.key), McpTool) for spec in activities.tools.specs()
+    ):
+        tools = settings_mcp_tools(settings)
+    _check_model(activities, model)
+    _check_store(activities.store, settings, given)
+    budget = model.max_tokens_per_request
+    if budget is not None and activities.settings.max_model_tokens_per_request is None:
+        activities.settings = activities.settings.model_copy(update={"max_model_tokens_per_request": budget})
+    grown = len(hooks) > len(activities.registry.hooks)
+    activities.rebuild(
+        registry=HookRegistry(hooks, pipeline=activities.registry.pipeline) if grown else None, add_tools=tools
+    )
+    activities.applied_settings = frozenset(PIPELINE_VARIABLES)
+
+
+def _apply_review(activities: LifecycleActivities, settings: Settings, given: set[str]) -> None:
+    review = activities.manifest.review
+    if settings.reviewers:
+        if review.reviewers and set(review.reviewers) != set(settings.reviewers):
+            raise PipelineSettingsError(
+                "AGENT_REVIEWERS",
+                f"the pipeline names its own reviewers {review.reviewers}, not {settings.reviewers}; "
+                "set them in one place",
+            )
+        review = review.model_copy(update={"reviewers": list(settings.reviewers)})
+    if "AGENT_CHECKPOINT_EXPIRY_SECONDS" in given:
+        default = ReviewSettings.model_fields["checkpoint_expiry_seconds"].default
+        own = review.checkpoint_expiry_seconds
+        if own != default and own != settings.checkpoint_expiry_seconds:
+            raise PipelineSettingsError(
+                "AGENT_CHECKPOINT_EXPIRY_SECONDS",
+                f"the pipeline sets its own checkpoint expiry ({own:g} s), not {settings.checkpoint_expiry_seconds:g} s",
+            )
+        review = review.model_copy(update={"checkpoint_expiry_seconds": settings.checkpoint_expiry_seconds})
+    webhook = review_webhook(settings)
+    if webhook is not None:
+        own_hook = activities.review_webhook
+        if own_hook is not None and own_hook.url != webhook.url:
+            raise PipelineSettingsError("AGENT_REVIEW_WEBHOOK", "the pipeline tells a reviewers' webhook of its own")
+        activities.review_webhook = own_hook or webhook
+        review = review.model_copy(update={"notify": True})
+    activities.manifest.review = review
+
+
+def _check_model(activities: LifecycleActivities, model: ModelSettings) -> None:
+    """A configured model applies to a pipeline whose planner and synthesizer call one; any other is the
+    pipeline's own choice, which the worker cannot override."""
+    roles: tuple[tuple[Literal["planner", "synthesizer"], Any, type, str | None], ...] = (
+        ("planner", activities.planner, OpenAIPlanner, model.planner_model),
+        ("synthesizer", activities.synthesizer, OpenAISynthesizer, model.synthesizer_model),
+    )
+    for role, part, kind, own_model in roles:
+        if model.configured(role) and not isinstance(part, kind):
+            variable = f"AGENT_{role.upper()}_MODEL" if own_model else "AGENT_MODEL"
+            name = getattr(part, "name", type(part).__name__)
+            raise PipelineSettingsError(
+                variable,
+                f"a model is set for the {role}, but this pipeline's {role} is {name!r}, which calls no model; "
+                f"build the pipeline with build_pipeline() and no {role}=, or unset {variable}",
+            )
+
+
+def _check_store(store: ExecutionStore, settings: Settings, given: set[str]) -> None:
+    """The execution store the settings name is the one the pipeline writes to."""
+    db = database(settings)
+    if db is not None:
+        if not (isinstance(store, PostgresExecutionStore) and store.database is db):
+            raise PipelineSettingsError(
+                "AGENT_DATABASE_URL", f"the pipeline keeps its records in {type(store).__name__}, not in the database"
+            )
+    elif "AGENT_EXECUTION_STORE" in given and not (
+        isinstance(store, SQLiteExecutionStore) and store.path.resolve() == settings.execution_store_path.resolve()
+    ):
+        raise PipelineSettingsError(
+            "AGENT_EXECUTION_STORE", f"the pipeline keeps its records elsewhere ({type(store).__name__})"
+        )
+    for variable, attribute, days in (
+        ("AGENT_RECORD_RETENTION_DAYS", "retention", settings.record_retention_days),
+        ("AGENT_ERROR_RETENTION_DAYS", "error_retention", settings.error_retention_days),
+    ):
+        own = getattr(store, attribute, None)
+        if variable in given and own is not None and abs(own.total_seconds() - days * 86400) > 1:
+            raise PipelineSettingsError(
+                variable, f"the pipeline's store keeps records for {own.total_seconds() / 86400:g} days, not {days:g}"
+            )

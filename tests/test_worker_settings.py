@@ -1,0 +1,198 @@
+"""Every documented worker setting applies to every pipeline, or stops the worker at start-up.
+
+``worker.py`` with ``AGENT_PIPELINE`` naming a pipeline built by hand (``tests.worker_pipelines``), with
+none of the settings wired in: the worker applies declared hooks, MCP servers, reviewers, the checkpoint
+expiry and the reviewers' webhook around it, and refuses (exit 2, the variable named, no traceback) what
+it cannot apply. The required after-planning gate can never be narrowed. (The settings at work in a real
+request, and the approval they govern: ``tests/test_approval_integrity.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hooks import HookRegistry, InvalidRequiredAfterPlanningHookError, PipelineHook, RequiredAfterPlanningHook
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVERS = Path(__file__).with_name("mcp_servers.py")
+
+
+def worker(tmp_path: Path, factory: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``worker.py`` (``--check`` unless other arguments are given) with ``AGENT_PIPELINE=tests.worker_pipelines:<factory>``."""
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "OPENAI_"))},
+        "AGENT_STATE_DIR": str(tmp_path / "state"),
+        "AGENT_PIPELINE": f"tests.worker_pipelines:{factory}" if ":" not in factory else factory,
+        "TEMPORAL_ADDRESS": "127.0.0.1:9",  # never reached: the pipeline is refused before any connection
+        "AGENT_TEMPORAL_WAIT_SECONDS": "0",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "worker.py", *(args or ("--check",))],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def refused(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "pipeline ok" not in proc.stdout
+    [line] = [line for line in proc.stderr.splitlines() if "error" in line]
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+# --------------------------------------------------------------------------------------------------
+# The required gate is never narrowed
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("scope", "tenant"), ("tenant_id", "acme"), ("agent_id", "bot"), ("matcher", "send"), ("subagent_only", True)],
+)
+def test_a_required_hook_that_would_skip_some_requests_is_a_construction_error(option, value):
+    class Gate(RequiredAfterPlanningHook, PipelineHook):
+        name = "gate"
+
+        def after_planning(self, ctx, plan):
+            return plan
+
+    gate = Gate()
+    setattr(gate, option, value)
+    if option == "scope":
+        gate.tenant_id = "acme"  # a valid tenant scope: still not every request
+    with pytest.raises(InvalidRequiredAfterPlanningHookError) as caught:
+        HookRegistry([gate])
+    assert caught.value.reason == "required_not_universal" and caught.value.hook == "gate"
+    assert option in str(caught.value) and "every request" in str(caught.value)
+
+
+@pytest.mark.parametrize("args", [(), ("--dev",)], ids=["check", "serve"])
+def test_the_worker_refuses_a_narrowed_required_hook_at_start_up(tmp_path, args):
+    proc = worker(tmp_path, "narrowed_required", *args, AGENT_TEST_GATE_OPTION='scope="tenant"')
+    refused(proc, "pipeline configuration error (required_not_universal)", "'narrowed-gate'", "scope='tenant'")
+
+
+def test_a_tenant_only_required_hook_is_refused_by_the_worker(tmp_path):
+    proc = worker(tmp_path, "narrowed_required", AGENT_TEST_GATE_OPTION='tenant_id="acme"')
+    refused(proc, "(required_not_universal)", "tenant_id='acme'")
+
+
+# --------------------------------------------------------------------------------------------------
+# Settings applied around a pipeline of one's own
+# --------------------------------------------------------------------------------------------------
+
+
+def test_review_settings_and_declared_hooks_apply_to_a_hand_built_pipeline(tmp_path):
+    hooks = tmp_path / "hooks.json"
+    hooks.write_text(
+        json.dumps(
+            {
+                "hooks": [
+                    {"id": "guard", "event": "pre_tool_use", "handler_type": "command", "config": {"command": "true"}}
+                ]
+            }
+        )
+    )
+    bare = worker(tmp_path, "hand_built")
+    assert bare.returncode == 0, bare.stderr
+    assert "reviewers: (any named reviewer); checkpoint expiry: 86400 s; reviewers' webhook: no" in bare.stdout
+    assert "guard" not in bare.stdout
+
+    applied = worker(
+        tmp_path,
+        "hand_built",
+        AGENT_REVIEWERS="alice,carol",
+        AGENT_CHECKPOINT_EXPIRY_SECONDS="900",
+        AGENT_HOOKS_FILE=str(hooks),
+        AGENT_REVIEW_WEBHOOK="https://reviews.example.com/hook",
+    )
+    assert applied.returncode == 0, applied.stderr
+    lines = applied.stdout.splitlines()
+    assert lines[:2] == ["0: sign-messages [before_tool]", "1: guard [before_tool]"]
+    assert "planner: scripted-planner; synthesizer: readable; reviewers: alice, carol; checkpoint expiry: 900 s; " in (
+        applied.stdout
+    )
+    assert "reviewers' webhook: yes" in applied.stdout
+
+
+def test_mcp_servers_apply_to_a_hand_built_pipeline(tmp_path):
+    servers = tmp_path / "mcp.json"
+    servers.write_text(
+        json.dumps(
+            {
+                "servers": [
+                    {"name": "inventory", "command": [sys.executable, str(SERVERS), "stdio"], "allow": ["stock_level"]}
+                ]
+            }
+        )
+    )
+    proc = worker(tmp_path, "hand_built", AGENT_MCP_SERVERS=str(servers))
+    assert proc.returncode == 0, proc.stderr
+    assert "mcp tool: mcp/inventory/stock_level read_only" in proc.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    "factory, env, fragments",
+    [
+        (
+            "hand_built",
+            {"AGENT_MODEL": "gpt-test", "AGENT_MODEL_BASE_URL": "http://127.0.0.1:9/v1"},
+            ["configuration error: AGENT_MODEL:", "planner is 'scripted-planner', which calls no model"],
+        ),
+        (
+            "hand_built",
+            {"AGENT_SYNTHESIZER_MODEL": "gpt-test", "AGENT_MODEL_BASE_URL": "http://127.0.0.1:9/v1"},
+            ["configuration error: AGENT_SYNTHESIZER_MODEL:", "synthesizer is 'readable'"],
+        ),
+        (
+            "own_reviewers",
+            {"AGENT_REVIEWERS": "alice"},
+            ["configuration error: AGENT_REVIEWERS:", "its own reviewers ['bob']"],
+        ),
+        (
+            "hand_built",
+            {"AGENT_DATABASE_URL": "postgresql://agent@127.0.0.1:9/agent"},
+            ["configuration error: AGENT_DATABASE_URL:", "SQLiteExecutionStore"],
+        ),
+        (
+            "own_store",
+            {"AGENT_EXECUTION_STORE": "/tmp/elsewhere.sqlite3"},
+            ["configuration error: AGENT_EXECUTION_STORE:", "elsewhere"],
+        ),
+    ],
+    ids=["model-for-a-rule-planner", "model-for-a-template-synthesizer", "two-reviewer-lists", "database", "store"],
+)
+def test_a_setting_the_worker_cannot_apply_stops_it_naming_the_variable(tmp_path, factory, env, fragments):
+    refused(worker(tmp_path, factory, **env), *fragments)
+
+
+def test_a_model_reaches_a_pipeline_built_with_the_builder(tmp_path):
+    proc = worker(
+        tmp_path, "demo.pipeline:build_activities", AGENT_MODEL="gpt-test", AGENT_MODEL_BASE_URL="http://127.0.0.1:9/v1"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "planner: openai:gpt-test; synthesizer: openai:gpt-test; " in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "pipeline, fragment",
+    [
+        ("nowhere.pipeline:build", "cannot import 'nowhere.pipeline'"),
+        ("tests.worker_pipelines:no_such_factory", "has no function 'no_such_factory'"),
+        ("tests.worker_pipelines:ScriptedPlanner", "raised TypeError: ScriptedPlanner() takes no arguments"),
+        ("tests.worker_pipelines:not_a_pipeline", "returned str, not LifecycleActivities"),
+    ],
+)
+def test_a_bad_pipeline_factory_is_a_one_line_error(tmp_path, pipeline, fragment):
+    refused(worker(tmp_path, pipeline), "pipeline error: AGENT_PIPELINE=", fragment)

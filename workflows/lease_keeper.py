@@ -1,0 +1,119 @@
+"""``LeaseKeeper``: the child workflow that keeps one managed lease alive while its request runs on.
+
+A request renews nothing while it is quick: its first renewal is due one renew interval after the lease
+was declared, and a request that ends sooner releases the lease without ever renewing it (one timer in its
+history, never fired). A request still running when the renewal is due hands the lease to this child
+(``<request workflow id>/lease/<lease id>``): a loop of durable timers and one short ``renew_lease``
+activity per renewal, so keeping a lease alive holds no worker slot between renewals, however long the
+request waits — at a checkpoint for a day, behind a queue of other requests. The child continues as new
+every ``RENEWALS_PER_RUN`` renewals (or when the server suggests it), so its history stays bounded, and
+carries its counts across.
+
+The request stops it on every exit with the signal ``stop_keeping`` and waits for its result: a renewal in
+flight finishes first, so the release never races a renewal. A declaration of the same lease id again
+reaches it as ``replace_lease``: later renewals carry the newest payload. If the request itself is
+terminated, the child is terminated with it (the lease then lapses after its TTL).
+
+Workflow code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from . import dispatch
+    from .models import LeaseCall, LeaseKeeperInput, LeaseKeeperReport, LeaseRenewal, ManagedLease
+
+LEASE_KEEPER_WORKFLOW_TYPE = "LeaseKeeper"
+STOP_KEEPING_SIGNAL = "stop_keeping"
+REPLACE_LEASE_SIGNAL = "replace_lease"
+RENEWALS_PER_RUN = 500  # about 4,500 events of history per run
+
+
+def lease_keeper_id(request_workflow_id: str, lease_id: str) -> str:
+    return f"{request_workflow_id}/lease/{lease_id}"
+
+
+@workflow.defn(name=LEASE_KEEPER_WORKFLOW_TYPE)
+class LeaseKeeperWorkflow:
+    """Renew one lease every renew interval until the request that owns it says stop."""
+
+    @workflow.init
+    def __init__(self, input: LeaseKeeperInput) -> None:
+        self._lease = input.call.lease
+        self._stop = False
+
+    @workflow.signal(name=STOP_KEEPING_SIGNAL)
+    def stop_keeping(self) -> None:
+        """The request is exiting: finish the renewal in flight, if any, and report."""
+        self._stop = True
+
+    @workflow.signal(name=REPLACE_LEASE_SIGNAL)
+    def replace_lease(self, lease: ManagedLease) -> None:
+        """The request's hook declared the lease again: renew the newest declaration from now on."""
+        if lease.lease_id == self._lease.lease_id:
+            self._lease = lease
+
+    @workflow.run
+    async def run(self, input: LeaseKeeperInput) -> LeaseKeeperReport:
+        report = input.report.model_copy()
+        due, renewals = input.renew_first, 0
+        try:
+            while True:
+                if due:
+                    report = await self._renew(input, report)
+                    renewals += 1
+                if self._stop:
+                    return report
+                if renewals >= RENEWALS_PER_RUN or workflow.info().is_continue_as_new_suggested():
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    call = input.call.model_copy(update={"lease": self._lease})
+                    workflow.continue_as_new(input.model_copy(update={"call": call, "report": report, "renew_first": False}))
+                try:
+                    await workflow.wait_condition(
+                        lambda: self._stop,
+                        timeout=timedelta(seconds=self._lease.renew_interval_seconds),
+                        timeout_summary="next renewal",
+                    )
+                except asyncio.TimeoutError:
+                    due = True  # the next renewal is due
+                else:
+                    return report  # stopped while waiting: nothing in flight
+        except asyncio.CancelledError:
+            report.last_error = report.last_error or "keeper cancelled with the request"
+            return report
+
+    async def _renew(self, input: LeaseKeeperInput, report: LeaseKeeperReport) -> LeaseKeeperReport:
+        """One renewal through the hook's ``renew_lease``; a provider error is counted, never raised."""
+        lease = self._lease
+        report = report.model_copy(update={"submitted": report.submitted + 1})
+        call = input.call.model_copy(update={"lease": lease, "ordinal": input.call.ordinal + report.submitted})
+        summary = f"renew lease · {lease.hook} · {lease.lease_id}"
+        try:
+            renewal = await dispatch.execute(
+                "renew_lease",
+                call,
+                result_type=LeaseRenewal,
+                start_to_close_timeout=timedelta(seconds=max(2.0, min(30.0, lease.renew_interval_seconds))),
+                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
+                summary=summary,
+                heartbeat_ceiling=timedelta(seconds=input.heartbeat_timeout_seconds),
+                max_worker_losses=input.max_worker_losses,
+            )
+        except (ActivityError, ApplicationError) as err:
+            cause = getattr(err, "cause", None)
+            message = str(getattr(cause, "message", None) or getattr(err, "message", None) or cause or err)
+            return report.model_copy(
+                update={"errors": report.errors + 1, "last_error": f"renew_lease of {lease.hook!r}: {message}"[:500]}
+            )
+        if renewal.error is not None:
+            return report.model_copy(update={"errors": report.errors + 1, "last_error": renewal.error})
+        return report.model_copy(
+            update={"renewed": report.renewed + 1, "expires_at": renewal.expires_at or report.expires_at}
+        )

@@ -1,0 +1,64 @@
+"""The patches of ``RequestLifecycle``: what changed in the workflow's commands, and since when.
+
+A running request replays its history on every worker that picks it up, so a change to the commands the
+workflow sends is guarded by a patch: executions started before it replay the old branch, executions
+started after it take the new one. Each patch costs a new execution a marker and an upsert of
+``TemporalChangeVersion``, so one patch stands for every change made at once (the newest, ``LATEST``),
+and :func:`detect` checks it first thing, before any other command: a new execution records that one
+marker, and an older history finds the patch it was recorded with. (A patch checked later — after a local
+activity, say — can land in a different workflow task than the code that checked it, and replay would
+then miss it.) :class:`Behaviour` says which branch each change takes; the old branches stay beside the
+new ones in the workflow and name the field they read.
+
+Workflow code only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from temporalio import workflow
+
+# Resolving the pipeline and writing the record as local activities, and consecutive in-process hooks of a
+# stage in one local activity.
+IN_PROCESS_PATCH = "in-process-bookkeeping-and-hook-batches"
+# AgentLifecycleStage kept at the stage a request waits in, AgentWorkflowKind set, children started with
+# their kind.
+STAGE_SEARCH_ATTRIBUTES_PATCH = "stage-and-kind-search-attributes"
+# Both of the above.
+LIFECYCLE_2026_12 = "lifecycle-2026-12"
+# Also: a call that needs a reviewer is approved as it will run — resolved, validated and through its
+# before_tool chain before its checkpoint opens, and executed with exactly the approved arguments (before,
+# the checkpoint showed the plan as planned and before_tool ran after the approval); and an on_tool_error
+# hook that handles an error makes its step succeed with the substitute (before, the step stayed failed).
+LIFECYCLE_2026_12_B = "lifecycle-2026-12-b"
+LATEST = LIFECYCLE_2026_12_B
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """Which branch of each change an execution runs: the one its history was recorded with."""
+
+    local_bookkeeping: bool = True
+    hook_batches: bool = True
+    stage_upserts: bool = True
+    approval_after_rewrites: bool = True
+    handled_tool_error_succeeds: bool = True
+
+
+def detect() -> Behaviour:
+    """The behaviour of this execution; call it before the workflow sends any other command."""
+    if workflow.patched(LIFECYCLE_2026_12_B):
+        return Behaviour()
+    earlier = Behaviour(approval_after_rewrites=False, handled_tool_error_succeeds=False)
+    if workflow.patched(LIFECYCLE_2026_12):
+        return earlier
+    in_process = workflow.patched(IN_PROCESS_PATCH)
+    stage_upserts = workflow.patched(STAGE_SEARCH_ATTRIBUTES_PATCH)
+    return Behaviour(
+        local_bookkeeping=in_process,
+        hook_batches=in_process,
+        stage_upserts=stage_upserts,
+        approval_after_rewrites=False,
+        handled_tool_error_succeeds=False,
+    )
