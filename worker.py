@@ -20,6 +20,7 @@ import signal
 import sys
 import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -146,9 +147,14 @@ async def temporal_client(settings: Settings, *, dev: bool) -> AsyncIterator[Cli
 
 
 async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool) -> None:
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=settings.worker_threads, thread_name_prefix="agent-blocking")
+    )
     async with temporal_client(settings, dev=dev) as client:
         await prepare(client, settings, activities)
-        worker = build_worker(client, settings.task_queue, activities, sandboxed=settings.workflow_sandbox)
+        worker = build_worker(
+            client, settings.task_queue, activities, sandboxed=settings.workflow_sandbox, **settings.worker_options()
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

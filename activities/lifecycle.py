@@ -37,6 +37,7 @@ from workflows.models import (
     LeaseCall,
     LeaseKeeperReport,
     LeaseObservation,
+    LeaseRenewal,
     MemoryOutcome,
     ModelDraft,
     PersistRecordInput,
@@ -187,6 +188,7 @@ class LifecycleActivities(HookStageActivities):
             self.run_detached_work,
             self.merge_effect_update,
             self.notify_reviewers,
+            self.renew_lease,
             self.keep_lease,
             self.release_lease,
         ]
@@ -456,9 +458,29 @@ class LifecycleActivities(HookStageActivities):
             },
         )
 
+    @activity.defn(name="renew_lease")
+    @heartbeating
+    async def renew_lease(self, call: LeaseCall) -> LeaseRenewal:
+        """One renewal of a managed lease through its hook's ``renew_lease`` (scheduled by the lease's
+        ``LeaseKeeper``). A provider error, a timeout or a result that breaks the contract is returned as
+        the renewal's error — counted by the keeper, which goes on renewing — never raised."""
+        lease = call.lease
+        hook, ctx = self._lease_context(call, ordinal=call.ordinal)
+        try:
+            with self._lease_span("renew_lease", call):
+                value = await asyncio.wait_for(
+                    call_hook(hook.renew_lease, ctx), timeout=max(1.0, min(30.0, lease.renew_interval_seconds))
+                )
+            observed = _returned_or_default(value, LeaseObservation, "renew_lease")
+        except (Exception, asyncio.TimeoutError) as err:  # noqa: BLE001 - a provider error: counted
+            message = getattr(err, "message", None) or str(err) or type(err).__name__
+            return LeaseRenewal(error=f"renew_lease of {lease.hook!r}: {message}"[:500])
+        return LeaseRenewal(expires_at=observed.expires_at)
+
     @activity.defn(name="keep_lease")
     async def keep_lease(self, call: LeaseCall) -> LeaseKeeperReport:
-        """Keep a managed lease alive until the request owner stops it: renew it through its hook's
+        """(Requests recorded before the ``LeaseKeeper`` child.) Keep a managed lease alive until the
+        request owner stops it: renew it through its hook's
         ``renew_lease`` every renew interval, heartbeating in between. One activity for the lease's whole
         life, however long the request waits; resumed on another worker from the last heartbeat's counts
         if this one dies. Returns what it did when the workflow cancels it."""

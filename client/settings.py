@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
@@ -49,6 +51,14 @@ _ENVIRONMENT = {
     "AGENT_MCP_ALLOW_LOOPBACK": "mcp_allow_loopback",
     "AGENT_TEMPORAL_WAIT_SECONDS": "temporal_wait_seconds",
     "AGENT_STAGE_LISTING_DELAY_SECONDS": "stage_listing_delay_seconds",
+    "AGENT_WORKER_MAX_ACTIVITIES": "worker_max_activities",
+    "AGENT_WORKER_MAX_LOCAL_ACTIVITIES": "worker_max_local_activities",
+    "AGENT_WORKER_MAX_WORKFLOW_TASKS": "worker_max_workflow_tasks",
+    "AGENT_WORKER_WORKFLOW_POLLERS": "worker_workflow_pollers",
+    "AGENT_WORKER_ACTIVITY_POLLERS": "worker_activity_pollers",
+    "AGENT_WORKER_MAX_CACHED_WORKFLOWS": "worker_max_cached_workflows",
+    "AGENT_WORKER_STICKY_TIMEOUT_SECONDS": "worker_sticky_timeout_seconds",
+    "AGENT_WORKER_THREADS": "worker_threads",
 }
 _LIST_ENVIRONMENT = {
     "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
@@ -73,7 +83,10 @@ class Settings(BaseModel):
     ``AGENT_DATABASE_POOL_SIZE``, ``AGENT_REVIEW_WEBHOOK`` (an ``http(s)://`` URL told of every checkpoint
     that opens; Slack-compatible; loopback only with ``AGENT_HOOK_ALLOW_LOOPBACK``), ``AGENT_MCP_SERVERS``
     (the MCP servers whose tools the worker offers), ``AGENT_MCP_ALLOW_LOOPBACK`` (tests only),
-    ``AGENT_TEMPORAL_WAIT_SECONDS``, ``AGENT_STAGE_LISTING_DELAY_SECONDS``.
+    ``AGENT_TEMPORAL_WAIT_SECONDS``, ``AGENT_STAGE_LISTING_DELAY_SECONDS``, and the worker's capacity:
+    ``AGENT_WORKER_MAX_ACTIVITIES``, ``AGENT_WORKER_MAX_LOCAL_ACTIVITIES``, ``AGENT_WORKER_MAX_WORKFLOW_TASKS``,
+    ``AGENT_WORKER_WORKFLOW_POLLERS``, ``AGENT_WORKER_ACTIVITY_POLLERS``, ``AGENT_WORKER_MAX_CACHED_WORKFLOWS``,
+    ``AGENT_WORKER_STICKY_TIMEOUT_SECONDS``, ``AGENT_WORKER_THREADS``.
     """
 
     temporal_address: str = "localhost:7233"
@@ -116,6 +129,23 @@ class Settings(BaseModel):
     # checkpoint and its end are listed at once); 0 lists every stage it waits in at once, at the cost
     # of a visibility write per stage.
     stage_listing_delay_seconds: float = Field(default=2.0, ge=0, le=3600)
+    # One worker's capacity. Nothing holds a slot for a request's whole life (waiting is timers, signals and
+    # updates), so requests beyond these numbers queue on the server and are served as slots free up:
+    # activities (hooks run as activities, tools, planning, synthesis), local activities (in-process hooks,
+    # the record), workflow tasks, the pollers of each queue, and the workflows kept in memory between
+    # their tasks (one evicted is replayed from its history when it next runs).
+    worker_max_activities: int = Field(default=100, ge=1, le=10_000)
+    worker_max_local_activities: int = Field(default=100, ge=1, le=10_000)
+    worker_max_workflow_tasks: int = Field(default=100, ge=2, le=10_000)
+    worker_workflow_pollers: int = Field(default=5, ge=2, le=100)
+    worker_activity_pollers: int = Field(default=5, ge=1, le=100)
+    worker_max_cached_workflows: int = Field(default=2000, ge=0, le=100_000)
+    # How long a workflow task waits for this worker (the one that has the workflow cached) before any
+    # worker may take it: after a crash, a dead worker's requests are picked up that much later.
+    worker_sticky_timeout_seconds: float = Field(default=3.0, gt=0, le=60)
+    # Threads for blocking work: plain ``def`` hook methods, the SQLite stores, the PostgreSQL stores'
+    # synchronous side (Python's own default is the CPU count + 4, a queue under load).
+    worker_threads: int = Field(default=64, ge=1, le=1024)
 
     @field_validator("database_url")
     @classmethod
@@ -137,6 +167,20 @@ class Settings(BaseModel):
         except ValueError as err:
             raise ValueError(f"bad port: {err}") from None
         return SecretStr(value.get_secret_value().strip())
+
+    def worker_options(self) -> dict[str, Any]:
+        """The ``temporalio.worker.Worker`` options these settings size."""
+        from temporalio.worker import PollerBehaviorSimpleMaximum  # only a worker needs it (the CLI starts faster)
+
+        return {
+            "max_concurrent_activities": self.worker_max_activities,
+            "max_concurrent_local_activities": self.worker_max_local_activities,
+            "max_concurrent_workflow_tasks": self.worker_max_workflow_tasks,
+            "workflow_task_poller_behavior": PollerBehaviorSimpleMaximum(self.worker_workflow_pollers),
+            "activity_task_poller_behavior": PollerBehaviorSimpleMaximum(self.worker_activity_pollers),
+            "max_cached_workflows": self.worker_max_cached_workflows,
+            "sticky_queue_schedule_to_start_timeout": timedelta(seconds=self.worker_sticky_timeout_seconds),
+        }
 
     @property
     def hook_store_path(self) -> Path:

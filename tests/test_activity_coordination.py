@@ -1,10 +1,12 @@
 """Managed activity coordination: the announcement hands its signal to the request owner.
 
-The workflow keeps the signal alive with one ``keep_lease`` activity (renewals inside it, heartbeats in
-between) while the request runs and, on every exit, stops that keeper and waits for it before it
-releases the signal. The history shows the order (the keeper has ended before ``release_lease`` is
-scheduled); the record shows both effects terminal with their counts before the terminal persist; the
-SQLite registry shows the signal gone. A request waiting at a checkpoint adds no history for its lease.
+A request quicker than the signal's renew interval never renews it: one timer, and the release on exit.
+One that runs longer hands the signal to a ``LeaseKeeper`` child workflow (timers and one short
+``renew_lease`` activity per renewal, no worker slot held in between) and, on every exit, stops that
+keeper and waits for its result before it releases the signal. The history shows the order (the keeper
+has ended before ``release_lease`` is scheduled); the record shows both effects terminal with their
+counts before the terminal persist; the SQLite registry shows the signal gone. A request waiting at a
+checkpoint adds a bounded handful of events for its lease, however long it waits.
 """
 
 from __future__ import annotations
@@ -20,10 +22,24 @@ from activities.memory import MemoryStore
 from hooks import HookRejection, PipelineHook, PipelineShortCircuit, RequiredAfterPlanningHook, ToolDecision
 from hooks.builtin import ActivityAnnouncementHook, ActivityCleanupHook, activity_signal_id
 from hooks.memory import ActivitySignal, ReadResult, WriteResult
-from workflows.models import EffectStatus, ExecutionRecord, PlanStep, RequestStatus, ReviewSettings
+from workflows import data_converter
+from workflows.models import (
+    EffectStatus,
+    ExecutionRecord,
+    LeaseCall,
+    LeaseKeeperInput,
+    LeaseKeeperReport,
+    ManagedLease,
+    PlanStep,
+    RequestStatus,
+    ReviewSettings,
+    Stage,
+    StageSettings,
+)
 
-from .doubles import BlockingTool, CapturingPlanner, FixedPlanner, quote
+from .doubles import BlockingTool, CapturingPlanner, FixedPlanner, HeldTool, eventually, quote
 from .harness import Harness, Outcome
+from .test_checkpoints import scheduled_ids
 
 QUOTE = "What is the price of ACME?"
 RENEWAL, CLEANUP = "activity_signal_renewal", "activity_signal_cleanup"
@@ -37,43 +53,47 @@ def lease_order(out: Outcome) -> list[str]:
     return [t for t in out.activity_types() if t in ("keep_lease", "release_lease")]
 
 
+def keeper_children(out: Outcome) -> list[int]:
+    """Event ids at which the request started a LeaseKeeper child."""
+    return [
+        e.event_id
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+        and e.start_child_workflow_execution_initiated_event_attributes.workflow_type.name == "LeaseKeeper"
+    ]
+
+
 def keeper_closed_before_release(out: Outcome) -> bool:
-    """Whether every keep_lease activity had closed (completed or cancelled) before release_lease was
-    scheduled: cleanup never races a renewal."""
-    scheduled = {
-        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+    """Whether every LeaseKeeper child had completed before release_lease was scheduled: cleanup never
+    races a renewal."""
+    release_at = next(
+        e.event_id
         for e in out.history.events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    }
-    closed_keepers, release_at = [], None
-    for e in out.history.events:
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and scheduled[e.event_id] == "release_lease":
-            release_at = e.event_id
-        for kind, attrs in (
-            (EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, "activity_task_completed_event_attributes"),
-            (EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED, "activity_task_canceled_event_attributes"),
-        ):
-            if e.event_type == kind and scheduled[getattr(e, attrs).scheduled_event_id] == "keep_lease":
-                closed_keepers.append(e.event_id)
-    keepers = [i for i, t in scheduled.items() if t == "keep_lease"]
-    return (
-        release_at is not None and len(closed_keepers) == len(keepers) and all(c < release_at for c in closed_keepers)
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "release_lease"
     )
+    started = set(keeper_children(out))
+    closed = [
+        e.event_id
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED
+        and e.child_workflow_execution_completed_event_attributes.initiated_event_id in started
+    ]
+    return len(closed) == len(started) and all(c < release_at for c in closed)
 
 
-def assert_released_after_join(out: Outcome, record: ExecutionRecord, exit: str) -> None:
-    """One keeper, stopped before the one release; both effects terminal with counts, in the record. (A
-    request that ends in the workflow task that declared the lease cancels its keeper before the server
-    ever sees it: then only the release is in the history.)"""
-    order = lease_order(out)
-    assert order in (["keep_lease", "release_lease"], ["release_lease"]), order
+def assert_released_after_join(out: Outcome, record: ExecutionRecord, exit: str, keepers: int = 0) -> None:
+    """The keeper children (none for a request quicker than the renew interval), stopped before the one
+    release; both effects terminal with counts, in the record. No keep_lease activity ever runs."""
+    assert lease_order(out) == ["release_lease"]
+    assert len(keeper_children(out)) == keepers
     assert keeper_closed_before_release(out)
     types = out.activity_types()
     assert types.index("release_lease") < len(types) - 1 and types[-1] == "persist_execution_record"
     renewal, cleanup = record.effect(RENEWAL), record.effect(CLEANUP)
     assert renewal.status is EffectStatus.SUCCEEDED, renewal
     assert renewal.data["loop"] == "joined" and renewal.data["exit"] == exit
-    assert renewal.data["keepers"] == 1 and renewal.data["errors"] == 0
+    assert renewal.data["keepers"] == keepers and renewal.data["errors"] == 0
     assert cleanup.status is EffectStatus.SUCCEEDED, cleanup
     assert cleanup.data["renewal_joined_first"] is True and cleanup.data["exit"] == exit
     assert (cleanup.data["submitted"], cleanup.data["errors"], cleanup.data["provider_call_status"]) == (
@@ -213,6 +233,7 @@ class RecordingCoordinator:
     def __init__(self, memory: MemoryStore) -> None:
         self.memory = memory
         self.renewals: list[WriteResult] = []
+        self.ttls: list[float] = []
 
     async def announce(self, signal: ActivitySignal, *, ttl_seconds: float) -> WriteResult:
         return await self.memory.announce(signal, ttl_seconds=ttl_seconds)
@@ -220,6 +241,7 @@ class RecordingCoordinator:
     async def renew(self, signal_id: str, *, ttl_seconds: float) -> WriteResult:
         result = await self.memory.renew(signal_id, ttl_seconds=ttl_seconds)
         self.renewals.append(result)
+        self.ttls.append(ttl_seconds)
         return result
 
     async def remove(self, signal_id: str) -> WriteResult:
@@ -231,8 +253,9 @@ class RecordingCoordinator:
 
 async def test_a_checkpoint_wait_renews_the_lease_without_adding_history_and_cleans_up_on_expiry(client, tmp_path):
     """A request waiting for review keeps its lease alive (each renewal reaches the registry before the
-    TTL runs out) while its history does not grow: renewals happen inside one heartbeating activity, so
-    a wait of a day costs what a wait of seconds does."""
+    TTL runs out) while its own history stops growing with the wait: after its own first renewals (two
+    here) its LeaseKeeper child renews, with a timer and one short activity per renewal, so a wait of a
+    day costs the request what a wait of a minute does, and no worker slot is held in between."""
     coordinator = RecordingCoordinator(MemoryStore(tmp_path / "memory.sqlite3"))
     hooks = coordination_hooks(coordinator, ttl_seconds=3.0, renew_interval_seconds=1.0)
     async with Harness(
@@ -241,8 +264,16 @@ async def test_a_checkpoint_wait_renews_the_lease_without_adding_history_and_cle
         hooks=hooks,
         planner=FixedPlanner(message()),
         review=ReviewSettings(checkpoint_expiry_seconds=8),
+        settings=StageSettings(lease_renewals_in_request=2),
     ) as h:
         out = await h.run("Send a message to bob")  # nobody reviews: the checkpoint expires
+        [keeper_id] = [
+            e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+            for e in out.history.events
+            if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+        ]
+        keeper = await client.get_workflow_handle(keeper_id).fetch_history()
+        h.histories.append(keeper)
 
     assert out.failure is not None and out.failure.type == "CheckpointExpired"
     renewals = len(coordinator.renewals)
@@ -250,8 +281,10 @@ async def test_a_checkpoint_wait_renews_the_lease_without_adding_history_and_cle
     assert all(r.ok and r.detail["found"] for r in coordinator.renewals)
     expiries = [r.detail["expires_at"] for r in coordinator.renewals]
     assert expiries == sorted(expiries)
-    # The wait, in history: from the checkpoint's persist (a local activity's marker) to the expiry timer,
-    # nothing was scheduled.
+    # The wait, in the request's history: from the checkpoint's persist (a local activity's marker) to the
+    # expiry timer, nothing was scheduled; two renewals of its own and the keeper's start are all the
+    # lease added.
+    assert len(scheduled_ids(out, "renew_lease")) == 2
     events = out.history.events
     opened = max(
         i
@@ -261,17 +294,59 @@ async def test_a_checkpoint_wait_renews_the_lease_without_adding_history_and_cle
     )
     during_wait = events[opened + 1 : _fired(events)]
     assert [e for e in during_wait if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED] == []
-    assert len(during_wait) <= 4, [EventType.Name(e.event_type) for e in during_wait]
+    assert len(during_wait) <= 24, [EventType.Name(e.event_type) for e in during_wait]
+    # The keeper's history holds the renewals: one renew_lease activity each, nothing else scheduled.
+    renewed = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in keeper.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert renewed == ["renew_lease"] * len(renewed) and len(renewed) >= renewals - 2
     stored = await out.stored()
-    assert_released_after_join(out, stored, "error")
+    assert_released_after_join(out, stored, "error", keepers=1)
     assert stored.effect(RENEWAL).data["submitted"] >= renewals and stored.effect(RENEWAL).data["returned"] >= renewals
     assert stored.effect(RENEWAL).data["last_expires_at"] is not None
     assert (await coordinator.active()).items == []
 
 
+async def test_a_request_longer_than_the_renew_interval_renews_its_lease_itself(client, tmp_path):
+    """Renewals of a request that runs a few intervals are its own local activities, each after a durable
+    timer: no keeper child, no activity task, no worker slot held between them."""
+    coordinator = RecordingCoordinator(MemoryStore(tmp_path / "memory.sqlite3"))
+    hooks = coordination_hooks(coordinator, ttl_seconds=1.5, renew_interval_seconds=0.5)
+    tool = HeldTool()
+    async with Harness(client, tmp_path, hooks=hooks, tools=[tool], planner=FixedPlanner(HeldTool.step())) as h:
+        handle = await h.start("hold on")
+        await asyncio.wait_for(tool.started.wait(), timeout=30)
+        await asyncio.sleep(3.0)  # renewals fall due while the tool holds the request
+        tool.release.set()
+        out = await h.finish(handle)
+
+    assert out.failure is None, out.failure
+    assert len(coordinator.renewals) >= 2 and all(r.ok for r in coordinator.renewals)
+    assert keeper_children(out) == []
+    renewals = scheduled_ids(out, "renew_lease")
+    assert len(renewals) == len(coordinator.renewals)
+    assert all(a.local for a in out.scheduled if a.activity_type == "renew_lease")
+    stored = await out.stored()
+    assert_released_after_join(out, stored, "completed")
+    assert stored.effect(RENEWAL).data["returned"] == len(renewals)
+
+
 def _fired(events) -> int:
-    """Index of the checkpoint's expiry timer firing."""
-    return next(i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
+    """Index of the checkpoint's expiry timer firing (not the lease's first-renewal timer)."""
+    expiry = {
+        e.event_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        and "expiry" in data_converter.payload_converter.from_payload(e.user_metadata.summary, str)
+    }
+    return next(
+        i
+        for i, e in enumerate(events)
+        if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED
+        and e.timer_fired_event_attributes.started_event_id in expiry
+    )
 
 
 async def test_direct_cleanup_hook_removes_the_signal_itself_when_no_owner_holds_it(client, tmp_path):
@@ -368,3 +443,49 @@ async def test_an_unreadable_registry_fails_open_and_no_lease_is_declared(client
     assert lease_order(out) == [] and out.record.effect(RENEWAL) is None
     # The cleanup hook, without an owner, tried the removal itself and reported its error.
     assert out.record.effect(CLEANUP).status is EffectStatus.FAILED
+
+
+async def test_a_lease_keeper_continues_as_new_keeps_its_counts_renews_the_newest_lease_and_stops_on_signal(
+    client, tmp_path
+):
+    """The LeaseKeeper child on its own: it renews every interval, continues as new after
+    ``renewals_per_run`` renewals carrying its counts, renews the newest declaration once it is replaced,
+    and returns its counts when told to stop."""
+    coordinator = RecordingCoordinator(MemoryStore(tmp_path / "memory.sqlite3"))
+    announcement = coordination_hooks(coordinator)[0]
+    async with Harness(client, tmp_path, hooks=[announcement]) as h:
+        signal = ActivitySignal(signal_id="sig-1", agent="quote-agent", activity="keeper test", request_id="r1")
+        await coordinator.announce(signal, ttl_seconds=30)
+        lease = ManagedLease(
+            lease_id="sig-1",
+            hook=announcement.name,
+            stage=Stage.BEFORE_PLANNING,
+            ttl_seconds=3.0,
+            renew_interval_seconds=0.5,
+            renewal_effect_id=RENEWAL,
+            cleanup_effect_id=CLEANUP,
+        )
+        handle = await client.start_workflow(
+            "LeaseKeeper",
+            LeaseKeeperInput(call=LeaseCall(lease=lease, request_id="r1", workflow_id="w1"), renewals_per_run=2),
+            id=f"keeper-{tmp_path.name}",
+            task_queue=h.task_queue,
+            result_type=LeaseKeeperReport,
+        )
+        await eventually(lambda: _async(len(coordinator.renewals) >= 5), what="five renewals")
+        await handle.signal("replace_lease", lease.model_copy(update={"ttl_seconds": 9.0}))
+        seen = len(coordinator.renewals)
+        await eventually(lambda: _async(len(coordinator.renewals) >= seen + 2), what="renewals of the new lease")
+        await handle.signal("stop_keeping")
+        report = await handle.result()
+        runs = [e async for e in client.list_workflows(f"WorkflowId = 'keeper-{tmp_path.name}'")]
+        for run in runs:
+            h.histories.append(await client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history())
+
+    assert report.renewed == report.submitted >= seen + 2 and report.errors == 0
+    assert len(runs) >= 3  # continued as new every two renewals, counts carried across
+    assert coordinator.ttls[-1] == 9.0 and coordinator.ttls[0] == 3.0
+
+
+async def _async(value):
+    return value or None

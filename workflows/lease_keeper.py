@@ -1,13 +1,11 @@
 """``LeaseKeeper``: the child workflow that keeps one managed lease alive while its request runs on.
 
-A request renews nothing while it is quick: its first renewal is due one renew interval after the lease
-was declared, and a request that ends sooner releases the lease without ever renewing it (one timer in its
-history, never fired). A request still running when the renewal is due hands the lease to this child
-(``<request workflow id>/lease/<lease id>``): a loop of durable timers and one short ``renew_lease``
-activity per renewal, so keeping a lease alive holds no worker slot between renewals, however long the
-request waits — at a checkpoint for a day, behind a queue of other requests. The child continues as new
-every ``RENEWALS_PER_RUN`` renewals (or when the server suggests it), so its history stays bounded, and
-carries its counts across.
+A request renews its leases itself for a while (``workflows.leases``); one that is still running after
+``StageSettings.lease_renewals_in_request`` renewals — a long wait at a checkpoint — hands each lease to
+this child (``<request workflow id>/lease/<lease id>``), so the request's history stops growing with the
+wait: a loop of durable timers and one short ``renew_lease`` activity per renewal, holding no worker slot
+between renewals. The child continues as new every ``renewals_per_run`` renewals (500 by default) or when the server
+suggests it), so its own history stays bounded too, and carries its counts across.
 
 The request stops it on every exit with the signal ``stop_keeping`` and waits for its result: a renewal in
 flight finishes first, so the release never races a renewal. A declaration of the same lease id again
@@ -28,12 +26,11 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from . import dispatch
-    from .models import LeaseCall, LeaseKeeperInput, LeaseKeeperReport, LeaseRenewal, ManagedLease
+    from .models import LeaseKeeperInput, LeaseKeeperReport, LeaseRenewal, ManagedLease
 
 LEASE_KEEPER_WORKFLOW_TYPE = "LeaseKeeper"
 STOP_KEEPING_SIGNAL = "stop_keeping"
 REPLACE_LEASE_SIGNAL = "replace_lease"
-RENEWALS_PER_RUN = 500  # about 4,500 events of history per run
 
 
 def lease_keeper_id(request_workflow_id: str, lease_id: str) -> str:
@@ -71,10 +68,12 @@ class LeaseKeeperWorkflow:
                     renewals += 1
                 if self._stop:
                     return report
-                if renewals >= RENEWALS_PER_RUN or workflow.info().is_continue_as_new_suggested():
+                if renewals >= input.renewals_per_run or workflow.info().is_continue_as_new_suggested():
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     call = input.call.model_copy(update={"lease": self._lease})
-                    workflow.continue_as_new(input.model_copy(update={"call": call, "report": report, "renew_first": False}))
+                    workflow.continue_as_new(
+                        input.model_copy(update={"call": call, "report": report, "renew_first": False})
+                    )
                 try:
                     await workflow.wait_condition(
                         lambda: self._stop,
@@ -109,11 +108,5 @@ class LeaseKeeperWorkflow:
         except (ActivityError, ApplicationError) as err:
             cause = getattr(err, "cause", None)
             message = str(getattr(cause, "message", None) or getattr(err, "message", None) or cause or err)
-            return report.model_copy(
-                update={"errors": report.errors + 1, "last_error": f"renew_lease of {lease.hook!r}: {message}"[:500]}
-            )
-        if renewal.error is not None:
-            return report.model_copy(update={"errors": report.errors + 1, "last_error": renewal.error})
-        return report.model_copy(
-            update={"renewed": report.renewed + 1, "expires_at": renewal.expires_at or report.expires_at}
-        )
+            renewal = LeaseRenewal(error=f"renew_lease of {lease.hook!r}: {message}"[:500])
+        return report.counted(renewal)

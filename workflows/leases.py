@@ -1,16 +1,20 @@
 """Managed leases: the request workflow owns the leases its hooks hand it (``ctx.manage_lease``).
 
-For each lease the workflow runs one long-running ``keep_lease`` activity. It renews the lease through
-the hook's ``renew_lease`` every renew interval and heartbeats in between, so keeping a lease alive costs
-the history of one activity, however long the request runs — a request waiting a day at a checkpoint
-adds no events for its leases. A worker that dies under the keeper stops heartbeating; the server
-retries the keeper on another worker, which continues from the counts in the last heartbeat.
+A lease is renewed every renew interval with a durable timer and one short renewal through the hook's
+``renew_lease``. Nothing holds a worker slot in between, however long the request waits, and a request
+that ends before the first renewal falls due never renews (one timer in its history, never fired). The
+request makes the first ``StageSettings.lease_renewals_in_request`` renewals itself, as local activities
+(a few events of history each); a request still running after them — a long wait at a checkpoint — hands
+the lease to a ``LeaseKeeper`` child workflow (``workflows.lease_keeper``), so its own history stops
+growing with the wait. A declaration of the same lease id again renews the newest payload from then on.
 
 On every exit of the request — success, failure, required rejection, checkpoint rejection or expiry,
-cancellation, stop, short-circuit — the workflow cancels each keeper and waits for it to stop (an
-in-flight renewal finishes first), then runs ``release_lease`` through the hook: cleanup never races a
-renewal and never depends on the request reaching a later stage. A hook that declares the same lease
-id again replaces the lease the keeper renews (the keeper is restarted with the latest one).
+cancellation, stop, short-circuit — the workflow stops renewing and waits for a renewal in flight to
+finish (a keeper child is stopped and its result awaited), then runs ``release_lease`` through the hook:
+cleanup never races a renewal and never depends on the request reaching a later stage.
+
+Executions recorded before this (``Behaviour.lease_renewal_by_timer`` false) kept each lease with one
+long-running, heartbeating ``keep_lease`` activity instead, and replay that way (``_keep_by_activity``).
 """
 
 from __future__ import annotations
@@ -21,27 +25,30 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
-from temporalio.workflow import ActivityCancellationType, ActivityHandle
+from temporalio.common import RetryPolicy, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
+from temporalio.workflow import ActivityCancellationType, ActivityHandle, ChildWorkflowHandle
 
 with workflow.unsafe.imports_passed_through():
-    from . import dispatch
+    from . import dispatch, story
     from .effects import elapsed_ms
+    from .lease_keeper import LEASE_KEEPER_WORKFLOW_TYPE, REPLACE_LEASE_SIGNAL, STOP_KEEPING_SIGNAL, lease_keeper_id
     from .models import (
         MAX_CHECKPOINT_EXPIRY_SECONDS,
         EffectStatus,
         LeaseCall,
+        LeaseKeeperInput,
         LeaseKeeperReport,
         LeaseObservation,
+        LeaseRenewal,
         ManagedLease,
         PipelineHookEffect,
         StageSettings,
         bounded_value,
     )
 
-# Longer than any request may wait (a checkpoint is bounded by MAX_CHECKPOINT_EXPIRY_SECONDS): a keeper
-# that reaches it anyway is simply started again.
+# (Executions recorded with keep_lease activities.) Longer than any request may wait (a checkpoint is bounded
+# by MAX_CHECKPOINT_EXPIRY_SECONDS): a keeper activity that reaches it anyway is simply started again.
 KEEPER_TIMEOUT = timedelta(seconds=MAX_CHECKPOINT_EXPIRY_SECONDS + 7 * 24 * 3600)
 # Retried without limit: a keeper fails only when its worker is lost or shut down.
 KEEPER_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
@@ -54,10 +61,19 @@ class _Lease:
         self.lease = lease
         self.task: asyncio.Task[None] | None = None
         self.handle: ActivityHandle[LeaseKeeperReport] | None = None
+        self.keeper: ChildWorkflowHandle[Any, LeaseKeeperReport] | None = None
+        self.sent: ManagedLease | None = None  # the declaration the keeper child renews
+        self.renewals_here = 0  # renewals the request made itself
+        self.renewing = False  # a renewal of the request's own is in flight
+        self.handed_over = False  # a LeaseKeeper child keeps it (or is being started to)
         self.stopping = False
         self.replaced = False
         self.report = LeaseKeeperReport()
         self.keepers = 0
+
+    def keeper_done(self) -> bool:
+        """Whether the lease's keeper child has ended (it only does once stopped, or if it failed)."""
+        return self.keeper is not None and self.keeper.done()
 
     def add(self, report: LeaseKeeperReport) -> None:
         total = self.report
@@ -75,6 +91,8 @@ class ManagedLeases:
         self._request_id = request_id
         self._workflow_id = workflow_id
         self._leases: dict[str, _Lease] = {}
+        self.by_timer = True  # False: an execution recorded with keep_lease activities
+        self.keeper_search_attributes: TypedSearchAttributes | None = None
 
     def __bool__(self) -> bool:
         return bool(self._leases)
@@ -92,9 +110,91 @@ class ManagedLeases:
             return
         owned = _Lease(lease)
         self._leases[lease.lease_id] = owned
-        owned.task = asyncio.create_task(self._keep(owned, settings))
+        keep = self._keep_by_timer if self.by_timer else self._keep_by_activity
+        owned.task = asyncio.create_task(keep(owned, settings))
 
-    async def _keep(self, owned: _Lease, settings: StageSettings) -> None:
+    def _call(self, lease: ManagedLease, ordinal: int = 0) -> LeaseCall:
+        return LeaseCall(lease=lease, request_id=self._request_id, workflow_id=self._workflow_id, ordinal=ordinal)
+
+    async def _keep_by_timer(self, owned: _Lease, settings: StageSettings) -> None:
+        """Renew every renew interval with a durable timer and a local ``renew_lease`` in the request
+        itself — a request that ends sooner never renews — and after ``lease_renewals_in_request``
+        renewals hand the lease to a ``LeaseKeeper`` child, so a long wait cannot grow the request's
+        history without bound. A stop lets a renewal in flight finish; a sleeping timer is left as is."""
+        while owned.renewals_here < settings.lease_renewals_in_request:
+            lease = owned.lease
+            await workflow.sleep(lease.renew_interval_seconds, summary=f"renew lease · {lease.hook} · {lease.lease_id}")
+            if owned.stopping:
+                return
+            owned.renewing = True
+            try:
+                owned.report = await self._renew_here(owned)
+            finally:
+                owned.renewing = False
+            owned.renewals_here += 1
+            if owned.stopping:
+                return
+        await self._keep_by_child(owned, settings)
+
+    async def _renew_here(self, owned: _Lease) -> LeaseKeeperReport:
+        """One renewal as a local activity of the request (in-process, no task of its own); a provider error
+        is counted, never raised."""
+        lease, report = owned.lease, owned.report
+        report = report.model_copy(update={"submitted": report.submitted + 1})
+        try:
+            renewal = await workflow.execute_local_activity(
+                "renew_lease",
+                self._call(lease, report.submitted),
+                result_type=LeaseRenewal,
+                start_to_close_timeout=timedelta(seconds=max(2.0, min(30.0, lease.renew_interval_seconds))),
+                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
+                summary=f"renew lease · {lease.hook} · {lease.lease_id}",
+            )
+        except (ActivityError, ApplicationError) as err:
+            renewal = LeaseRenewal(error=f"renew_lease of {lease.hook!r}: {_message(err)}"[:500])
+        return report.counted(renewal)
+
+    async def _keep_by_child(self, owned: _Lease, settings: StageSettings) -> None:
+        """Hand the lease to a ``LeaseKeeper`` child until the request stops it; the child's counts come
+        back as its result."""
+        lease = owned.lease
+        owned.handed_over = True
+        owned.keepers += 1
+        owned.sent = owned.lease
+        owned.keeper = await workflow.start_child_workflow(
+            LEASE_KEEPER_WORKFLOW_TYPE,
+            LeaseKeeperInput(
+                call=self._call(owned.sent, owned.report.submitted),
+                report=owned.report,
+                renew_first=False,
+                heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
+                max_worker_losses=settings.max_worker_losses,
+            ),
+            id=lease_keeper_id(self._workflow_id, lease.lease_id),
+            result_type=LeaseKeeperReport,
+            static_summary=story.lease_keeper_summary(lease.hook, lease.lease_id),
+            static_details=story.lease_keeper_details(self._workflow_id, self._request_id),
+            search_attributes=self.keeper_search_attributes,
+        )
+        while True:
+            await workflow.wait_condition(
+                lambda: owned.stopping or owned.lease is not owned.sent or owned.keeper_done()
+            )
+            if owned.stopping or owned.keeper_done():
+                break
+            owned.sent = owned.lease
+            await owned.keeper.signal(REPLACE_LEASE_SIGNAL, owned.sent)
+        if not owned.keeper_done():
+            await owned.keeper.signal(STOP_KEEPING_SIGNAL)
+        try:
+            owned.report = await owned.keeper
+        except asyncio.CancelledError:
+            owned.report.last_error = owned.report.last_error or "keeper cancelled with the request"
+        except FailureError as err:
+            owned.report.errors += 1
+            owned.report.last_error = _message(err)
+
+    async def _keep_by_activity(self, owned: _Lease, settings: StageSettings) -> None:
         while not owned.stopping:
             owned.replaced = False
             owned.keepers += 1
@@ -146,7 +246,11 @@ class ManagedLeases:
         for owned in owned_leases:
             owned.stopping = True
         for owned in owned_leases:
-            if owned.task is not None:
+            if self.by_timer and not owned.handed_over:
+                # Renewed by the request itself: a renewal in flight finishes first; a timer waiting for
+                # the next one is left as it is (it never fires in a request that has ended).
+                await workflow.wait_condition(lambda owned=owned: not owned.renewing)
+            elif owned.task is not None:
                 try:
                     await owned.task
                 except asyncio.CancelledError:

@@ -328,6 +328,7 @@ class RequestLifecycleWorkflow(StepExecution):
         self._behaviour = behaviour = patches.detect()
         self._local_bookkeeping, self._hook_batches = behaviour.local_bookkeeping, behaviour.hook_batches
         self._stage_upserts = behaviour.stage_upserts
+        self._leases.by_timer = behaviour.lease_renewal_by_timer
         try:
             result = await self._lifecycle()
         except RunStopped as stop:
@@ -580,6 +581,7 @@ class RequestLifecycleWorkflow(StepExecution):
             raise stage_failure(decisions.PIPELINE_UNAVAILABLE, "could not resolve the hook pipeline", err) from None
         self._record.pipeline = self._manifest.pipeline
         self._record.trace_id = self._manifest.trace_id
+        self._leases.keeper_search_attributes = self._child_kind(sa.KIND_LEASE_KEEPER)
         self._gate = decisions.gate_for_request(
             self._input.metadata, self._manifest.cache_variation, self._manifest.reserved_metadata_dimensions
         )

@@ -29,8 +29,11 @@ STAGE_SEARCH_ATTRIBUTES_PATCH = "stage-and-kind-search-attributes"
 LIFECYCLE_2026_12 = "lifecycle-2026-12"
 # Also: a call that needs a reviewer is approved as it will run — resolved, validated and through its
 # before_tool chain before its checkpoint opens, and executed with exactly the approved arguments (before,
-# the checkpoint showed the plan as planned and before_tool ran after the approval); and an on_tool_error
-# hook that handles an error makes its step succeed with the substitute (before, the step stayed failed).
+# the checkpoint showed the plan as planned and before_tool ran after the approval); an on_tool_error
+# hook that handles an error makes its step succeed with the substitute (before, the step stayed failed);
+# and a managed lease is renewed with durable timers and short renewals — the request's own local
+# activities, then a LeaseKeeper child's activities (before, one keep_lease activity held a worker slot for
+# the request's life).
 LIFECYCLE_2026_12_B = "lifecycle-2026-12-b"
 LATEST = LIFECYCLE_2026_12_B
 
@@ -44,13 +47,14 @@ class Behaviour:
     stage_upserts: bool = True
     approval_after_rewrites: bool = True
     handled_tool_error_succeeds: bool = True
+    lease_renewal_by_timer: bool = True
 
 
 def detect() -> Behaviour:
     """The behaviour of this execution; call it before the workflow sends any other command."""
     if workflow.patched(LIFECYCLE_2026_12_B):
         return Behaviour()
-    earlier = Behaviour(approval_after_rewrites=False, handled_tool_error_succeeds=False)
+    earlier = Behaviour(approval_after_rewrites=False, handled_tool_error_succeeds=False, lease_renewal_by_timer=False)
     if workflow.patched(LIFECYCLE_2026_12):
         return earlier
     in_process = workflow.patched(IN_PROCESS_PATCH)
@@ -61,4 +65,5 @@ def detect() -> Behaviour:
         stage_upserts=stage_upserts,
         approval_after_rewrites=False,
         handled_tool_error_succeeds=False,
+        lease_renewal_by_timer=False,
     )

@@ -5,13 +5,15 @@ from temporalio.common import SearchAttributeKey
 LIFECYCLE_STAGE = SearchAttributeKey.for_keyword("AgentLifecycleStage")
 AWAITING_REVIEW = SearchAttributeKey.for_bool("AgentAwaitingReview")
 # What an execution is: ``request`` (what a client asked), ``subagent`` (a child request a plan step
-# delegated to), ``detached_effect`` (a child carrying a hook's detached work) or ``review_notification``
-# (a child telling the reviewers' webhook that a checkpoint opened).
+# delegated to), ``detached_effect`` (a child carrying a hook's detached work), ``review_notification``
+# (a child telling the reviewers' webhook that a checkpoint opened) or ``lease_keeper`` (a child renewing
+# a managed lease of a request that runs longer than the lease's renew interval).
 WORKFLOW_KIND = SearchAttributeKey.for_keyword("AgentWorkflowKind")
 KIND_REQUEST = "request"
 KIND_SUBAGENT = "subagent"
 KIND_DETACHED_EFFECT = "detached_effect"
 KIND_REVIEW_NOTIFICATION = "review_notification"
+KIND_LEASE_KEEPER = "lease_keeper"
 ALL = (LIFECYCLE_STAGE, AWAITING_REVIEW, WORKFLOW_KIND)
 # The visibility query of a reviewer's inbox.
 AWAITING_REVIEW_QUERY = (

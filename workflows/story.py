@@ -66,6 +66,17 @@ def detached_details(parent_workflow_id: str, request_id: str) -> str:
     return f"**detached effect of:** {excerpt(parent_workflow_id, 200)} (request {excerpt(request_id, 200)})"
 
 
+def lease_keeper_summary(hook: str, lease_id: str) -> str:
+    return _bounded(f"lease keeper · {hook} · {excerpt(lease_id, 200)}")
+
+
+def lease_keeper_details(parent_workflow_id: str, request_id: str) -> str:
+    return (
+        f"**keeps a lease of:** {excerpt(parent_workflow_id, 200)} (request {excerpt(request_id, 200)}) until "
+        "the request ends"
+    )
+
+
 def review_notification_details(parent_workflow_id: str, request_id: str, checkpoint_id: str) -> str:
     return (
         f"**reviewers told of checkpoint** {excerpt(checkpoint_id, 200)} **of:** {excerpt(parent_workflow_id, 200)} "

@@ -51,6 +51,7 @@ from .memory_model import (
 
 DEFAULT_SUMMARIZER_TIMEOUT_SECONDS = 120.0
 SUMMARIZER_TIMEOUT_ENV = "AGENT_MEMORY_SUMMARIZER_TIMEOUT_SECONDS"
+ACTIVITY_TTL_ENV = "AGENT_MEMORY_ACTIVITY_TTL_SECONDS"
 VIEW_FORMAT = "event-lines/v1"
 _IMPORTANCE = {StepStatus.FAILED: 0.8, StepStatus.SUCCEEDED: 0.5, StepStatus.SKIPPED: 0.3}
 
@@ -87,11 +88,25 @@ class MemoryOptions:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> MemoryOptions:
-        """Options with the summarizer timeout from ``AGENT_MEMORY_SUMMARIZER_TIMEOUT_SECONDS`` if set."""
+        """Options with the summarizer timeout from ``AGENT_MEMORY_SUMMARIZER_TIMEOUT_SECONDS`` and the
+        coordination signal's TTL from ``AGENT_MEMORY_ACTIVITY_TTL_SECONDS`` (renewed every third of it),
+        where set. A value that is not a positive number is a ``ValueError`` naming its variable."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
-        if env.get(SUMMARIZER_TIMEOUT_ENV):
-            values["summarizer_timeout_seconds"] = float(env[SUMMARIZER_TIMEOUT_ENV])
+        for variable, field in (
+            (SUMMARIZER_TIMEOUT_ENV, "summarizer_timeout_seconds"),
+            (ACTIVITY_TTL_ENV, "activity_ttl_seconds"),
+        ):
+            raw = env.get(variable, "").strip()
+            if not raw:
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                value = 0.0
+            if not value > 0:
+                raise ValueError(f"{variable} must be a positive number of seconds, not {raw!r}")
+            values[field] = value
         return cls(**{**values, **overrides})
 
 

@@ -24,6 +24,8 @@ from workflows.models import EffectStatus, ExecutionRecord, PipelineHookEffect, 
 
 DEFAULT_RETENTION = timedelta(days=7)
 DEFAULT_ERROR_RETENTION = timedelta(days=30)
+# How often a store deletes expired records (reads never return one: deleting only reclaims space).
+PURGE_INTERVAL_SECONDS = 60.0
 
 
 class ExecutionStore(Protocol):

@@ -11,6 +11,7 @@ another.
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
@@ -18,12 +19,13 @@ from typing import Any, LiteralString
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from workflows.models import ExecutionRecord, PipelineHookEffect
+from workflows.models import ExecutionRecord, LifecycleBoundary, PipelineHookEffect
 
 from ..postgres import Database, Migration
 from .base import (
     DEFAULT_ERROR_RETENTION,
     DEFAULT_RETENTION,
+    PURGE_INTERVAL_SECONDS,
     check_terminal,
     merge_effects,
     retention_for,
@@ -92,13 +94,19 @@ class PostgresExecutionStore:
         self.retention = retention
         self.error_retention = error_retention
         self._clock = clock
+        self._swept_at = -math.inf
 
     async def migrate(self) -> None:
         await self.database.migrate(MIGRATIONS)
 
     async def _sweep(self, conn: AsyncConnection, now: float) -> None:
         """Delete a batch of expired records, and effect updates whose run is gone and that are older than
-        any retention; rows another worker is deleting are skipped, not waited for."""
+        any retention; rows another worker is deleting are skipped, not waited for. At most once per
+        ``PURGE_INTERVAL_SECONDS`` of this store's clock: reads never return an expired record, so a sweep
+        only reclaims space, and a write need not pay for it."""
+        if now - self._swept_at < PURGE_INTERVAL_SECONDS:
+            return
+        self._swept_at = now
         await conn.execute(
             "DELETE FROM agent_executions WHERE ctid IN (SELECT ctid FROM agent_executions WHERE expires_at < %s "
             "LIMIT %s FOR UPDATE SKIP LOCKED)",
@@ -127,7 +135,12 @@ class PostgresExecutionStore:
         await self.migrate()
         now = self._clock()
         keep = retention_for(record, self.retention, self.error_retention)
+        # Only the terminal snapshot is final; an earlier one is superseded by the next boundary's, so its
+        # commit need not wait for the write-ahead log to reach disk (the database stays consistent).
+        final = record.lifecycle is None or record.lifecycle.boundary is LifecycleBoundary.TERMINAL
         async with self.database.transaction() as conn:
+            if not final:
+                await conn.execute("SET LOCAL synchronous_commit = off")
             await self._sweep(conn, now)
             cursor = await conn.execute(
                 "INSERT INTO agent_executions AS stored (workflow_id, run_id, request_id, status, snapshot_revision,"

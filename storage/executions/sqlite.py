@@ -16,6 +16,7 @@ from .. import sqlite
 from .base import (
     DEFAULT_ERROR_RETENTION,
     DEFAULT_RETENTION,
+    PURGE_INTERVAL_SECONDS,
     check_terminal,
     merge_effects,
     retention_for,
@@ -23,7 +24,6 @@ from .base import (
 )
 
 # Expired records are deleted by a write at most this often (per store object).
-PURGE_INTERVAL_SECONDS = 60.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (

@@ -152,6 +152,34 @@ class LeaseKeeperReport(ByReference):
     last_error: str | None = None
     expires_at: datetime | None = None
 
+    def counted(self, renewal: LeaseRenewal) -> LeaseKeeperReport:
+        """These counts with one more renewal's outcome (its submission already counted)."""
+        if renewal.error is not None:
+            return self.model_copy(update={"errors": self.errors + 1, "last_error": renewal.error})
+        return self.model_copy(
+            update={"renewed": self.renewed + 1, "expires_at": renewal.expires_at or self.expires_at}
+        )
+
+
+class LeaseKeeperInput(ByReference):
+    """The input of a ``LeaseKeeper`` child: the lease to keep (with the request it belongs to), the counts
+    so far (carried across its continue-as-new), whether a renewal is due at once, and the dispatch
+    bounds of its renewal activities."""
+
+    call: LeaseCall
+    report: LeaseKeeperReport = Field(default_factory=LeaseKeeperReport)
+    renew_first: bool = True
+    heartbeat_timeout_seconds: float = 5.0
+    max_worker_losses: int = 5
+    renewals_per_run: int = Field(default=500, ge=1)  # then the keeper continues as new (about 4,500 events)
+
+
+class LeaseRenewal(ByReference):
+    """One renewal (``renew_lease``): the expiry the provider reported, or the error it raised."""
+
+    expires_at: datetime | None = None
+    error: str | None = None
+
 
 class LeaseObservation(ByReference):
     """What a hook's ``renew_lease`` / ``release_lease`` observed from its provider (not proof of

@@ -70,6 +70,9 @@ class StageSettings(BaseModel):
     # Consecutive in-process (local activity) hooks of one stage run in one local activity: one marker
     # in history for the run of them, one record entry and span for each hook.
     batch_local_hooks: bool = True
+    # Renewals of a managed lease the request makes itself (a timer and a local activity each, a few events
+    # of history) before it hands the lease to a LeaseKeeper child, whose history grows instead.
+    lease_renewals_in_request: int = Field(default=100, ge=0)
 
 
 # The longest a checkpoint may wait. A waiting request adds no history while it waits (the timer and
