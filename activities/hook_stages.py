@@ -1,10 +1,11 @@
-"""The hook activities: one per stage (``<stage>_hook``, named by the stage table), each invoking one hook.
+"""The hook activities: one per stage (``<stage>_hook``, named by its stage), each invoking one hook, all
+with one body: the stage says what its method receives and judges what it returned.
 
 A hook invocation here is the complete framework-observed boundary: the call of the stage method, the
 check of what it returned (type, short-circuit contract, plan validation), its span, and the effects,
 detached work, leases and private state it leaves. Failures reach the workflow as the categories it
 decides on: ``HookError`` (the hook raised), ``InvalidHookResult``, ``InvalidPlan``, ``HookContractError``
-(the boundary rejected what it returned) — the workflow's stage table then says what that means.
+(the boundary rejected what it returned) — the stage's decisions then say what that means.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pydantic
@@ -25,40 +26,14 @@ from pydantic import JsonValue
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from hooks.contracts import (
-    HookRejection,
-    PipelineContext,
-    PipelineShortCircuit,
-    PipelineShortCircuitDecision,
-    ShortCircuitKind,
-)
+from hooks.contracts import HookRejection, PipelineContext
 from hooks.registry import HookRegistry
 from workflows import decisions
 from workflows.models import (
-    MAX_ENRICHMENT_BYTES,
     MAX_INLINE_PAYLOAD_BYTES,
     MAX_STORED_PAYLOAD_BYTES,
-    AfterAnswerCall,
-    AfterAnswerOutcome,
-    AfterExecutionCall,
-    AfterPlanningCall,
-    AfterPlanningOutcome,
-    AfterSynthesisCall,
-    AfterSynthesisOutcome,
-    AfterToolCall,
-    AfterToolOutcome,
-    BeforePlanningCall,
-    BeforePlanningOutcome,
-    BeforeRememberCall,
-    BeforeRememberOutcome,
-    BeforeRunCall,
-    BeforeRunOutcome,
-    BeforeToolCall,
-    BeforeToolOutcome,
     DecisionAction,
     EffectStatus,
-    EnrichmentChange,
-    EnrichmentOperation,
     HookBatchCall,
     HookBatchEntry,
     HookBatchFailure,
@@ -67,25 +42,14 @@ from workflows.models import (
     HookDecision,
     HookEntry,
     HookOutcome,
-    MemoryCandidate,
-    ObserveOutcome,
-    OnErrorCall,
-    OnFinishCall,
     PipelineManifest,
     Plan,
     PlanStep,
-    RunPatch,
     ShortCircuitProposal,
-    SkipMemory,
     Stage,
-    Stop,
-    ToolDecision,
-    ToolErrorCall,
-    ToolErrorOutcome,
-    ToolErrorResolution,
     json_size,
 )
-from workflows.stages import HOOK_BATCH_ACTIVITY, STAGES, next_call
+from workflows.stages import HOOK_BATCH_ACTIVITY, STAGES, ResultRejected, StageSpec, next_call
 from workflows.support import BATCH_TIMEOUT, NON_RETRYABLE_HOOK_FAILURES, hook_retry_delay
 
 from . import telemetry
@@ -128,15 +92,6 @@ async def _attempts(
         attempt += 1
 
 
-class ResultRejected(Exception):
-    """The boundary rejected what a hook returned or left behind (not an exception the hook raised);
-    ``category`` is the failure category the workflow decides on."""
-
-    def __init__(self, category: str, message: str) -> None:
-        super().__init__(message)
-        self.category = category
-
-
 async def call_hook(fn: Callable[..., Any], *args: Any) -> Any:
     """Call a hook method; plain functions run in a thread so they cannot block the event loop."""
     if inspect.iscoroutinefunction(fn):
@@ -145,47 +100,6 @@ async def call_hook(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         return await result
     return result
-
-
-def returned(value: Any, method: str, *types: type, none: bool = True, expected: str | None = None) -> Any:
-    """``value`` if it is one of ``types`` (or ``None`` when ``none``); otherwise the hook broke its stage's
-    contract: ``InvalidHookResult`` naming what the method must return."""
-    if isinstance(value, types) or (none and value is None):
-        return value
-    if expected is None:
-        names = [t.__name__ for t in types] + (["None"] if none else [])
-        expected = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
-    raise ResultRejected(decisions.INVALID_HOOK_RESULT, f"{method} must return {expected}, got {type(value).__name__}")
-
-
-def enrichment_changes(before: Mapping[str, JsonValue], after: Mapping[str, Any]) -> list[EnrichmentChange]:
-    """The added, updated and removed keys between two enrichment maps, after checking the new map is
-    JSON with string keys and within the size limit."""
-    for key, value in after.items():
-        if not isinstance(key, str) or not key:
-            raise ResultRejected(decisions.INVALID_HOOK_RESULT, f"enrichment key {key!r} is not a non-empty string")
-        try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError) as err:
-            raise ResultRejected(decisions.INVALID_HOOK_RESULT, f"enrichment {key!r} is not JSON: {err}") from None
-    size = json_size(after)
-    if size > MAX_ENRICHMENT_BYTES:
-        raise ResultRejected(
-            decisions.INVALID_HOOK_RESULT,
-            f"enrichments would be {size} bytes of JSON; the limit is {MAX_ENRICHMENT_BYTES}",
-        )
-    changes = []
-    for key, value in after.items():
-        if key not in before:
-            changes.append(EnrichmentChange(key=key, operation=EnrichmentOperation.ADDED, after=value))
-        elif before[key] != value:
-            changes.append(
-                EnrichmentChange(key=key, operation=EnrichmentOperation.UPDATED, before=before[key], after=value)
-            )
-    for key in before:
-        if key not in after:
-            changes.append(EnrichmentChange(key=key, operation=EnrichmentOperation.REMOVED, before=before[key]))
-    return changes
 
 
 def _checked_state(entry: HookEntry, state: Any) -> dict[str, JsonValue]:
@@ -271,7 +185,6 @@ class HookStageActivities(abc.ABC):
         Stops after a hook that failed on its last attempt, or whose outcome only the workflow can carry
         on from; the workflow runs the rest."""
         spec = STAGES[batch.stage]
-        invoke = getattr(self, spec.activity)
         planned = [spec.call.model_validate(call) for call in batch.calls]
         entries: list[HookBatchEntry] = []
         call: HookCall | None = planned[0]
@@ -279,7 +192,7 @@ class HookStageActivities(abc.ABC):
             if call is None:
                 break
             started = time.monotonic()
-            outcome, failure, attempts = await _attempts(invoke, call)
+            outcome, failure, attempts = await _attempts(lambda c: self.invoke_stage(spec, c), call)
             entries.append(
                 HookBatchEntry(
                     hook=call.hook.name,
@@ -293,6 +206,16 @@ class HookStageActivities(abc.ABC):
                 break
             call = next_call(spec, call, outcome, planned[index + 1])
         return self.bounded_result(HookBatchOutcome(entries=entries), f"{batch.stage.value} batch")
+
+    async def invoke_stage(self, spec: StageSpec, call: HookCall) -> HookOutcome:
+        """The body of every stage activity: call the stage's method with what the stage passes it, and
+        let the stage judge what came back."""
+
+        async def run(hook: Any, ctx: PipelineContext, span: Span) -> HookOutcome:
+            value = await call_hook(getattr(hook, spec.method(call.hook)), ctx, *spec.arguments(call, ctx))
+            return spec.judge(call, value, ctx, _Checks(self, span))
+
+        return await self._invoke(call, spec.stage, run)
 
     def _context(self, call: HookCall, stage: Stage) -> PipelineContext:
         view = call.view
@@ -378,290 +301,52 @@ class HookStageActivities(abc.ABC):
         span.set_attribute("pipeline.hook.outcome", "failed")
         span.set_attribute("pipeline.hook.error_type", category)
         if final:
-            span.set_attributes(telemetry.decision_attributes(decisions.failure_decision(entry, stage, category)))
+            span.set_attributes(telemetry.decision_attributes(STAGES[stage].failure(entry, category)))
 
     @staticmethod
     def _mark_succeeded(span: Span, decision: HookDecision) -> None:
         span.set_attribute("pipeline.hook.outcome", "succeeded")
         span.set_attributes(telemetry.decision_attributes(decision))
 
-    # ------------------------------------------------------------------------------------------------
-    # The stages, in lifecycle order
-    # ------------------------------------------------------------------------------------------------
 
-    @activity.defn(name=STAGES[Stage.BEFORE_RUN].activity)
-    @heartbeating
-    async def before_run_hook(self, call: BeforeRunCall) -> BeforeRunOutcome:
-        """Invoke one before_run hook: rewrite the ask, instructions or facts, or stop the run."""
+class _Checks:
+    """What a stage's judge asks of this worker (``workflows.stages.Checks``)."""
 
-        async def run(hook: Any, ctx: PipelineContext, span: Span) -> BeforeRunOutcome:
-            value = returned(
-                await call_hook(hook.before_run, ctx, call.run.model_copy(deep=True)), "before_run", RunPatch, Stop
-            )
-            if isinstance(value, Stop):
-                if not value.text.strip():
-                    raise ResultRejected(
-                        decisions.INVALID_HOOK_RESULT, "before_run stopped the run with an empty answer"
-                    )
-                decision = decisions.success_decision(
-                    call.hook, Stage.BEFORE_RUN, decisions.REASON_STOPPED, DecisionAction.STOP
-                )
-                return BeforeRunOutcome(stop=value, decision=decision)
-            if value is not None and value.ask is not None and not value.ask.strip():
-                raise ResultRejected(decisions.INVALID_HOOK_RESULT, "before_run rewrote the ask to empty text")
-            reason = decisions.REASON_MODIFIED if value is not None else None
-            return BeforeRunOutcome(
-                patch=value, decision=decisions.success_decision(call.hook, Stage.BEFORE_RUN, reason)
-            )
+    def __init__(self, activities: HookStageActivities, span: Span) -> None:
+        self._activities, self._span = activities, span
 
-        return await self._invoke(call, Stage.BEFORE_RUN, run)
+    def plan_problems(self, plan: Plan, phase: int, prior_step_ids: Sequence[str]) -> list[str]:
+        return self._activities.plan_problems(plan, phase, prior_step_ids)
 
-    @activity.defn(name=STAGES[Stage.BEFORE_PLANNING].activity)
-    @heartbeating
-    async def before_planning_hook(self, call: BeforePlanningCall) -> BeforePlanningOutcome:
-        """Invoke one before_planning hook: its enrichment changes and its short-circuit, judged."""
-        entry, view = call.hook, call.view
+    def argument_problems(self, step: PlanStep) -> list[str]:
+        return self._activities.tools.argument_problems(step, resolved=True)
 
-        async def run(hook: Any, ctx: PipelineContext, span: Span) -> BeforePlanningOutcome:
-            if entry.before_planning_contract == "decision":
-                value = await call_hook(hook.before_planning_decision, ctx, ctx.gate)
-            else:
-                value = await call_hook(hook.before_planning, ctx)
-            proposal = _proposal(entry, value)
-            changes = enrichment_changes(view.enrichments, ctx.enrichments)
-            if proposal is None:
-                decision = decisions.success_decision(entry, Stage.BEFORE_PLANNING)
-            else:
-                decision = decisions.short_circuit_decision(proposal, view.gate)
-                accepted = decision.action is DecisionAction.SHORT_CIRCUIT
-                telemetry.record_short_circuit(proposal.kind, decision.reason, "accepted" if accepted else "rejected")
-                span.add_event(
-                    "pipeline.short_circuit.decision",
-                    {"kind": proposal.kind, "reason": decision.reason, "accepted": accepted, "source": proposal.source},
-                )
-                if proposal.contract == "legacy" and view.gate.reserved_dimensions:
-                    logger.warning(
-                        "hook %s returned a legacy short-circuit while reserved cache dimensions exist; it is "
-                        "treated as authoritative. Cache hooks should use before_planning_decision.",
-                        entry.name,
-                    )
-            return BeforePlanningOutcome(enrichment_changes=changes, short_circuit=proposal, decision=decision)
-
-        return await self._invoke(call, Stage.BEFORE_PLANNING, run)
-
-    @activity.defn(name=STAGES[Stage.AFTER_PLANNING].activity)
-    @heartbeating
-    async def after_planning_hook(self, call: AfterPlanningCall) -> AfterPlanningOutcome:
-        """Invoke one after_planning hook on a private copy of the plan and validate what it returns."""
-
-        async def run(hook: Any, ctx: PipelineContext, span: Span) -> AfterPlanningOutcome:
-            value = await call_hook(hook.after_planning, ctx, call.plan.model_copy(deep=True))
-            returned(value, "after_planning", Plan, none=False, expected="a Plan")
-            try:
-                plan = Plan.model_validate(value.model_dump(mode="json"))
-            except pydantic.ValidationError as err:
-                raise ResultRejected(decisions.INVALID_HOOK_RESULT, f"returned plan is malformed: {err}") from None
-            problems = self.plan_problems(plan, call.plan.phase, call.prior_step_ids)
-            if problems:
-                raise ResultRejected(decisions.INVALID_PLAN, "invalid plan: " + "; ".join(problems))
-            decision = decisions.success_decision(call.hook, Stage.AFTER_PLANNING)
-            return AfterPlanningOutcome(plan=plan, changed=plan != call.plan, decision=decision)
-
-        return await self._invoke(call, Stage.AFTER_PLANNING, run)
-
-    @activity.defn(name=STAGES[Stage.BEFORE_TOOL].activity)
-    @heartbeating
-    async def before_tool_hook(self, call: BeforeToolCall) -> BeforeToolOutcome:
-        """Invoke one before_tool hook; a modify is validated against the tool's parameters here, so
-        invalid rewritten arguments never reach execution."""
-
-        async def run(hook: Any, ctx: PipelineContext, span: Span) -> BeforeToolOutcome:
-            value = returned(
-                await call_hook(hook.before_tool, ctx, call.call.model_copy(deep=True)), "before_tool", ToolDecision
-            )
-            verdict = value or ToolDecision()
-            if verdict.action == "stop" and not verdict.message.strip():
-                raise ResultRejected(
-                    decisions.INVALID_HOOK_RESULT, "a stop decision needs the run's answer as its message"
-                )
-            if verdict.action == "modify":
-                if verdict.arguments is None:
-                    raise ResultRejected(decisions.INVALID_HOOK_RESULT, "a modify decision needs arguments")
-                step = PlanStep(
-                    step_id=call.call.step_id,
-                    namespace=call.call.namespace,
-                    agent=call.call.agent,
-                    capability=call.call.capability,
-                    arguments=verdict.arguments,
-                )
-                problems = self.tools.argument_problems(step, resolved=True)
-                if problems:
-                    raise ResultRejected(
-                        decisions.INVALID_HOOK_RESULT, "rewritten arguments are invalid: " + "; ".join(problems)
-                    )
-            action, reason = _TOOL_VERDICTS[verdict.action]
-            decision = decisions.success_decision(call.hook, Stage.BEFORE_TOOL, reason, action)
-            return BeforeToolOutcome(verdict=verdict, decision=decision)
-
-        return await self._invoke(call, Stage.BEFORE_TOOL, run)
-
-    @activity.defn(name=STAGES[Stage.ON_TOOL_ERROR].activity)
-    @heartbeating
-    async def on_tool_error_hook(self, call: ToolErrorCall) -> ToolErrorOutcome:
-        """Invoke one on_tool_error hook: it may substitute a result and suppress the error."""
-
-        async def run(hook: Any, ctx: PipelineContext, span: Span) -> ToolErrorOutcome:
-            value = await call_hook(hook.on_tool_error, ctx, call.call.model_copy(deep=True), call.outcome.model_copy())
-            resolution = returned(value, "on_tool_error", ToolErrorResolution) or ToolErrorResolution()
-            reason = decisions.REASON_HANDLED if resolution.handled else decisions.REASON_ACCEPTED
-            return ToolErrorOutcome(
-                resolution=resolution, decision=decisions.success_decision(call.hook, Stage.ON_TOOL_ERROR, reason)
-            )
-
-        return await self._invoke(call, Stage.ON_TOOL_ERROR, run)
-
-    @activity.defn(name=STAGES[Stage.AFTER_TOOL].activity)
-    @heartbeating
-    async def after_tool_hook(self, call: AfterToolCall) -> AfterToolOutcome:
-        """Invoke one after_tool hook: it may rewrite the result text, never the status."""
-
-        async def run(hook: Any, ctx: PipelineContext, span: Span) -> AfterToolOutcome:
-            value = await call_hook(
-                hook.after_tool, ctx, call.call.model_copy(deep=True), call.outcome.model_copy(deep=True)
-            )
-            result = returned(value, "after_tool", str)
-            result = call.outcome.result if result is None else result
-            reason = decisions.REASON_ACCEPTED if result == call.outcome.result else decisions.REASON_REWRITTEN
-            return AfterToolOutcome(
-                result=result, decision=decisions.success_decision(call.hook, Stage.AFTER_TOOL, reason)
-            )
-
-        return await self._invoke(call, Stage.AFTER_TOOL, run)
-
-    @activity.defn(name=STAGES[Stage.AFTER_EXECUTION].activity)
-    @heartbeating
-    async def after_execution_hook(self, call: AfterExecutionCall) -> ObserveOutcome:
-        """Invoke one observe-only after_execution hook."""
-        return await self._observe(call, Stage.AFTER_EXECUTION, "after_execution", call.execution)
-
-    @activity.defn(name=STAGES[Stage.AFTER_SYNTHESIS].activity)
-    @heartbeating
-    async def after_synthesis_hook(self, call: AfterSynthesisCall) -> AfterSynthesisOutcome:
-        """Invoke one after_synthesis hook; its string result becomes the next hook's input."""
-
-        async def run(hook: Any, ctx: PipelineContext, span: Span) -> AfterSynthesisOutcome:
-            response = returned(
-                await call_hook(hook.after_synthesis, ctx, call.response), "after_synthesis", str, none=False
-            )
-            return AfterSynthesisOutcome(
-                response=response, decision=decisions.success_decision(call.hook, Stage.AFTER_SYNTHESIS)
-            )
-
-        return await self._invoke(call, Stage.AFTER_SYNTHESIS, run)
-
-    @activity.defn(name=STAGES[Stage.AFTER_ANSWER].activity)
-    @heartbeating
-    async def after_answer_hook(self, call: AfterAnswerCall) -> AfterAnswerOutcome:
-        """Invoke one after_answer hook: rewrite the final text or stop; an empty answer is an error."""
-
-        async def run(hook: Any, ctx: PipelineContext, span: Span) -> AfterAnswerOutcome:
-            value = returned(
-                await call_hook(hook.after_answer, ctx, call.answer.model_copy(deep=True)), "after_answer", str, Stop
-            )
-            stop = value if isinstance(value, Stop) else None
-            text: str = call.answer.text if value is None else value.text if isinstance(value, Stop) else value
-            if not text.strip():
-                raise ResultRejected(decisions.INVALID_HOOK_RESULT, "after_answer produced an empty answer")
-            if stop:
-                decision = decisions.success_decision(
-                    call.hook, Stage.AFTER_ANSWER, decisions.REASON_STOPPED, DecisionAction.STOP
-                )
-            else:
-                reason = decisions.REASON_ACCEPTED if text == call.answer.text else decisions.REASON_REWRITTEN
-                decision = decisions.success_decision(call.hook, Stage.AFTER_ANSWER, reason)
-            return AfterAnswerOutcome(text=text, stop=stop, decision=decision)
-
-        return await self._invoke(call, Stage.AFTER_ANSWER, run)
-
-    @activity.defn(name=STAGES[Stage.BEFORE_REMEMBER].activity)
-    @heartbeating
-    async def before_remember_hook(self, call: BeforeRememberCall) -> BeforeRememberOutcome:
-        """Invoke one before_remember hook: replace the memory candidate or skip saving it."""
-
-        async def run(hook: Any, ctx: PipelineContext, span: Span) -> BeforeRememberOutcome:
-            value = await call_hook(hook.before_remember, ctx, call.candidate.model_copy(deep=True))
-            value = returned(value, "before_remember", MemoryCandidate, SkipMemory)
-            if isinstance(value, SkipMemory):
-                decision = decisions.success_decision(
-                    call.hook, Stage.BEFORE_REMEMBER, decisions.REASON_MEMORY_SKIPPED, DecisionAction.SKIP
-                )
-                return BeforeRememberOutcome(candidate=call.candidate, skip=value, decision=decision)
-            reason = decisions.REASON_MEMORY_REPLACED if value is not None else decisions.REASON_ACCEPTED
-            decision = decisions.success_decision(call.hook, Stage.BEFORE_REMEMBER, reason)
-            return BeforeRememberOutcome(candidate=value or call.candidate, decision=decision)
-
-        return await self._invoke(call, Stage.BEFORE_REMEMBER, run)
-
-    @activity.defn(name=STAGES[Stage.ON_ERROR].activity)
-    @heartbeating
-    async def on_error_hook(self, call: OnErrorCall) -> ObserveOutcome:
-        """Invoke one on_error observer."""
-        return await self._observe(call, Stage.ON_ERROR, "on_error", call.error)
-
-    @activity.defn(name=STAGES[Stage.ON_FINISH].activity)
-    @heartbeating
-    async def on_finish_hook(self, call: OnFinishCall) -> ObserveOutcome:
-        """Invoke one on_finish observer."""
-        return await self._observe(call, Stage.ON_FINISH, "on_finish", call.outcome)
-
-    async def _observe(self, call: HookCall, stage: Stage, method: str, subject: pydantic.BaseModel) -> ObserveOutcome:
-        async def run(hook: Any, ctx: PipelineContext, span: Span) -> ObserveOutcome:
-            value = await call_hook(getattr(hook, method), ctx, subject.model_copy(deep=True))
-            if value is not None:
-                raise ResultRejected(
-                    decisions.INVALID_HOOK_RESULT,
-                    f"{method} observes only and must return None, got {type(value).__name__}",
-                )
-            return ObserveOutcome(decision=decisions.success_decision(call.hook, stage))
-
-        return await self._invoke(call, stage, run)
-
-
-_TOOL_VERDICTS = {
-    "allow": (DecisionAction.CONTINUE, decisions.REASON_ALLOWED),
-    "modify": (DecisionAction.CONTINUE, decisions.REASON_MODIFIED),
-    "deny": (DecisionAction.DENY, decisions.REASON_DENIED),
-    "stop": (DecisionAction.STOP, decisions.REASON_STOPPED),
-}
-
-
-def _proposal(entry: HookEntry, value: Any) -> ShortCircuitProposal | None:
-    """Check a before_planning return value against the hook's contract: a legacy short-circuit is
-    authoritative; a decision must name a known kind and carry its payload (else ``HookContractError``)."""
-    if entry.before_planning_contract == "legacy":
-        legacy = returned(value, "before_planning", PipelineShortCircuit)
-        if legacy is None:
-            return None
-        return ShortCircuitProposal(
-            contract="legacy",
-            kind=ShortCircuitKind.AUTHORITATIVE,
-            response=legacy.response,
-            source=legacy.source,
-            metadata=legacy.metadata,
+    def short_circuit_judged(self, call: HookCall, proposal: ShortCircuitProposal, decision: HookDecision) -> None:
+        accepted = decision.action is DecisionAction.SHORT_CIRCUIT
+        telemetry.record_short_circuit(proposal.kind, decision.reason, "accepted" if accepted else "rejected")
+        self._span.add_event(
+            "pipeline.short_circuit.decision",
+            {"kind": proposal.kind, "reason": decision.reason, "accepted": accepted, "source": proposal.source},
         )
-    decided = returned(value, "before_planning_decision", PipelineShortCircuitDecision)
-    if decided is None:
-        return None
-    if decided.kind not in (ShortCircuitKind.AUTHORITATIVE, ShortCircuitKind.CACHE):
-        raise ResultRejected(decisions.HOOK_CONTRACT_ERROR, f"unknown short-circuit kind {decided.kind!r}")
-    if decided.short_circuit is None:
-        raise ResultRejected(decisions.HOOK_CONTRACT_ERROR, "short-circuit decision has no short_circuit payload")
-    payload = decided.short_circuit
-    return ShortCircuitProposal(
-        contract="decision",
-        kind=decided.kind,
-        response=payload.response,
-        source=payload.source,
-        metadata=payload.metadata,
-        cached_against=decided.cached_against,
-    )
+        if proposal.contract == "legacy" and call.view.gate.reserved_dimensions:
+            logger.warning(
+                "hook %s returned a legacy short-circuit while reserved cache dimensions exist; it is "
+                "treated as authoritative. Cache hooks should use before_planning_decision.",
+                call.hook.name,
+            )
+
+
+def _stage_activity(spec: StageSpec) -> Callable[..., Any]:
+    """The activity ``<stage>_hook``: one invocation of one hook at ``spec``'s stage, by the shared body."""
+
+    async def invoke(self: HookStageActivities, call: Any) -> Any:
+        return await self.invoke_stage(spec, call)
+
+    invoke.__name__ = invoke.__qualname__ = spec.activity
+    invoke.__doc__ = f"Invoke one {spec.stage.value} hook: call it, judge what it returned, record its span."
+    invoke.__annotations__ = {"call": spec.call, "return": spec.outcome}
+    return activity.defn(name=spec.activity)(heartbeating(invoke))
+
+
+for _spec in STAGES.values():
+    setattr(HookStageActivities, _spec.activity, _stage_activity(_spec))

@@ -62,11 +62,12 @@ from workflows.models import (
 )
 from workflows.notification import NOTIFY_REVIEWERS_ACTIVITY
 from workflows.plan_validation import plan_problems
+from workflows.stages import ResultRejected, returned
 
 from . import telemetry
 from .answer_stream import publish_answer, streaming_synthesizer
 from .heartbeat import heartbeat_interval, heartbeating
-from .hook_stages import HookStageActivities, ResultRejected, call_hook, returned
+from .hook_stages import HookStageActivities, call_hook
 from .memory import ConversationMemory
 from .models.calls import ModelCallLog
 from .planning import Planner, PlanningRequest, PromptBuilder, PromptInput, Synthesizer, build_planning_prompt

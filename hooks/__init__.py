@@ -1,5 +1,6 @@
 """The extension API: stage contracts, the required marker, plugins, and the validated registry."""
 
+from workflows import stages
 from workflows.models import (
     AnswerView,
     EffectStatus,
@@ -22,26 +23,14 @@ from workflows.models import (
     ToolErrorResolution,
     ToolOutcomeView,
 )
+from workflows.stages import *  # noqa: F403  (each stage's hook Protocol)
 
 from .contracts import (
-    AfterAnswerHook,
-    AfterExecutionHook,
-    AfterPlanningHook,
-    AfterSynthesisHook,
-    AfterToolHook,
-    BeforePlanningDecisionHook,
-    BeforePlanningHook,
-    BeforeRememberHook,
-    BeforeRunHook,
-    BeforeToolHook,
     DetachedContext,
     DetachedWorkResult,
     HookRejection,
     LeaseContext,
     LeaseObservation,
-    OnErrorHook,
-    OnFinishHook,
-    OnToolErrorHook,
     PipelineContext,
     PipelineGate,
     PipelineHook,
@@ -54,17 +43,7 @@ from .plugins import Plugin, allow_list, redact, retry_on_error, truncate_result
 from .registry import HookRegistry, InvalidPipelineConfigError, InvalidRequiredAfterPlanningHookError
 
 __all__ = [
-    "AfterAnswerHook",
-    "AfterExecutionHook",
-    "AfterPlanningHook",
-    "AfterSynthesisHook",
-    "AfterToolHook",
     "AnswerView",
-    "BeforePlanningDecisionHook",
-    "BeforePlanningHook",
-    "BeforeRememberHook",
-    "BeforeRunHook",
-    "BeforeToolHook",
     "DetachedContext",
     "DetachedWorkResult",
     "EffectStatus",
@@ -76,9 +55,6 @@ __all__ = [
     "LeaseContext",
     "LeaseObservation",
     "MemoryCandidate",
-    "OnErrorHook",
-    "OnFinishHook",
-    "OnToolErrorHook",
     "PipelineContext",
     "PipelineGate",
     "PipelineHook",
@@ -108,3 +84,4 @@ __all__ = [
     "retry_on_error",
     "truncate_results",
 ]
+__all__ += stages.__all__

@@ -1,9 +1,9 @@
-"""The hook contracts: one Protocol per stage method, each saying what the stage may do.
+"""The hook contracts: what a hook sees (``PipelineContext``), may return, and may hand over.
 
 A hook is any object with a non-empty ``name`` and at least one stage method. Subclassing
-:class:`PipelineHook` is the easy way to get the run options' defaults; the stage protocols below
-document each contract, let a type checker hold a hook against it, and give the registry each method's
-signature (``STAGE_METHOD_ARITY``). Stage methods may be
+:class:`PipelineHook` is the easy way to get the run options' defaults; the stage Protocols (declared
+with their stages in ``workflows.stages`` and re-exported by ``hooks``) document each contract, let a type
+checker hold a hook against it, and give the registry each method's signature. Stage methods may be
 ``async def`` or plain ``def``; plain ones run in a worker thread so they never block the event loop.
 
 Every invocation runs in its own Temporal activity. A hook's state therefore does not carry from one
@@ -13,61 +13,35 @@ invocation to the next unless the hook keeps it in a store of its own: the worke
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import JsonValue
 
 from workflows.models import (
-    AnswerView,
     DetachedWork,
     DetachedWorkResult,
     EffectStatus,
-    ExecutionResult,
     FailurePolicy,
     GateState,
     LeaseObservation,
     ManagedLease,
-    MemoryCandidate,
     PipelineHookEffect,
-    Plan,
-    RunErrorView,
+    PipelineShortCircuit,
+    PipelineShortCircuitDecision,
     RunMode,
-    RunOutcomeView,
-    RunPatch,
-    RunView,
-    SkipMemory,
+    ShortCircuitKind,
     Stage,
-    Stop,
-    ToolCall,
-    ToolDecision,
-    ToolErrorResolution,
-    ToolOutcomeView,
     bounded_value,
 )
-from workflows.stages import STAGE_METHODS
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "AfterAnswerHook",
-    "AfterToolHook",
-    "BeforeRememberHook",
-    "BeforeRunHook",
-    "BeforeToolHook",
-    "OnErrorHook",
-    "OnFinishHook",
-    "OnToolErrorHook",
-    "AfterExecutionHook",
-    "AfterPlanningHook",
-    "AfterSynthesisHook",
-    "BeforePlanningDecisionHook",
-    "BeforePlanningHook",
     "DetachedContext",
     "DetachedWorkResult",
     "HookRejection",
@@ -81,31 +55,6 @@ __all__ = [
     "RequiredAfterPlanningHook",
     "ShortCircuitKind",
 ]
-
-
-class ShortCircuitKind:
-    """The provenance kinds a short-circuit decision may declare: ``authoritative`` (a policy answer) or
-    ``cache`` (served only if its variation map still matches)."""
-
-    AUTHORITATIVE = "authoritative"  # policy denials, rate limits: valid regardless of cache state
-    CACHE = "cache"  # a cache entry: served only if reads are enabled and every reserved dimension matches
-
-
-class PipelineShortCircuit(BaseModel):
-    """A complete answer that ends the request before planning."""
-
-    response: str
-    source: str
-    metadata: dict[str, JsonValue] = Field(default_factory=dict)
-
-
-class PipelineShortCircuitDecision(BaseModel):
-    """A provenance-aware short-circuit. ``kind`` is checked at the boundary: an unknown kind or a
-    missing ``short_circuit`` fails the request with ``HookContractError``."""
-
-    short_circuit: PipelineShortCircuit | None = None
-    kind: str = ShortCircuitKind.AUTHORITATIVE
-    cached_against: dict[str, str] = Field(default_factory=dict)
 
 
 class HookRejection(Exception):
@@ -426,52 +375,6 @@ class PipelineHook:
     failure_policy: FailurePolicy | None = None
 
 
-@runtime_checkable
-class BeforePlanningHook(Protocol):
-    """before_planning, legacy contract: enrich ``ctx.enrichments``; optionally answer outright.
-
-    Return ``None`` to carry on. Returning a :class:`PipelineShortCircuit` ends the request with that
-    answer and is treated as authoritative: planning, execution and synthesis are skipped and later
-    before_planning hooks are not called. Errors fail open: the request continues without this hook's
-    changes.
-    """
-
-    name: str
-
-    def before_planning(self, ctx: PipelineContext) -> PipelineShortCircuit | None: ...
-
-
-@runtime_checkable
-class BeforePlanningDecisionHook(Protocol):
-    """before_planning, provenance-aware contract: the one to use for caches.
-
-    Return ``None`` to carry on, or a :class:`PipelineShortCircuitDecision`. A ``cache`` decision is
-    served only when cache reads are enabled and ``cached_against`` (the variation map stored with the
-    entry at write time, never ``gate.cache_vary()`` at lookup) matches every reserved dimension;
-    otherwise planning continues. An unknown kind or a missing payload fails the request.
-    """
-
-    name: str
-
-    def before_planning_decision(
-        self, ctx: PipelineContext, gate: PipelineGate
-    ) -> PipelineShortCircuitDecision | None: ...
-
-
-@runtime_checkable
-class AfterPlanningHook(Protocol):
-    """after_planning: return the plan to run, possibly a modified copy.
-
-    ``plan`` is already a private copy. The result must be a :class:`Plan` and passes the full plan
-    validation; hooks chain in registration order. An ordinary hook's error, wrong return type or
-    invalid plan is recorded and the last valid plan continues.
-    """
-
-    name: str
-
-    def after_planning(self, ctx: PipelineContext, plan: Plan) -> Plan: ...
-
-
 class RequiredAfterPlanningHook:
     """Marker: this hook's after_planning is a fail-closed boundary.
 
@@ -481,149 +384,6 @@ class RequiredAfterPlanningHook:
     """
 
     required_after_planning: ClassVar[bool] = True
-
-
-@runtime_checkable
-class AfterExecutionHook(Protocol):
-    """after_execution: observe the tool results (record to memory, audit, metrics). Return ``None``;
-    results cannot be changed here. Errors fail open."""
-
-    name: str
-
-    def after_execution(self, ctx: PipelineContext, execution: ExecutionResult) -> None: ...
-
-
-@runtime_checkable
-class AfterSynthesisHook(Protocol):
-    """after_synthesis: return the response, possibly rewritten (guardrails, redaction, write-back).
-    Hooks chain in registration order; an error or a non-``str`` result keeps the previous text."""
-
-    name: str
-
-    def after_synthesis(self, ctx: PipelineContext, response: str) -> str: ...
-
-
-@runtime_checkable
-class BeforeToolHook(Protocol):
-    """before_tool: once a step's arguments are known, before its tool runs. Return ``None`` or a
-    :class:`ToolDecision`: allow (the zero value), modify (new arguments, validated again against the
-    tool's parameters), deny (the step is skipped with reason ``policy``; ``message`` is what the model
-    reads) or stop (the run ends with ``message`` as its answer). The first deny or stop ends the chain;
-    modifications chain in order. A failure ends the run with ``ExtensionError``."""
-
-    name: str
-
-    def before_tool(self, ctx: PipelineContext, call: ToolCall) -> ToolDecision | None: ...
-
-
-@runtime_checkable
-class AfterToolHook(Protocol):
-    """after_tool: every step's outcome — ``executed`` (raw output), ``skipped`` (policy/missing) or
-    ``failed``. Return new result text or ``None``; the execution status never changes. Chained in order;
-    the text is capped after the last hook. A failure ends the run with ``ExtensionError``."""
-
-    name: str
-
-    def after_tool(self, ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> str | None: ...
-
-
-@runtime_checkable
-class OnToolErrorHook(Protocol):
-    """on_tool_error: a tool failed after its retries (``outcome.status == "failed"``, ``outcome.error``). Return ``ToolErrorResolution(handled=True,
-    result=...)`` to substitute a readable result and suppress the error, or ``None``. The first handled
-    resolution wins. A failure ends the run with ``ExtensionError``."""
-
-    name: str
-
-    def on_tool_error(
-        self, ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView
-    ) -> ToolErrorResolution | None: ...
-
-
-@runtime_checkable
-class BeforeRunHook(Protocol):
-    """before_run: first, before anything else. Return ``RunPatch`` to rewrite the ask, the instructions
-    or the facts (facts merge), ``Stop`` to end the run with your text, or ``None``. A failure ends the
-    run with ``ExtensionError``."""
-
-    name: str
-
-    def before_run(self, ctx: PipelineContext, run: RunView) -> RunPatch | Stop | None: ...
-
-
-@runtime_checkable
-class AfterAnswerHook(Protocol):
-    """after_answer: once the final answer exists (synthesized or short-circuited). Return new text,
-    ``Stop``, or ``None``. An empty answer is an ``ExtensionError`` (the hook failed), not a request to retry."""
-
-    name: str
-
-    def after_answer(self, ctx: PipelineContext, answer: AnswerView) -> str | Stop | None: ...
-
-
-@runtime_checkable
-class BeforeRememberHook(Protocol):
-    """before_remember: a completed run is about to be remembered. Return a replacement
-    ``MemoryCandidate``, ``SkipMemory`` (final: later hooks cannot undo it), or ``None``."""
-
-    name: str
-
-    def before_remember(
-        self, ctx: PipelineContext, candidate: MemoryCandidate
-    ) -> MemoryCandidate | SkipMemory | None: ...
-
-
-@runtime_checkable
-class OnErrorHook(Protocol):
-    """on_error: observe a run's error and its origin (extension, planner, synthesizer, hook,
-    confirmation, cancelled, ...). Runs before on_finish. A failure is a diagnostic; it never replaces
-    the original error and never stops later observers."""
-
-    name: str
-
-    def on_error(self, ctx: PipelineContext, error: RunErrorView) -> None: ...
-
-
-@runtime_checkable
-class OnFinishHook(Protocol):
-    """on_finish: exactly once per hook per run, for completed, stopped, error and cancelled outcomes —
-    also when this hook's other stages were never reached. Observe and clean up; failures are
-    diagnostics (``outcome.diagnostics`` shows earlier ones)."""
-
-    name: str
-
-    def on_finish(self, ctx: PipelineContext, outcome: RunOutcomeView) -> None: ...
-
-
-# The Protocol that declares each stage method: the registry checks a hook's method against its arity, so
-# the signature is declared once, here, and the stage table (``workflows.stages``) says which stage it is.
-STAGE_PROTOCOLS: dict[str, type] = {
-    "before_run": BeforeRunHook,
-    "before_planning": BeforePlanningHook,
-    "before_planning_decision": BeforePlanningDecisionHook,
-    "after_planning": AfterPlanningHook,
-    "before_tool": BeforeToolHook,
-    "on_tool_error": OnToolErrorHook,
-    "after_tool": AfterToolHook,
-    "after_execution": AfterExecutionHook,
-    "after_synthesis": AfterSynthesisHook,
-    "after_answer": AfterAnswerHook,
-    "before_remember": BeforeRememberHook,
-    "on_error": OnErrorHook,
-    "on_finish": OnFinishHook,
-}
-assert set(STAGE_PROTOCOLS) == set(STAGE_METHODS), "every stage method of the stage table has its Protocol"
-
-
-def _arity(protocol: type, method: str) -> int:
-    return sum(
-        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
-        for p in inspect.signature(getattr(protocol, method)).parameters.values()
-    )
-
-
-# Positional parameters each stage method takes besides ``self``, read from its Protocol.
-STAGE_METHOD_ARITY: dict[str, int] = {method: _arity(protocol, method) for method, protocol in STAGE_PROTOCOLS.items()}
 
 
 def hook_option(hook: Any, option: str) -> Any:

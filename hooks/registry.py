@@ -6,15 +6,16 @@ start rather than serve requests with a silently weakened control.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from workflows.models import FailurePolicy, HookEntry, RunMode, Stage
-from workflows.stages import OWN_POLICY_STAGES, STAGE_METHODS, TOOL_STAGES
+from workflows.stages import OWN_POLICY_STAGES, STAGE_METHODS, STAGE_PROTOCOLS, TOOL_STAGES
 
-from .contracts import STAGE_METHOD_ARITY, hook_option
+from .contracts import hook_option
 
 MAX_HOOK_TIMEOUT_SECONDS = 600.0
 
@@ -65,38 +66,86 @@ def is_required(hook: Any) -> bool:
 
 
 def _stage_methods(hook: Any, index: int, name: str) -> list[str]:
+    """The stage methods ``hook`` implements, each held against its stage's Protocol: callable, and able
+    to take the positional arguments the stage passes (``ctx`` and the stage's values) with no required
+    keyword-only parameter. A method that looks like a stage method but names none is refused too."""
     methods = []
-    for method in STAGE_METHODS:
+    for method, protocol in STAGE_PROTOCOLS.items():
         fn = getattr(hook, method, None)
         if fn is None:
             continue
-        if not callable(fn):
+        problem = "is not callable" if not callable(fn) else _signature_problem(fn, getattr(protocol, method))
+        if problem:
             raise InvalidPipelineConfigError(
-                f"hook {name!r} (index {index}): {method} is not callable",
-                reason="signature_mismatch",
-                index=index,
-                hook=name,
-            )
-        try:
-            params = [
-                p
-                for p in inspect.signature(fn).parameters.values()
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-            ]
-            variadic = any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values())
-        except (TypeError, ValueError):
-            params, variadic = [], True
-        expected = STAGE_METHOD_ARITY[method]
-        if not variadic and len(params) != expected:
-            raise InvalidPipelineConfigError(
-                f"hook {name!r} (index {index}): {method}{inspect.signature(fn)} must take {expected} "
-                f"positional argument(s)",
+                f"hook {name!r} (index {index}): {method} {problem}",
                 reason="signature_mismatch",
                 index=index,
                 hook=name,
             )
         methods.append(method)
     return methods
+
+
+def _positional(params: Sequence[inspect.Parameter]) -> list[inspect.Parameter]:
+    return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"]
+
+
+def _signature_problem(fn: Any, declared: Any) -> str | None:
+    """Why ``fn`` cannot be called as the Protocol method ``declared`` is (None when it can)."""
+    expected = _positional(list(inspect.signature(declared).parameters.values()))
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None  # a builtin or an extension type: nothing to read, the call will tell
+    params = list(signature.parameters.values())
+    positional = _positional(params)
+    required = [p for p in positional if p.default is p.empty]
+    variadic = any(p.kind is p.VAR_POSITIONAL for p in params)
+    keyword_only = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    wanted = f"({', '.join(p.name for p in expected)})"
+    if keyword_only:
+        return f"{signature} requires keyword-only {', '.join(keyword_only)}; the stage passes {wanted} by position"
+    if len(required) > len(expected) or (len(positional) < len(expected) and not variadic):
+        return f"{signature} must take {len(expected)} positional argument(s) {wanted}"
+    return None
+
+
+# Methods of the hook API that are not stages (work a hook hands over, leases it keeps).
+_NOT_STAGES = frozenset({"run_detached", "renew_lease", "release_lease"})
+_STAGE_PREFIXES = ("before_", "after_", "on_")
+
+
+def _snake(method: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", method).lower()
+
+
+def _near_miss(hook: Any) -> tuple[str, str] | None:
+    """A public method spelt like a stage method but naming none (``after_synthesys``, ``beforeTool``),
+    which would never run, and the stage method it most likely meant."""
+    for attribute in dir(hook):
+        if attribute.startswith("_") or attribute in STAGE_PROTOCOLS or attribute in _NOT_STAGES:
+            continue
+        snake = _snake(attribute)
+        if not snake.startswith(_STAGE_PREFIXES) or not callable(getattr(hook, attribute, None)):
+            continue
+        if snake in STAGE_PROTOCOLS:
+            return attribute, snake
+        meant = difflib.get_close_matches(snake, STAGE_PROTOCOLS, n=1, cutoff=0.8)
+        if meant:
+            return attribute, meant[0]
+    return None
+
+
+def _refuse_near_misses(hook: Any, index: int, name: str) -> None:
+    miss = _near_miss(hook)
+    if miss is not None:
+        raise InvalidPipelineConfigError(
+            f"hook {name!r} (index {index}): {miss[0]} is not a stage method; did you mean {miss[1]}? "
+            f"(the stage methods: {', '.join(STAGE_PROTOCOLS)})",
+            reason="unknown_stage_method",
+            index=index,
+            hook=name,
+        )
 
 
 SCOPES = ("global", "tenant", "agent")
@@ -209,9 +258,11 @@ class HookRegistry:
                     hook=name,
                 )
             if required and "after_planning" not in methods:
+                miss = _near_miss(hook)
+                hint = f" ({miss[0]} is not a stage method; did you mean {miss[1]}?)" if miss else ""
                 raise InvalidRequiredAfterPlanningHookError(
                     f"hook {name!r} (index {index}) is marked required after-planning but does not implement "
-                    "after_planning(ctx, plan)",
+                    f"after_planning(ctx, plan){hint}",
                     reason="stage_drift",
                     index=index,
                     hook=name,
@@ -219,12 +270,16 @@ class HookRegistry:
             if required:
                 _check_universal(hook, index, name)
             if not methods:
+                miss = _near_miss(hook)
+                hint = f" ({miss[0]} is not a stage method; did you mean {miss[1]}?)" if miss else ""
                 raise InvalidPipelineConfigError(
-                    f"hook {name!r} (index {index}) implements no stage; define one of {', '.join(STAGE_METHODS)}",
+                    f"hook {name!r} (index {index}) implements no stage; define one of {', '.join(STAGE_METHODS)}"
+                    + hint,
                     reason="no_stage",
                     index=index,
                     hook=name,
                 )
+            _refuse_near_misses(hook, index, name)
             entries.append(self._entry(hook, index, name, methods, required))
             _check_scope(hook, index, name)
         # One ordering rule for Python and declared hooks: priority highest first, then

@@ -291,6 +291,86 @@ def test_a_hook_implementing_no_stage_is_rejected():
     assert not isinstance(err, InvalidRequiredAfterPlanningHookError)
 
 
+class _MisspeltBesideValid(PipelineHook):
+    name = "misspelt"
+
+    def before_tool(self, ctx, call):
+        return None
+
+    def after_synthesys(self, ctx, response):  # never a stage: would silently never run
+        return response
+
+
+class _CamelCased(PipelineHook):
+    name = "camel"
+
+    def after_synthesis(self, ctx, response):
+        return response
+
+    def beforeTool(self, ctx, call):  # the spelling under test
+        return None
+
+
+@pytest.mark.parametrize(
+    "hook_cls, attribute, meant",
+    [(_MisspeltBesideValid, "after_synthesys", "after_synthesis"), (_CamelCased, "beforeTool", "before_tool")],
+)
+def test_a_method_spelt_like_a_stage_but_naming_none_is_refused_with_a_hint(hook_cls, attribute, meant):
+    err = build_error([Enrich("fine"), hook_cls()])
+    assert err.reason == "unknown_stage_method" and err.index == 1 and err.hook == hook_cls.name
+    assert f"{attribute} is not a stage method; did you mean {meant}?" in str(err)
+
+
+def test_a_hook_with_only_a_misspelt_stage_says_which_stage_it_meant():
+    class OnlyMisspelt(PipelineHook):
+        name = "only-misspelt"
+
+        def after_planing(self, ctx, plan):
+            return plan
+
+    err = build_error([OnlyMisspelt()])
+    assert err.reason == "no_stage" and "did you mean after_planning?" in str(err)
+
+
+def test_helpers_and_the_hook_api_methods_are_not_mistaken_for_stages():
+    class Helpful(PipelineHook):
+        name = "helpful"
+
+        def after_synthesis(self, ctx, response):
+            return self.on_finish_cleanup(response)
+
+        def on_finish_cleanup(self, text):  # a helper, not a near miss of on_finish
+            return text
+
+        def run_detached(self, ctx):
+            return None
+
+    assert HookRegistry([Helpful()]).entries[0].stages == [Stage.AFTER_SYNTHESIS]
+
+
+@pytest.mark.parametrize(
+    "signature, accepted",
+    [
+        ("def after_tool(self, ctx, call, outcome): return None", True),
+        ("def after_tool(self, ctx, call, outcome=None): return None", True),
+        ("def after_tool(self, ctx, *rest): return None", True),
+        ("def after_tool(self, ctx, call): return None", False),
+        ("def after_tool(self, ctx, call, outcome, *, strict): return None", False),
+        ("def after_tool(self, ctx, call, outcome, *, strict=True): return None", True),
+        ("def after_tool(self, ctx, call, outcome, extra): return None", False),
+    ],
+)
+def test_stage_methods_are_held_against_the_parameter_kinds_their_stage_passes(signature, accepted):
+    namespace: dict = {}
+    exec(signature, namespace)  # the signature under test
+    hook = type("Shaped", (PipelineHook,), {"name": "shaped", "after_tool": namespace["after_tool"]})()
+    if accepted:
+        assert HookRegistry([hook]).entries[0].stages == [Stage.AFTER_TOOL]
+    else:
+        err = build_error([hook])
+        assert err.reason == "signature_mismatch" and "(ctx, call, outcome)" in str(err)
+
+
 @pytest.mark.parametrize(
     "option, value",
     [

@@ -1,7 +1,8 @@
-"""The decision table (what the framework did with each hook outcome) and the cache gate, as pure functions.
+"""The names of decisions (error types, failure categories, reasons) and the cache gate, as pure functions.
 
-Both the hook activities (for span attributes and metrics) and the workflow (for the execution record)
-decide with these functions, so the trace and the record can never disagree.
+What a hook outcome means at each stage is decided by the stage (``workflows.stages``: ``StageSpec.success``
+and ``StageSpec.failure``), which both the hook activities (for span attributes and metrics) and the
+workflow (for the execution record) call, so the trace and the record can never disagree.
 """
 
 from __future__ import annotations
@@ -10,17 +11,7 @@ from collections.abc import Mapping
 
 from pydantic import JsonValue
 
-from .models import (
-    METADATA_CACHE,
-    DecisionAction,
-    FailurePolicy,
-    GateState,
-    HookDecision,
-    HookEntry,
-    ShortCircuitProposal,
-    Stage,
-)
-from .stages import STAGES
+from .models import METADATA_CACHE, DecisionAction, FailurePolicy, GateState, HookDecision, ShortCircuitProposal
 
 # Stable error type names. Anything that ends a request is an ApplicationError with one of these.
 INVALID_REQUEST = "InvalidRequest"
@@ -83,46 +74,9 @@ _FAILURE_REASONS = {
 }
 
 
-def failure_policy(hook: HookEntry, stage: Stage) -> FailurePolicy:
-    """By default pipeline hooks and observers fail open; the required after-planning hook and every
-    decision or transformation stage (before_run, before_tool, after_tool, on_tool_error, after_answer,
-    before_remember) fail closed. A hook's own ``failure_policy`` replaces the default at every stage
-    but after_planning (governed by the required marker) and the observers (which never change the
-    outcome): a redaction hook fails closed at after_synthesis, say."""
-    spec = STAGES[stage]
-    if hook.failure_policy is not None and spec.own_policy:
-        return hook.failure_policy
-    if hook.required and stage is Stage.AFTER_PLANNING:
-        return FailurePolicy.FAIL_CLOSED
-    return spec.failure_policy
-
-
-def success_decision(
-    hook: HookEntry, stage: Stage, reason: str | None = None, action: DecisionAction = DecisionAction.CONTINUE
-) -> HookDecision:
-    """The decision for an invocation that returned a valid result. ``reason`` defaults to ``accepted``
-    (``observed`` for observers); deciding stages pass what they decided."""
-    default = REASON_OBSERVED if STAGES[stage].finalizer else REASON_ACCEPTED
-    return HookDecision(failure_policy=failure_policy(hook, stage), action=action, reason=reason or default)
-
-
-def failure_decision(hook: HookEntry, stage: Stage, category: str) -> HookDecision:
-    """The decision for a failed invocation: terminate when the boundary fails closed, else continue.
-
-    A broken short-circuit contract fails the request whatever the hook's policy, and so do lost workers
-    (an infrastructure failure is never read as the hook's verdict, open or closed) — except at the
-    finalizer stages, where any failure is a diagnostic.
-    """
-    reason = _FAILURE_REASONS.get(category, REASON_HOOK_ERROR)
-    if category == HOOK_CONTRACT_ERROR:
-        return HookDecision(failure_policy=FailurePolicy.FAIL_CLOSED, action=DecisionAction.TERMINATE, reason=reason)
-    policy = failure_policy(hook, stage)
-    if STAGES[stage].finalizer:  # a finalizer's failure is a diagnostic, whatever its cause
-        return HookDecision(failure_policy=policy, action=DecisionAction.CONTINUE, reason=reason)
-    terminal = policy is FailurePolicy.FAIL_CLOSED or category in (WORKER_LOST, PAYLOAD_TOO_LARGE)
-    return HookDecision(
-        failure_policy=policy, action=DecisionAction.TERMINATE if terminal else DecisionAction.CONTINUE, reason=reason
-    )
+def failure_reason(category: str) -> str:
+    """The decision reason for a failed invocation of ``category`` (``hook_error`` for any other)."""
+    return _FAILURE_REASONS.get(category, REASON_HOOK_ERROR)
 
 
 def gate_for_request(

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         ExecutionRecord,
         PersistRecordOutput,
         PipelineHookEffect,
+        bounded_value,
     )
 
 DETACHED_WORKFLOW_TYPE = "DetachedEffect"
@@ -75,6 +76,26 @@ async def start_effect_child(
         }
         record_effects(record, [effect.model_copy(update=failed)])
         del tokens[effect.effect_id]
+
+
+def accept_effect_update(record: ExecutionRecord, tokens: dict[str, str], update: EffectUpdateSignal) -> str | None:
+    """Take a detached effect's terminal state, as its ``DetachedEffect`` child reports it, into ``record``.
+    Only the child the request started for that effect knows its token: any other update changes nothing,
+    and the problem is returned for the request to keep as ignored. The child reports what its work
+    observed; which hook and stage the effect belongs to stays as announced."""
+    effect = update.effect
+    expected = tokens.get(effect.effect_id)
+    announced = record.effect(effect.effect_id)
+    if expected is None or announced is None:
+        return "this request handed no detached work to that effect"
+    if update.token != expected:
+        return "the update does not come from the effect's own DetachedEffect child"
+    if effect.status is EffectStatus.PENDING:
+        return "an effect update must bring the effect to a terminal state"
+    if announced.status is EffectStatus.PENDING:
+        fields = {"hook": announced.hook, "stage": announced.stage, "data": bounded_value(effect.data)}
+        record_effects(record, [effect.model_copy(update=fields)])
+    return None
 
 
 @workflow.defn(name=DETACHED_WORKFLOW_TYPE)

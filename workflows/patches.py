@@ -7,8 +7,8 @@ started after it take the new one. Each patch costs a new execution a marker and
 and :func:`detect` checks it first thing, before any other command: a new execution records that one
 marker, and an older history finds the patch it was recorded with. (A patch checked later — after a local
 activity, say — can land in a different workflow task than the code that checked it, and replay would
-then miss it.) :class:`Behaviour` says which branch each change takes; the old branches stay beside the
-new ones in the workflow and name the field they read.
+then miss it.) :class:`Behaviour` says which branch each change takes (``RunState.behaviour``); each old branch
+stays beside the new one and names the field it reads — :class:`Behaviour` lists where.
 
 Workflow code only.
 """
@@ -40,7 +40,16 @@ LATEST = LIFECYCLE_2026_12_B
 
 @dataclass(frozen=True)
 class Behaviour:
-    """Which branch of each change an execution runs: the one its history was recorded with."""
+    """Which branch of each change an execution runs: the one its history was recorded with. Where the
+    old branch of each lives:
+
+    - ``local_bookkeeping``: ``scheduling.Scheduler.bookkeeping`` (activities instead of local activities);
+    - ``hook_batches``: ``invocation.HookRunner._batchable`` (one invocation per hook);
+    - ``stage_upserts``: ``listing.StageListing.legacy_upsert`` and ``ending.RunEnding._terminal``;
+    - ``approval_after_rewrites``: ``reviews.Reviews.wait_for_plan``, chosen in ``lifecycle._run_phases``;
+    - ``handled_tool_error_succeeds``: ``steps.StepExecutor._on_tool_error`` (the step stays failed);
+    - ``lease_renewal_by_timer``: ``leases.ManagedLeases._keep_by_activity``.
+    """
 
     local_bookkeeping: bool = True
     hook_batches: bool = True

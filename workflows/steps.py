@@ -4,7 +4,9 @@ the plan allows.
 A step starts once everything it depends on (``depends_on`` in its phase, ``implicit_deps`` in earlier
 ones) has succeeded; its arguments' references are resolved and validated; then before_tool (allow /
 modify / deny / stop), the tool (an activity, or a child ``RequestLifecycle`` for a sub-agent),
-on_tool_error when it failed, and after_tool on every outcome. Workflow code only.
+on_tool_error when it failed, and after_tool on every outcome. A call that needs a reviewer is approved
+exactly as it will run: prepared (resolved, validated, through before_tool) before its checkpoint opens,
+and executed with a copy of the approved values. Workflow code only.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -23,35 +24,28 @@ from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from . import search_attributes as sa
-    from . import story
+    from . import stages, story
     from .effects import elapsed_ms
-    from .invocation import HookInvoker, RunStopped, raise_if_cancelled
+    from .invocation import HookRunner, OnOutcome, RunStopped, StageRun, raise_if_cancelled
+    from .listing import EXECUTING, StageListing
     from .models import (
         LOOP_DEPTH_EXCEEDED,
         MAX_SUBAGENT_DEPTH,
         METADATA_PARENT_WORKFLOW,
         METADATA_SUBAGENT_DEPTH,
-        AfterToolCall,
-        AfterToolOutcome,
         ApprovalCall,
         ApprovalReason,
-        BeforeToolCall,
-        BeforeToolOutcome,
         Checkpoint,
         ExecutionResult,
-        HookCall,
         HookEntry,
         Plan,
         PlanStep,
         RecoveredError,
         RequestInput,
         RequestResult,
-        Stage,
         StepResult,
         StepStatus,
         ToolCall,
-        ToolErrorCall,
-        ToolErrorOutcome,
         ToolMetrics,
         ToolOutcomeView,
         ToolStepInput,
@@ -59,9 +53,12 @@ with workflow.unsafe.imports_passed_through():
         subagent_depth,
     )
     from .plan_validation import UnresolvedReference, resolve_references
+    from .reviews import Reviews
+    from .run_state import RunState
+    from .scheduling import Scheduler
+    from .stages import Fold
     from .support import idempotency_key
 
-WORKFLOW_TYPE = "RequestLifecycle"
 _OUTCOME_STATUS: dict[StepStatus, Literal["executed", "failed", "skipped"]] = {
     StepStatus.SUCCEEDED: "executed",
     StepStatus.FAILED: "failed",
@@ -92,32 +89,71 @@ class PreparedCall:
         )
 
 
-class StepExecution(HookInvoker):
-    """The request workflow's plan execution (its state is the workflow's)."""
+class StepExecutor:
+    """Executes the plans of one request (see the module docstring)."""
 
-    _results: dict[str, StepResult]
-    # The calls of this phase that need a reviewer, with why; those prepared before the phase's
-    # checkpoint; and the checkpoint each approved call runs under.
-    _needs_approval: dict[str, list[ApprovalReason]]
-    _prepared: dict[str, PreparedCall]
-    _approved: dict[str, Checkpoint]
-
-    async def _await_review(self, checkpoint: Checkpoint) -> None:
-        """Open ``checkpoint`` and wait until a reviewer approves it; rejection or expiry ends the request."""
-        raise NotImplementedError
+    def __init__(
+        self,
+        state: RunState,
+        runner: HookRunner,
+        scheduler: Scheduler,
+        listing: StageListing,
+        reviews: Reviews,
+        *,
+        workflow_type: str,
+    ) -> None:
+        self._state = state
+        self._runner = runner
+        self._scheduler = scheduler
+        self._listing = listing
+        self._reviews = reviews
+        self._workflow_type = workflow_type  # a sub-agent step runs a child of this type
+        self._executing = Plan()
+        # The calls of this phase that need a reviewer, with why; those prepared before the phase's
+        # checkpoint; and the checkpoint each approved call runs under.
+        self._needs_approval: dict[str, list[ApprovalReason]] = {}
+        self._prepared: dict[str, PreparedCall] = {}
+        self._approved: dict[str, Checkpoint] = {}
 
     def _can_start(self, step: PlanStep) -> bool:
         """Whether every step ``step`` depends on (in its phase or an earlier one) has already succeeded."""
-        deps = [self._results.get(d) for d in [*step.depends_on, *step.implicit_deps]]
+        deps = [self._state.results.get(d) for d in [*step.depends_on, *step.implicit_deps]]
         return all(d is not None and d.status is StepStatus.SUCCEEDED for d in deps)
 
-    async def _execute(self, plan: Plan) -> ExecutionResult:
+    async def review_ready_calls(self, plan: Plan, reasons: list[ApprovalReason]) -> None:
+        """Approve each call that needs a reviewer exactly as it will run. A call that can run now — all it
+        depends on succeeded, so its references resolve — is prepared first: resolved, validated and
+        through its before_tool chain, so every rewrite is done and a denial never reaches a reviewer; the
+        phase's one checkpoint lists the prepared calls, and approval runs those values. A call that waits
+        on steps of its own phase is prepared and approved when it is ready (:meth:`_confirm_step`)."""
+        self._needs_approval = {}
+        for reason in reasons:
+            self._needs_approval.setdefault(reason.step_id, []).append(reason)
+        self._listing.enter(stages.Stage.BEFORE_TOOL)
+        calls: list[ApprovalCall] = []
+        for step in plan.steps:
+            if step.step_id in self._needs_approval and self._can_start(step):
+                prepared = await self._prepare_step(step)
+                self._prepared[step.step_id] = prepared
+                if prepared.ready:
+                    calls.append(prepared.approval_call(step))
+        if not calls:
+            return
+        checkpoint = self._reviews.new(
+            plan, [r for call in calls for r in self._needs_approval[call.step_id]], calls=calls
+        )
+        await self._reviews.wait(checkpoint)
+        for call in calls:
+            self._approved[call.step_id] = checkpoint
+
+    async def execute(self, plan: Plan) -> ExecutionResult:
         """One activity per step, each started as soon as its dependencies have succeeded. If a step ends
         the run (a stop, a hook that fails closed, cancellation) the steps still running are cancelled, and
         every step that finished is kept in the record."""
-        self._set_stage("executing")
+        self._listing.enter(EXECUTING)
         self._executing = plan
-        results = self._results
+        results = self._state.results
+        record = self._state.record
         waiting = list(plan.steps)
         running: dict[asyncio.Task[StepResult], str] = {}
         try:
@@ -148,12 +184,12 @@ class StepExecution(HookInvoker):
                 task.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
-            self._record.steps.extend(results[s.step_id] for s in plan.steps if s.step_id in results)
+            record.steps.extend(results[s.step_id] for s in plan.steps if s.step_id in results)
             raise
         finally:
             self._needs_approval, self._prepared, self._approved = {}, {}, {}
         execution = ExecutionResult(steps=[results[s.step_id] for s in plan.steps])
-        self._record.steps.extend(execution.steps)
+        record.steps.extend(execution.steps)
         return execution
 
     async def _run_step(self, step: PlanStep, *, missing: str | None = None) -> StepResult:
@@ -176,7 +212,7 @@ class StepExecution(HookInvoker):
         elif prepared.invalid:
             await self._on_tool_error(step, call, result)
         await self._after_tool(step, call, result)
-        limit = self._manifest.settings.max_tool_result_chars
+        limit = self._state.manifest.settings.max_tool_result_chars
         if result.result is not None and len(result.result) > limit:
             result.result = result.result[: max(0, limit - 1)] + "…"
         return result
@@ -190,12 +226,12 @@ class StepExecution(HookInvoker):
             namespace=step.namespace,
             agent=step.agent,
             capability=step.capability,
-            plan_phase=self._phase,
+            plan_phase=self._state.phase,
             subagent=self._is_subagent(step),
         )
         if missing is None:
             try:
-                call.arguments = resolve_references(step.arguments, self._results)
+                call.arguments = resolve_references(step.arguments, self._state.results)
             except UnresolvedReference as err:
                 missing = str(err)
         if missing is not None:
@@ -208,35 +244,26 @@ class StepExecution(HookInvoker):
             result.status, result.error_type = StepStatus.FAILED, "InvalidArguments"
             result.error = result.result = "invalid arguments: " + "; ".join(problems)
             return PreparedCall(call, result, ready=False, invalid=True)
-        denied = await self._before_tool(step, call, result)
-        return PreparedCall(call, result, ready=not denied)
+        return await self._before_tool(step, call, result)
 
     async def _confirm_step(self, step: PlanStep, prepared: PreparedCall) -> None:
         """A call whose arguments existed only once steps of its own phase had run: its own checkpoint,
         opened now that it is ready, lists it as it will run."""
-        checkpoint = self._new_checkpoint(
+        checkpoint = self._reviews.new(
             self._executing,
             self._needs_approval[step.step_id],
             calls=[prepared.approval_call(step)],
             step_id=step.step_id,
         )
-        await self._await_review(checkpoint)
+        await self._reviews.wait(checkpoint)
         self._approved[step.step_id] = checkpoint
-
-    def _new_checkpoint(
-        self,
-        plan: Plan,
-        reasons: list[ApprovalReason],
-        *,
-        calls: list[ApprovalCall] | None = None,
-        step_id: str | None = None,
-    ) -> Checkpoint:
-        raise NotImplementedError
 
     async def _resolved_argument_problems(self, step: PlanStep, call: ToolCall) -> list[str]:
         """Arguments with references were validated at planning only for presence; check their resolved
         values before any before_tool hook sees them (a local activity, where the tools live)."""
-        if call.arguments == step.arguments or not self._manifest.tool_participants(Stage.BEFORE_TOOL, call):
+        if call.arguments == step.arguments or not self._state.manifest.tool_participants(
+            stages.Stage.BEFORE_TOOL, call
+        ):
             return []
         return await workflow.execute_local_activity(
             "validate_tool_arguments",
@@ -248,48 +275,46 @@ class StepExecution(HookInvoker):
 
     async def _tool_stage(
         self,
-        stage: Stage,
+        spec: stages.StageSpec,
         step: PlanStep,
-        call: ToolCall,
-        make_call: Callable[[HookEntry], HookCall],
-        apply: Callable[[HookEntry, Any], bool | None] | None = None,
-    ) -> bool | None:
+        tool_call: ToolCall,
+        subject: Any,
+        on_outcome: OnOutcome,
+        **extras: Any,
+    ) -> StageRun:
         """A tool stage's chain for one step: only the hooks whose matcher and sub-agent filter admit it."""
-        return await self._run_stage(
-            stage, make_call, apply, hooks=self._manifest.tool_participants(stage, call), step=step
-        )
+        hooks = self._state.manifest.tool_participants(spec.stage, tool_call)
+        return await self._runner.run(spec, subject, on_outcome, hooks=hooks, step=step, **extras)
 
-    async def _before_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> bool:
-        """The before_tool chain; returns whether the call was denied. A stop ends the run."""
+    async def _before_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> PreparedCall:
+        """The before_tool chain: the call as it will run, or denied. A stop ends the run."""
 
-        def apply(hook: HookEntry, outcome: BeforeToolOutcome) -> bool | None:
+        def on_outcome(
+            hook: HookEntry, outcome: stages.execution.BeforeToolOutcome, before: ToolCall, folded: Fold
+        ) -> None:
             verdict = outcome.verdict
             if verdict.action == "modify":
-                call.arguments = dict(verdict.arguments or {})
-                result.arguments = call.arguments
+                result.arguments = folded.subject.arguments
                 result.modified_by.append(hook.name)
             elif verdict.action == "deny":
                 result.skip_reason, result.skipped_by = "policy", hook.name
                 result.skip_detail = verdict.reason or None
                 result.result = verdict.message or f"{step.tool} was not run: denied by {hook.name}"
-                return True
             elif verdict.action == "stop":
-                raise RunStopped(hook.name, Stage.BEFORE_TOOL.value, verdict.reason, verdict.message)
-            return None
+                raise RunStopped(hook.name, stages.Stage.BEFORE_TOOL.value, verdict.reason, verdict.message)
 
-        def make(hook: HookEntry) -> BeforeToolCall:
-            return BeforeToolCall(hook=hook, view=self._view(hook), call=call)
-
-        return bool(await self._tool_stage(Stage.BEFORE_TOOL, step, call, make, apply))
+        chain = await self._tool_stage(stages.STAGES[stages.Stage.BEFORE_TOOL], step, call, call, on_outcome)
+        return PreparedCall(chain.subject, result, ready=not chain.ended)
 
     def _is_subagent(self, step: PlanStep) -> bool:
-        return any(t.key == step.tool_key and t.kind == "subagent" for t in self._manifest.tools)
+        return any(t.key == step.tool_key and t.kind == "subagent" for t in self._state.manifest.tools)
 
     async def _call_subagent(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
         """Run a sub-agent step as a child ``RequestLifecycle`` one level deeper; beyond
         ``MAX_SUBAGENT_DEPTH`` the step fails with ``LoopDepthExceeded`` and no child starts."""
+        state = self._state
         info = workflow.info()
-        depth = subagent_depth(self._input.metadata) + 1
+        depth = subagent_depth(state.input.metadata) + 1
         started = workflow.now()
         result.status = StepStatus.FAILED
         if depth > MAX_SUBAGENT_DEPTH:
@@ -297,26 +322,23 @@ class StepExecution(HookInvoker):
             result.error_type = LOOP_DEPTH_EXCEEDED
             result.error = f"sub-agent depth {depth} exceeds the limit of {MAX_SUBAGENT_DEPTH}"
         else:
-            asked = str(call.arguments.get("request") or self._ask)
-            child = RequestInput(
-                request=asked,
-                metadata={
-                    **self._input.metadata,
-                    METADATA_SUBAGENT_DEPTH: depth,
-                    METADATA_PARENT_WORKFLOW: info.workflow_id,
-                },
-            )
-            self._publish_stage()
+            asked = str(call.arguments.get("request") or state.ask)
+            metadata = {
+                **state.input.metadata,
+                METADATA_SUBAGENT_DEPTH: depth,
+                METADATA_PARENT_WORKFLOW: info.workflow_id,
+            }
+            self._listing.publish()
             try:
                 answer = await workflow.execute_child_workflow(
-                    WORKFLOW_TYPE,
-                    child,
+                    self._workflow_type,
+                    RequestInput(request=asked, metadata=metadata),
                     id=f"{info.workflow_id}/subagent/{step.step_id}",
                     task_queue=info.task_queue,
                     result_type=RequestResult,
                     static_summary=story.subagent_summary(step.tool, step.step_id, depth, asked),
-                    static_details=story.subagent_details(info.workflow_id, self._request_id, asked),
-                    search_attributes=self._child_kind(sa.KIND_SUBAGENT),
+                    static_details=story.subagent_details(info.workflow_id, state.request_id, asked),
+                    search_attributes=self._listing.child_kind(sa.KIND_SUBAGENT),
                 )
             except FailureError as err:
                 raise_if_cancelled(err)
@@ -337,7 +359,7 @@ class StepExecution(HookInvoker):
         if call.subagent:
             await self._call_subagent(step, call, result)
             return
-        settings = self._manifest.settings
+        settings = self._state.manifest.settings
         info = workflow.info()
         # Keyed by run and by the arguments as executed: every retry of this call (and a dispatch after a
         # lost worker) carries the same key; another run or another call never does.
@@ -346,11 +368,11 @@ class StepExecution(HookInvoker):
         )
         started = workflow.now()
         try:
-            output = await self._activity(
+            output = await self._scheduler.activity(
                 "execute_tool_step",
                 ToolStepInput(
                     step=step.model_copy(update={"arguments": call.arguments}),
-                    request_id=self._request_id,
+                    request_id=self._state.request_id,
                     idempotency_key=result.idempotency_key,
                 ),
                 result_type=ToolStepOutput,
@@ -383,49 +405,44 @@ class StepExecution(HookInvoker):
         """Offer a failed step to on_tool_error hooks: the first that handles it substitutes the result."""
         failed = ToolOutcomeView(status="failed", error=result.error, result=result.result or "")
 
-        def apply(hook: HookEntry, outcome: ToolErrorOutcome) -> bool | None:
-            if not outcome.resolution.handled:
-                return None
+        def on_outcome(hook: HookEntry, outcome: stages.execution.ToolErrorOutcome, before: Any, folded: Fold) -> None:
+            if not folded.ends:
+                return
             result.error_handled_by = hook.name
             result.result = outcome.resolution.result
-            if self._behaviour.handled_tool_error_succeeds:
+            if self._state.behaviour.handled_tool_error_succeeds:
                 # Handled: the error is suppressed. The step succeeds with the substitute (its dependents run
-                # on it), and the record keeps what failed beside it.
+                # on it), and the record keeps what failed beside it. (Executions recorded before this kept
+                # the step failed.)
                 result.recovered_from = RecoveredError(
                     error=result.error, error_type=result.error_type, handled_by=hook.name
                 )
                 result.status, result.output = StepStatus.SUCCEEDED, outcome.resolution.result
                 result.error = result.error_type = None
-            return True
 
-        def make(hook: HookEntry) -> ToolErrorCall:
-            return ToolErrorCall(hook=hook, view=self._view(hook), call=call, outcome=failed)
-
-        await self._tool_stage(Stage.ON_TOOL_ERROR, step, call, make, apply)
+        spec = stages.STAGES[stages.Stage.ON_TOOL_ERROR]
+        await self._tool_stage(spec, step, call, failed, on_outcome, call=call)
 
     async def _after_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
         """Chain result rewrites over every outcome; the execution status never changes here."""
+        recovered = result.recovered_from
+        outcome = ToolOutcomeView(
+            status=_OUTCOME_STATUS[result.status],
+            output=result.output if result.status is StepStatus.SUCCEEDED else None,
+            reason=result.skip_reason,
+            extension=result.skipped_by,
+            error=result.error,
+            result=result.result or "",
+            recovered_from=(recovered.error or recovered.error_type) if recovered is not None else None,
+        )
 
-        def make(hook: HookEntry) -> AfterToolCall:
-            recovered = result.recovered_from
-            view = ToolOutcomeView(
-                status=_OUTCOME_STATUS[result.status],
-                output=result.output if result.status is StepStatus.SUCCEEDED else None,
-                reason=result.skip_reason,
-                extension=result.skipped_by,
-                error=result.error,
-                result=result.result or "",
-                recovered_from=(recovered.error or recovered.error_type) if recovered is not None else None,
-            )
-            return AfterToolCall(hook=hook, view=self._view(hook), call=call, outcome=view)
-
-        def apply(hook: HookEntry, outcome: AfterToolOutcome) -> None:
+        def on_outcome(hook: HookEntry, outcome: stages.execution.AfterToolOutcome, before: Any, folded: Fold) -> None:
             result.result = outcome.result
 
-        await self._tool_stage(Stage.AFTER_TOOL, step, call, make, apply)
+        await self._tool_stage(stages.STAGES[stages.Stage.AFTER_TOOL], step, call, outcome, on_outcome, call=call)
 
     def _count_tool_metrics(self, result: StepResult) -> None:
-        metrics = self._record.tool_metrics.setdefault(result.tool, ToolMetrics())
+        metrics = self._state.record.tool_metrics.setdefault(result.tool, ToolMetrics())
         if result.status is StepStatus.SKIPPED:
             metrics.skipped += 1
             return

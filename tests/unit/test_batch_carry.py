@@ -5,17 +5,7 @@ workflow."""
 from __future__ import annotations
 
 from workflows.models import (
-    AfterAnswerCall,
-    AfterAnswerOutcome,
-    AfterPlanningCall,
-    AfterPlanningOutcome,
-    AfterToolCall,
-    AfterToolOutcome,
     AnswerView,
-    BeforeRememberCall,
-    BeforeRememberOutcome,
-    BeforeRunCall,
-    BeforeRunOutcome,
     DecisionAction,
     DetachedWork,
     EnrichmentChange,
@@ -27,7 +17,6 @@ from workflows.models import (
     ManagedLease,
     MemoryCandidate,
     ObserveOutcome,
-    OnFinishCall,
     Plan,
     PlanStep,
     RunOutcomeView,
@@ -38,14 +27,16 @@ from workflows.models import (
     Stage,
     Stop,
     ToolCall,
-    ToolErrorCall,
-    ToolErrorOutcome,
     ToolErrorResolution,
     ToolOutcomeView,
 )
-from workflows.models import BeforePlanningCall as PlanningCall
-from workflows.models import BeforePlanningOutcome as PlanningOutcome
 from workflows.stages import STAGES, next_call
+from workflows.stages.answer import AfterAnswerCall, AfterAnswerOutcome, BeforeRememberCall, BeforeRememberOutcome
+from workflows.stages.execution import AfterToolCall, AfterToolOutcome, ToolErrorCall, ToolErrorOutcome
+from workflows.stages.planning import AfterPlanningCall, AfterPlanningOutcome
+from workflows.stages.planning import BeforePlanningCall as PlanningCall
+from workflows.stages.planning import BeforePlanningOutcome as PlanningOutcome
+from workflows.stages.run import BeforeRunCall, BeforeRunOutcome, OnFinishCall
 
 OK = HookDecision(failure_policy=FailurePolicy.FAIL_OPEN, action=DecisionAction.CONTINUE, reason="accepted")
 

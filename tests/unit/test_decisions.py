@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from workflows import decisions
-from workflows.decisions import failure_decision, failure_policy, short_circuit_decision, success_decision
+from workflows.decisions import short_circuit_decision
 from workflows.models import (
     DecisionAction,
     FailurePolicy,
@@ -26,6 +26,7 @@ from workflows.models import (
     ShortCircuitProposal,
     Stage,
 )
+from workflows.stages import STAGES
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -140,7 +141,7 @@ CASES: list[Case] = [
         case(
             "succeeded",
             f"an ordinary {stage} hook succeeded",
-            lambda s=stage: success_decision(ORDINARY, s),
+            lambda s=stage: STAGES[s].success(ORDINARY),
             OPEN,
             CONTINUE,
             "accepted",
@@ -151,7 +152,7 @@ CASES: list[Case] = [
         case(
             "failed",
             f"an ordinary {stage} hook {FAILURE_WORDS[category]}",
-            lambda s=stage, c=category: failure_decision(ORDINARY, s, c),
+            lambda s=stage, c=category: STAGES[s].failure(ORDINARY, c),
             OPEN,
             CONTINUE,
             REASONS[category],
@@ -162,7 +163,7 @@ CASES: list[Case] = [
     case(
         "failed",
         "an ordinary after_planning hook returned an invalid plan",
-        lambda: failure_decision(ORDINARY, Stage.AFTER_PLANNING, BAD_PLAN),
+        lambda: STAGES[Stage.AFTER_PLANNING].failure(ORDINARY, BAD_PLAN),
         OPEN,
         CONTINUE,
         "invalid_plan",
@@ -171,7 +172,7 @@ CASES: list[Case] = [
         case(
             "closed",
             f"secret-redaction at after_synthesis {FAILURE_WORDS[category]}",
-            lambda c=category: failure_decision(PROTECTIVE, Stage.AFTER_SYNTHESIS, c),
+            lambda c=category: STAGES[Stage.AFTER_SYNTHESIS].failure(PROTECTIVE, c),
             CLOSED,
             TERMINATE,
             REASONS[category],
@@ -181,7 +182,7 @@ CASES: list[Case] = [
     case(
         "closed",
         "a fail-closed before_planning hook raised",
-        lambda: failure_decision(PROTECTIVE, Stage.BEFORE_PLANNING, RAISED),
+        lambda: STAGES[Stage.BEFORE_PLANNING].failure(PROTECTIVE, RAISED),
         CLOSED,
         TERMINATE,
         "hook_error",
@@ -189,7 +190,7 @@ CASES: list[Case] = [
     case(
         "too large",
         "an ordinary after_synthesis hook returned more than a payload carries",
-        lambda: failure_decision(ORDINARY, Stage.AFTER_SYNTHESIS, decisions.PAYLOAD_TOO_LARGE),
+        lambda: STAGES[Stage.AFTER_SYNTHESIS].failure(ORDINARY, decisions.PAYLOAD_TOO_LARGE),
         OPEN,
         TERMINATE,
         "payload_too_large",
@@ -197,7 +198,7 @@ CASES: list[Case] = [
     case(
         "too large",
         "a fail-open before_tool hook returned more than a payload carries",
-        lambda: failure_decision(OPTIONAL, Stage.BEFORE_TOOL, decisions.PAYLOAD_TOO_LARGE),
+        lambda: STAGES[Stage.BEFORE_TOOL].failure(OPTIONAL, decisions.PAYLOAD_TOO_LARGE),
         OPEN,
         TERMINATE,
         "payload_too_large",
@@ -205,7 +206,7 @@ CASES: list[Case] = [
     case(
         "lost",
         "an ordinary before_planning hook lost its worker on every dispatch",
-        lambda: failure_decision(ORDINARY, Stage.BEFORE_PLANNING, decisions.WORKER_LOST),
+        lambda: STAGES[Stage.BEFORE_PLANNING].failure(ORDINARY, decisions.WORKER_LOST),
         OPEN,
         TERMINATE,
         "worker_lost",
@@ -213,7 +214,7 @@ CASES: list[Case] = [
     case(
         "lost",
         "a fail-open before_tool hook lost its worker on every dispatch",
-        lambda: failure_decision(OPTIONAL, Stage.BEFORE_TOOL, decisions.WORKER_LOST),
+        lambda: STAGES[Stage.BEFORE_TOOL].failure(OPTIONAL, decisions.WORKER_LOST),
         OPEN,
         TERMINATE,
         "worker_lost",
@@ -221,7 +222,7 @@ CASES: list[Case] = [
     case(
         "lost",
         "the required hook lost its worker on every dispatch",
-        lambda: failure_decision(REQUIRED, Stage.AFTER_PLANNING, decisions.WORKER_LOST),
+        lambda: STAGES[Stage.AFTER_PLANNING].failure(REQUIRED, decisions.WORKER_LOST),
         CLOSED,
         TERMINATE,
         "worker_lost",
@@ -229,7 +230,7 @@ CASES: list[Case] = [
     case(
         "required ok",
         "the required hook accepted the plan",
-        lambda: success_decision(REQUIRED, Stage.AFTER_PLANNING),
+        lambda: STAGES[Stage.AFTER_PLANNING].success(REQUIRED),
         CLOSED,
         CONTINUE,
         "accepted",
@@ -237,7 +238,7 @@ CASES: list[Case] = [
     case(
         "required ok",
         "the required hook accepted the plan although it declares fail_open",
-        lambda: success_decision(REQUIRED_CLAIMING_OPEN, Stage.AFTER_PLANNING),
+        lambda: STAGES[Stage.AFTER_PLANNING].success(REQUIRED_CLAIMING_OPEN),
         CLOSED,
         CONTINUE,
         "accepted",
@@ -246,7 +247,7 @@ CASES: list[Case] = [
         case(
             "required failed",
             f"the required hook {FAILURE_WORDS[category]}",
-            lambda c=category: failure_decision(REQUIRED, Stage.AFTER_PLANNING, c),
+            lambda c=category: STAGES[Stage.AFTER_PLANNING].failure(REQUIRED, c),
             CLOSED,
             TERMINATE,
             REASONS[category],
@@ -256,7 +257,7 @@ CASES: list[Case] = [
     case(
         "required failed",
         "the required hook raised although it declares fail_open",
-        lambda: failure_decision(REQUIRED_CLAIMING_OPEN, Stage.AFTER_PLANNING, RAISED),
+        lambda: STAGES[Stage.AFTER_PLANNING].failure(REQUIRED_CLAIMING_OPEN, RAISED),
         CLOSED,
         TERMINATE,
         "hook_error",
@@ -322,7 +323,7 @@ CASES: list[Case] = [
     case(
         "contract",
         "a before_planning hook broke the short-circuit contract",
-        lambda: failure_decision(ORDINARY, Stage.BEFORE_PLANNING, decisions.HOOK_CONTRACT_ERROR),
+        lambda: STAGES[Stage.BEFORE_PLANNING].failure(ORDINARY, decisions.HOOK_CONTRACT_ERROR),
         CLOSED,
         TERMINATE,
         "contract_error",
@@ -330,7 +331,7 @@ CASES: list[Case] = [
     case(
         "contract",
         "a fail-open before_planning hook broke the short-circuit contract",
-        lambda: failure_decision(OPTIONAL, Stage.BEFORE_PLANNING, decisions.HOOK_CONTRACT_ERROR),
+        lambda: STAGES[Stage.BEFORE_PLANNING].failure(OPTIONAL, decisions.HOOK_CONTRACT_ERROR),
         CLOSED,
         TERMINATE,
         "contract_error",
@@ -339,7 +340,7 @@ CASES: list[Case] = [
         case(
             "before_tool",
             f"before_tool decided {verdict}",
-            lambda a=action, r=reason: success_decision(ORDINARY, Stage.BEFORE_TOOL, r, a),
+            lambda a=action, r=reason: STAGES[Stage.BEFORE_TOOL].success(ORDINARY, r, a),
             CLOSED,
             expected_action,
             expected_reason,
@@ -355,7 +356,7 @@ CASES: list[Case] = [
         case(
             "text",
             f"{stage} {verb} the text",
-            lambda s=stage, r=reason: success_decision(ORDINARY, s, r),
+            lambda s=stage, r=reason: STAGES[s].success(ORDINARY, r),
             CLOSED,
             CONTINUE,
             expected_reason,
@@ -369,7 +370,7 @@ CASES: list[Case] = [
     case(
         "handled",
         "on_tool_error substituted a result",
-        lambda: success_decision(ORDINARY, Stage.ON_TOOL_ERROR, decisions.REASON_HANDLED),
+        lambda: STAGES[Stage.ON_TOOL_ERROR].success(ORDINARY, decisions.REASON_HANDLED),
         CLOSED,
         CONTINUE,
         "handled",
@@ -378,7 +379,7 @@ CASES: list[Case] = [
         case(
             "stopped",
             f"{stage} stopped the run",
-            lambda s=stage: success_decision(ORDINARY, s, decisions.REASON_STOPPED, STOP),
+            lambda s=stage: STAGES[s].success(ORDINARY, decisions.REASON_STOPPED, STOP),
             CLOSED,
             STOP,
             "stopped",
@@ -388,7 +389,7 @@ CASES: list[Case] = [
     case(
         "memory",
         "before_remember replaced the candidate",
-        lambda: success_decision(ORDINARY, Stage.BEFORE_REMEMBER, decisions.REASON_MEMORY_REPLACED),
+        lambda: STAGES[Stage.BEFORE_REMEMBER].success(ORDINARY, decisions.REASON_MEMORY_REPLACED),
         CLOSED,
         CONTINUE,
         "memory_replaced",
@@ -396,7 +397,7 @@ CASES: list[Case] = [
     case(
         "memory",
         "before_remember skipped the memory",
-        lambda: success_decision(ORDINARY, Stage.BEFORE_REMEMBER, decisions.REASON_MEMORY_SKIPPED, SKIP),
+        lambda: STAGES[Stage.BEFORE_REMEMBER].success(ORDINARY, decisions.REASON_MEMORY_SKIPPED, SKIP),
         CLOSED,
         SKIP,
         "memory_skipped",
@@ -405,7 +406,7 @@ CASES: list[Case] = [
         case(
             "deciding failed",
             f"a {stage} hook {FAILURE_WORDS[category]}",
-            lambda s=stage, c=category: failure_decision(ORDINARY, s, c),
+            lambda s=stage, c=category: STAGES[s].failure(ORDINARY, c),
             CLOSED,
             TERMINATE,
             REASONS[category],
@@ -417,7 +418,7 @@ CASES: list[Case] = [
         case(
             "observers",
             f"an {stage} observer returned",
-            lambda s=stage: success_decision(ORDINARY, s),
+            lambda s=stage: STAGES[s].success(ORDINARY),
             OPEN,
             CONTINUE,
             "observed",
@@ -428,7 +429,7 @@ CASES: list[Case] = [
         case(
             "observers",
             f"a{' fail-closed' if hook is PROTECTIVE else 'n'} {stage} observer {FAILURE_WORDS[category]}",
-            lambda h=hook, s=stage, c=category: failure_decision(h, s, c),
+            lambda h=hook, s=stage, c=category: STAGES[s].failure(h, c),
             OPEN,
             CONTINUE,
             REASONS[category],
@@ -440,7 +441,7 @@ CASES: list[Case] = [
     case(
         "modified",
         "before_run rewrote the run",
-        lambda: success_decision(ORDINARY, Stage.BEFORE_RUN, decisions.REASON_MODIFIED),
+        lambda: STAGES[Stage.BEFORE_RUN].success(ORDINARY, decisions.REASON_MODIFIED),
         CLOSED,
         CONTINUE,
         "modified",
@@ -504,7 +505,7 @@ def test_every_row_of_the_readme_decision_table_is_checked_with_all_its_outcomes
 def test_a_hooks_own_failure_policy_replaces_the_stage_default_except_at_after_planning_and_observers(
     hook: HookEntry, stage: Stage, expected: FailurePolicy
 ):
-    assert failure_policy(hook, stage) is expected
+    assert STAGES[stage].policy(hook) is expected
 
 
 @pytest.mark.parametrize(
@@ -518,4 +519,4 @@ def test_a_hooks_own_failure_policy_replaces_the_stage_default_except_at_after_p
 def test_without_a_policy_of_its_own_a_hook_fails_open_at_pipeline_and_observer_stages_and_closed_elsewhere(
     stage: Stage, expected: FailurePolicy
 ):
-    assert failure_policy(ORDINARY, stage) is expected
+    assert STAGES[stage].policy(ORDINARY) is expected

@@ -1,5 +1,5 @@
-"""What each stage's hook invocation receives (``<Stage>Call``) and returns (``<Stage>Outcome``), with the
-views and results particular to that stage, in lifecycle order."""
+"""The values particular to each stage that hooks see and return (views, verdicts, patches), in lifecycle
+order; each stage's call and outcome envelopes are declared with the stage (``workflows.stages``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
-from ._pipeline import EnrichmentChange, HookCall, HookOutcome, ShortCircuitProposal
-from ._plans import ExecutionResult, Plan
 from ._request import Diagnostic, StepSummary, StopInfo
 
 # --------------------------------------------------------------------------------------------------
@@ -40,67 +38,9 @@ class Stop(BaseModel):
     reason: str = ""
 
 
-class BeforeRunCall(HookCall):
-    run: RunView
-
-
-class BeforeRunOutcome(HookOutcome):
-    patch: RunPatch | None = None
-    stop: Stop | None = None
-
-
-# --------------------------------------------------------------------------------------------------
-# before_planning: enrich, or short-circuit (the first accepted one wins)
-# --------------------------------------------------------------------------------------------------
-
-
-class BeforePlanningCall(HookCall):
-    pass
-
-
-class BeforePlanningOutcome(HookOutcome):
-    enrichment_changes: list[EnrichmentChange] = Field(default_factory=list)
-    short_circuit: ShortCircuitProposal | None = None
-
-
-# --------------------------------------------------------------------------------------------------
-# after_planning: return the plan to run (copy-on-write, validated after each hook)
-# --------------------------------------------------------------------------------------------------
-
-
-class AfterPlanningCall(HookCall):
-    plan: Plan
-    prior_step_ids: list[str] = Field(default_factory=list)  # steps of earlier phases, for implicit_deps
-
-
-class AfterPlanningOutcome(HookOutcome):
-    plan: Plan
-    changed: bool
-
-
 # --------------------------------------------------------------------------------------------------
 # Tool-call stages: before_tool (allow / modify / deny / stop), on_tool_error, after_tool
 # --------------------------------------------------------------------------------------------------
-
-
-class ToolCall(BaseModel):
-    """A tool call a hook may inspect or alter: the step, its tool, its (resolved) arguments."""
-
-    step_id: str
-    namespace: str
-    agent: str
-    capability: str
-    arguments: dict[str, JsonValue] = Field(default_factory=dict)
-    plan_phase: int = 1
-    subagent: bool = False  # the step starts a sub-agent (a child RequestLifecycle)
-
-    @property
-    def tool(self) -> str:
-        return f"{self.agent}/{self.capability}"
-
-    @property
-    def tool_key(self) -> str:
-        return f"{self.namespace}/{self.agent}/{self.capability}"
 
 
 class ToolDecision(BaseModel):
@@ -151,54 +91,6 @@ class ToolErrorResolution(BaseModel):
     result: str = ""
 
 
-class BeforeToolCall(HookCall):
-    call: ToolCall
-
-
-class BeforeToolOutcome(HookOutcome):
-    verdict: ToolDecision
-
-
-class ToolErrorCall(HookCall):
-    call: ToolCall
-    outcome: ToolOutcomeView
-
-
-class ToolErrorOutcome(HookOutcome):
-    resolution: ToolErrorResolution
-
-
-class AfterToolCall(HookCall):
-    call: ToolCall
-    outcome: ToolOutcomeView
-
-
-class AfterToolOutcome(HookOutcome):
-    result: str
-
-
-# --------------------------------------------------------------------------------------------------
-# after_execution: observe every step's outcome
-# --------------------------------------------------------------------------------------------------
-
-
-class AfterExecutionCall(HookCall):
-    execution: ExecutionResult
-
-
-# --------------------------------------------------------------------------------------------------
-# after_synthesis: rewrite the answer, chained
-# --------------------------------------------------------------------------------------------------
-
-
-class AfterSynthesisCall(HookCall):
-    response: str
-
-
-class AfterSynthesisOutcome(HookOutcome):
-    response: str
-
-
 # --------------------------------------------------------------------------------------------------
 # after_answer: rewrite the final answer, or stop
 # --------------------------------------------------------------------------------------------------
@@ -208,15 +100,6 @@ class AnswerView(BaseModel):
     text: str
     handled_by: Literal["pipeline", "short_circuit"]
     steps: list[StepSummary] = Field(default_factory=list)
-
-
-class AfterAnswerCall(HookCall):
-    answer: AnswerView
-
-
-class AfterAnswerOutcome(HookOutcome):
-    text: str
-    stop: Stop | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -239,15 +122,6 @@ class SkipMemory(BaseModel):
     reason: str = ""
 
 
-class BeforeRememberCall(HookCall):
-    candidate: MemoryCandidate
-
-
-class BeforeRememberOutcome(HookOutcome):
-    candidate: MemoryCandidate
-    skip: SkipMemory | None = None
-
-
 # --------------------------------------------------------------------------------------------------
 # on_error: observe the failure
 # --------------------------------------------------------------------------------------------------
@@ -261,10 +135,6 @@ class RunErrorView(BaseModel):
     message: str
     details: dict[str, JsonValue] = Field(default_factory=dict)
     steps: list[StepSummary] = Field(default_factory=list)
-
-
-class OnErrorCall(HookCall):
-    error: RunErrorView
 
 
 # --------------------------------------------------------------------------------------------------
@@ -293,7 +163,3 @@ class RunOutcomeView(BaseModel):
     error: RunErrorView | None = None
     diagnostics: list[Diagnostic] = Field(default_factory=list)
     cache: CacheVerdict = Field(default_factory=CacheVerdict)
-
-
-class OnFinishCall(HookCall):
-    outcome: RunOutcomeView

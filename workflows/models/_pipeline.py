@@ -7,15 +7,12 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
 from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage
-from ._plans import ToolSpec
-
-if TYPE_CHECKING:
-    from ._hook_calls import ToolCall
+from ._plans import ToolCall, ToolSpec
 
 
 class HookEntry(BaseModel):
@@ -296,7 +293,7 @@ class HookBatchCall(ByReference):
     each hook's ``<Stage>Call`` as the workflow built it before the batch; the activity passes each hook
     what the hooks before it made of the stage (the plan, the answer, the enrichments, ...), as the
     workflow would have, and stops at the first outcome it cannot carry forward (see
-    ``workflows.stages.StageSpec.carry``)."""
+    ``workflows.stages.next_call``)."""
 
     stage: Stage
     calls: list[Any]  # the stage's call models (dicts once received)
@@ -323,3 +320,28 @@ class HookBatchOutcome(ByReference):
     """One entry per hook that ran, in order: all of the batch, or up to the one the batch stopped at."""
 
     entries: list[HookBatchEntry] = Field(default_factory=list)
+
+
+class ShortCircuitKind:
+    """The provenance kinds a short-circuit decision may declare: ``authoritative`` (a policy answer) or
+    ``cache`` (served only if its variation map still matches)."""
+
+    AUTHORITATIVE = "authoritative"  # policy denials, rate limits: valid regardless of cache state
+    CACHE = "cache"  # a cache entry: served only if reads are enabled and every reserved dimension matches
+
+
+class PipelineShortCircuit(BaseModel):
+    """A complete answer that ends the request before planning."""
+
+    response: str
+    source: str
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class PipelineShortCircuitDecision(BaseModel):
+    """A provenance-aware short-circuit. ``kind`` is checked at the boundary: an unknown kind or a
+    missing ``short_circuit`` fails the request with ``HookContractError``."""
+
+    short_circuit: PipelineShortCircuit | None = None
+    kind: str = ShortCircuitKind.AUTHORITATIVE
+    cached_against: dict[str, str] = Field(default_factory=dict)

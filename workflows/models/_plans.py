@@ -138,3 +138,23 @@ class ToolMetrics(BaseModel):
     skipped: int = 0
     total_duration_ms: float = 0.0
     max_duration_ms: float = 0.0
+
+
+class ToolCall(BaseModel):
+    """A tool call a hook may inspect or alter: the step, its tool, its (resolved) arguments."""
+
+    step_id: str
+    namespace: str
+    agent: str
+    capability: str
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    plan_phase: int = 1
+    subagent: bool = False  # the step starts a sub-agent (a child RequestLifecycle)
+
+    @property
+    def tool(self) -> str:
+        return f"{self.agent}/{self.capability}"
+
+    @property
+    def tool_key(self) -> str:
+        return f"{self.namespace}/{self.agent}/{self.capability}"

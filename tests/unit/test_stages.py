@@ -1,0 +1,127 @@
+"""Each stage declared once: the stage table derived from the family modules, and each stage's combine
+rule (``fold``) held against how its hooks are documented to combine (``chaining``)."""
+
+from __future__ import annotations
+
+import pytest
+
+import hooks
+from workflows.models import (
+    AnswerView,
+    DecisionAction,
+    ExecutionResult,
+    FailurePolicy,
+    HookDecision,
+    HookEntry,
+    HookRequestView,
+    MemoryCandidate,
+    ObserveOutcome,
+    Plan,
+    PlanStep,
+    RunErrorView,
+    RunOutcomeView,
+    RunPatch,
+    RunView,
+    SkipMemory,
+    Stage,
+    Stop,
+    ToolCall,
+    ToolDecision,
+    ToolErrorResolution,
+    ToolOutcomeView,
+)
+from workflows.stages import STAGE_PROTOCOLS, STAGES, Chaining, ResultRejected
+from workflows.stages.answer import AfterAnswerOutcome, AfterSynthesisOutcome, BeforeRememberOutcome
+from workflows.stages.execution import AfterToolOutcome, BeforeToolOutcome, ToolErrorOutcome
+from workflows.stages.planning import AfterPlanningOutcome
+from workflows.stages.run import BeforeRunOutcome
+
+OK = HookDecision(failure_policy=FailurePolicy.FAIL_OPEN, action=DecisionAction.CONTINUE, reason="accepted")
+CALL = ToolCall(step_id="s1", namespace="n", agent="a", capability="c", arguments={"x": 1})
+PLAN = Plan(phase=1, steps=[PlanStep(step_id="s1", namespace="n", agent="a", capability="c")])
+
+
+def test_the_table_holds_every_stage_once_in_lifecycle_order_with_its_own_activity():
+    assert list(STAGES) == list(Stage)
+    assert [spec.activity for spec in STAGES.values()] == [f"{stage.value}_hook" for stage in Stage]
+    assert {method for spec in STAGES.values() for method in spec.methods} == set(STAGE_PROTOCOLS)
+
+
+def test_every_stage_protocol_is_part_of_the_hook_api():
+    for protocol in STAGE_PROTOCOLS.values():
+        assert getattr(hooks, protocol.__name__) is protocol and protocol.__name__ in hooks.__all__
+
+
+# One outcome per stage that lets the stage go on, and (where the stage has one) one that ends it.
+CONTINUING = {
+    Stage.BEFORE_RUN: (CALL, BeforeRunOutcome(decision=OK)),
+    Stage.AFTER_PLANNING: (
+        PLAN,
+        AfterPlanningOutcome(plan=PLAN.model_copy(update={"phase": 2}), changed=True, decision=OK),
+    ),
+    Stage.BEFORE_TOOL: (CALL, BeforeToolOutcome(verdict=ToolDecision.modify({"x": 2}), decision=OK)),
+    Stage.ON_TOOL_ERROR: (
+        ToolOutcomeView(status="failed"),
+        ToolErrorOutcome(resolution=ToolErrorResolution(), decision=OK),
+    ),
+    Stage.AFTER_TOOL: (ToolOutcomeView(status="executed", result="a"), AfterToolOutcome(result="b", decision=OK)),
+    Stage.AFTER_SYNTHESIS: ("draft", AfterSynthesisOutcome(response="final", decision=OK)),
+    Stage.AFTER_ANSWER: (AnswerView(text="a", handled_by="pipeline"), AfterAnswerOutcome(text="b", decision=OK)),
+    Stage.BEFORE_REMEMBER: (
+        MemoryCandidate(conversation_id="c", request="q", answer="a"),
+        BeforeRememberOutcome(candidate=MemoryCandidate(conversation_id="c", request="q", answer="b"), decision=OK),
+    ),
+}
+ENDING = {
+    Stage.BEFORE_RUN: BeforeRunOutcome(stop=Stop(text="done"), decision=OK),
+    Stage.BEFORE_TOOL: BeforeToolOutcome(verdict=ToolDecision.deny("no"), decision=OK),
+    Stage.ON_TOOL_ERROR: ToolErrorOutcome(resolution=ToolErrorResolution(handled=True, result="r"), decision=OK),
+    Stage.AFTER_ANSWER: AfterAnswerOutcome(text="stop", stop=Stop(text="stop"), decision=OK),
+    Stage.BEFORE_REMEMBER: BeforeRememberOutcome(
+        candidate=MemoryCandidate(conversation_id="c", request="q", answer="a"), skip=SkipMemory(), decision=OK
+    ),
+}
+
+
+@pytest.mark.parametrize("stage", [s for s in Stage if STAGES[s].chaining is Chaining.CHAIN])
+def test_a_chaining_stage_hands_each_hook_what_the_previous_one_returned(stage):
+    subject, outcome = CONTINUING[stage]
+    folded = STAGES[stage].fold(subject, outcome)
+    assert folded.subject != subject and not folded.ends and folded.carries
+
+
+@pytest.mark.parametrize("stage", [s for s in Stage if STAGES[s].chaining in (Chaining.GATE, Chaining.FIRST_WINS)])
+def test_a_gate_or_first_wins_stage_ends_at_its_deciding_outcome_and_goes_on_otherwise(stage):
+    spec = STAGES[stage]
+    subject, going_on = CONTINUING.get(stage, (None, None))
+    if going_on is not None:
+        assert not spec.fold(subject, going_on).ends
+    if stage in ENDING:
+        ended = spec.fold(subject, ENDING[stage])
+        assert ended.ends and not ended.carries
+
+
+def test_a_before_run_patch_applies_but_hands_the_rest_of_a_batch_back_to_the_workflow():
+    run = RunView(ask="q", instructions="i", facts={"a": 1})
+    outcome = BeforeRunOutcome(patch=RunPatch(ask="q2", facts={"b": 2}), decision=OK)
+    folded = STAGES[Stage.BEFORE_RUN].fold(run, outcome)
+    assert folded.subject == RunView(ask="q2", instructions="i", facts={"a": 1, "b": 2})
+    assert not folded.ends and not folded.carries
+
+
+@pytest.mark.parametrize("stage", [s for s in Stage if STAGES[s].chaining is Chaining.OBSERVE])
+def test_an_observer_stage_changes_nothing_and_refuses_a_returned_value(stage):
+    spec = STAGES[stage]
+    subject = {
+        Stage.AFTER_EXECUTION: ExecutionResult(),
+        Stage.ON_ERROR: RunErrorView(origin="hook", type="T", message="m"),
+        Stage.ON_FINISH: RunOutcomeView(status="completed"),
+    }[stage]
+    folded = spec.fold(subject, ObserveOutcome(decision=OK))
+    assert folded.subject is subject and not folded.ends
+    hook = HookEntry(name="observer", index=0, stages=[stage])
+    call = spec.build(hook, HookRequestView(request="q", request_id="r", workflow_id="w"), subject)
+    with pytest.raises(ResultRejected, match="observes only"):
+        spec.judge(call, "a value", None, None)  # type: ignore[arg-type]
+    reason = "observed" if spec.finalizer else "accepted"
+    assert spec.judge(call, None, None, None).decision.reason == reason  # type: ignore[arg-type]

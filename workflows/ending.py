@@ -1,0 +1,171 @@
+"""How a request ends, whatever ended it: its managed leases released (renewal stopped first), on_error
+and on_finish once per hook, then the terminal record — written whatever happens to the cleanup and the
+finalizers. Workflow code only."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from . import decisions, stages, story
+    from .effects import record_effects
+    from .invocation import HookRunner, RunStopped
+    from .listing import COMPLETED, RELEASING_LEASES, StageListing
+    from .models import (
+        CacheVerdict,
+        LifecycleBoundary,
+        RequestError,
+        RequestResult,
+        RequestStatus,
+        RunErrorView,
+        RunOutcomeView,
+        StepSummary,
+        StopInfo,
+    )
+    from .records import RecordKeeper
+    from .reviews import CHECKPOINT_EXPIRED, CHECKPOINT_REJECTED
+    from .run_state import RunState
+    from .scheduling import Scheduler
+    from .support import cache_verdict
+
+Exit = Literal["completed", "stopped", "error", "cancelled"]
+
+# Where each error that ends a request comes from, as on_error hooks see it (``harness`` otherwise).
+ERROR_ORIGINS = {
+    decisions.EXTENSION_ERROR: "extension",
+    decisions.PLANNING_FAILED: "planner",
+    decisions.SYNTHESIS_FAILED: "synthesizer",
+    decisions.REQUIRED_AFTER_PLANNING_ERROR: "hook",
+    decisions.HOOK_CONTRACT_ERROR: "hook",
+    decisions.PIPELINE_UNAVAILABLE: "config",
+    CHECKPOINT_REJECTED: "confirmation",
+    CHECKPOINT_EXPIRED: "confirmation",
+    decisions.WORKER_LOST: "infrastructure",
+    decisions.PAYLOAD_TOO_LARGE: "infrastructure",
+    **dict.fromkeys(decisions.MODEL_FAILURES, "model"),
+    "Cancelled": "cancelled",
+}
+
+
+def step_summaries(state: RunState) -> list[StepSummary]:
+    return [StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in state.record.steps]
+
+
+class RunEnding:
+    """Ends one request (see the module docstring)."""
+
+    def __init__(
+        self,
+        state: RunState,
+        runner: HookRunner,
+        scheduler: Scheduler,
+        listing: StageListing,
+        records: RecordKeeper,
+    ) -> None:
+        self._state = state
+        self._runner = runner
+        self._scheduler = scheduler
+        self._listing = listing
+        self._records = records
+
+    async def finish(
+        self, status: RequestStatus, exit: Exit, *, response: str | None = None, error: RequestError | None = None
+    ) -> None:
+        """Managed-lease cleanup (renewal joined first), finalizers, then the terminal record."""
+        state = self._state
+        try:
+            await self._release_leases(exit)
+            cache = cache_verdict(state.record, state.manifest.tools, exit, state.synthesized)
+            state.record.cache = cache.model_copy(update={"response": None})
+            await self._finalize(exit, response=response, error=self.error_view(error) if error else None, cache=cache)
+        finally:
+            await self._terminal(status, error)
+
+    def stopped(self, stop: RunStopped) -> RequestResult:
+        """The result of a run a hook stopped, with the hook's text as its answer."""
+        state = self._state
+        info = StopInfo(extension=stop.extension, phase=stop.phase, reason=stop.reason)
+        state.record.stopped = info
+        state.record.final_response = stop.text
+        return RequestResult(
+            request_id=state.request_id,
+            workflow_id=state.record.workflow_id,
+            response=stop.text,
+            confidence=1.0,
+            stopped=info,
+            metadata={"pipeline": state.manifest.pipeline},
+            steps=step_summaries(state),
+        )
+
+    def error_view(self, error: RequestError) -> RunErrorView:
+        return RunErrorView(
+            origin=ERROR_ORIGINS.get(error.type, "harness"),
+            type=error.type,
+            message=error.message,
+            details=error.details,
+            steps=step_summaries(self._state),
+        )
+
+    async def _release_leases(self, exit: Exit) -> None:
+        """Stop and join every lease keeper, then release each lease (see ``workflows.leases``)."""
+        state = self._state
+        if not state.leases:
+            return
+        self._listing.enter(RELEASING_LEASES)
+        effects = await state.leases.release_all(
+            exit, state.manifest.settings, state.record.effect, self._scheduler.note_worker_lost
+        )
+        record_effects(state.record, effects)
+
+    async def _finalize(
+        self, exit: Exit, *, response: str | None, error: RunErrorView | None, cache: CacheVerdict
+    ) -> None:
+        """on_error (for errors and cancellation), then on_finish: once per hook, whatever happened, also
+        for hooks whose other stages were never reached. Their failures are diagnostics only."""
+        record = self._state.record
+        if error is not None:
+            self._listing.enter(stages.Stage.ON_ERROR)
+            await self._runner.run(stages.STAGES[stages.Stage.ON_ERROR], error)
+        self._listing.enter(stages.Stage.ON_FINISH)
+        outcome = RunOutcomeView(
+            status=exit, response=response, stopped=record.stopped, error=error, diagnostics=[], cache=cache
+        )
+        # Each observer sees the diagnostics of the ones before it.
+        await self._runner.run(
+            stages.STAGES[stages.Stage.ON_FINISH],
+            outcome,
+            refresh=lambda seen: seen.model_copy(update={"diagnostics": list(record.diagnostics)}),
+        )
+
+    async def _terminal(self, status: RequestStatus, error: RequestError | None) -> None:
+        state = self._state
+        record = state.record
+        record.status = status
+        record.error = error
+        terminal = COMPLETED if status is RequestStatus.SUCCEEDED else str(status)
+        record.completed_at = workflow.now()
+        if state.behaviour.stage_upserts:
+            self._listing.enter(terminal, outcome=self._outcome(status, error))
+            self._listing.publish()
+        else:  # executions recorded before stages were listed where they wait
+            record.lifecycle_stage = terminal
+            workflow.set_current_details(
+                story.current_details(state.input.request, stage=terminal, outcome=self._outcome(status, error))
+            )
+            self._listing.legacy_upsert(terminal, awaiting_review=False)
+        await self._records.persist(LifecycleBoundary.TERMINAL)
+
+    def _outcome(self, status: RequestStatus, error: RequestError | None) -> str:
+        """How the request ended, in one line: the failure's type and reason, who stopped it, or the answer."""
+        if error is not None:
+            return story.failure_headline(error.type, error.message)
+        record = self._state.record
+        stopped = record.stopped
+        if stopped is not None:
+            return f"stopped by {stopped.extension} at {stopped.phase}: {stopped.reason}"
+        answer = record.final_response or ""
+        served = record.short_circuit
+        by = f" (short-circuit by {served.source}: {served.reason})" if served is not None else ""
+        return f"{status.value}{by} — answer: {answer}"

@@ -1,0 +1,122 @@
+"""Where a request shows which stage it is in: the execution record and the current details at once, the
+search attributes ``AgentLifecycleStage`` / ``AgentAwaitingReview`` / ``AgentWorkflowKind`` when the
+workflow next waits. Also the names of the stages that are not hook stages. Workflow code only."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+
+with workflow.unsafe.imports_passed_through():
+    from . import search_attributes as sa
+    from . import story
+    from .run_state import RunState
+
+# The stages of a request besides its hook stages (each named by its ``Stage``), in lifecycle order.
+RESOLVING_PIPELINE = "resolve_pipeline"
+PLANNING = "planning"
+AWAITING_REVIEW = "awaiting_review"
+EXECUTING = "executing"
+SYNTHESIZING = "synthesizing"
+REMEMBERING = "remembering"
+RELEASING_LEASES = "releasing_leases"
+COMPLETED = "completed"  # then the other terminal stages: the request's status (failed, stopped, ...)
+
+
+class StageListing:
+    """The stage a request is in, as the record, the current details and the search attributes show it."""
+
+    def __init__(self, state: RunState) -> None:
+        self._state = state
+        self._upserted_stage: str | None = None  # the stage AgentLifecycleStage holds
+        self._upserted_awaiting = False  # whether AgentAwaitingReview holds true
+        self._unpublished: tuple[str, bool] | None = None  # (stage, terminal) entered since the last upsert
+        self._timer: asyncio.Task[None] | None = None  # lists the stage once the listing delay has passed
+
+    def enter(self, stage: str, detail: str = "", *, outcome: str = "") -> None:
+        """Enter ``stage``: the record and the current details an operator reads (what was asked, the
+        stage, the outcome once there is one) at once; the search attributes, where the namespace has
+        them, when the workflow next waits (:meth:`publish`). A stage with an ``outcome`` is the
+        terminal one."""
+        state = self._state
+        state.record.lifecycle_stage = str(stage)
+        workflow.set_current_details(
+            story.current_details(state.input.request, stage=str(stage), detail=detail, outcome=outcome)
+        )
+        if state.behaviour.stage_upserts:
+            self._unpublished = (str(stage), bool(outcome))
+
+    def publish(self) -> None:
+        """List the stage entered last, where the workflow is about to wait on something outside its
+        workflow task — an activity, a child, a reviewer — or to end. A listing reads the attributes as a
+        workflow task leaves them, so the stages a task passes through on its way (in-process hooks run as
+        local activities, stages without hooks) could never be seen there: they cost no upsert, and the
+        stage a request is listed at is always one it waited in. The current details and the record show
+        every stage at once.
+
+        Each upsert is a write to the server's visibility store, the largest part of what a request costs
+        the server beyond its activities. So, with a listing delay (the manifest's
+        ``stage_listing_delay_seconds``), a request's first stage (with its kind), a change of
+        ``AgentAwaitingReview`` (what reviewers' inboxes read) and its end are listed at once, and any
+        other stage once the request has been waiting that long: one durable timer, started when such a
+        stage is entered and none is running, lists the stage the request is in when it fires. A listing
+        is then at most the delay behind, and a request that never waits that long costs one timer
+        instead of an upsert per stage. Without a delay every stage a request waits in is listed at
+        once."""
+        manifest = self._state.manifest
+        if self._unpublished is None or not manifest.search_attributes:
+            return
+        stage, terminal = self._unpublished
+        delay = manifest.stage_listing_delay_seconds
+        at_once = (
+            terminal
+            or not delay
+            or self._upserted_stage is None
+            or (stage == AWAITING_REVIEW) != self._upserted_awaiting
+        )
+        if at_once:
+            self._list()
+        elif self._timer is None:
+            self._timer = asyncio.create_task(self._list_after(delay))
+
+    async def _list_after(self, delay: float) -> None:
+        await workflow.sleep(delay, summary="list the stage it waits in")
+        self._timer = None
+        self._list()
+
+    def _list(self) -> None:
+        if self._unpublished is None:
+            return
+        stage, terminal = self._unpublished
+        self._unpublished = None
+        if not self._state.manifest.search_attributes or stage == self._upserted_stage:
+            return
+        # One upsert per change of stage. AgentWorkflowKind goes with the first; AgentAwaitingReview when a
+        # checkpoint opens, when it closes, and (false) at the end.
+        awaiting = stage == AWAITING_REVIEW
+        updates: list[Any] = [sa.LIFECYCLE_STAGE.value_set(stage)]
+        if awaiting != self._upserted_awaiting or terminal:
+            updates.append(sa.AWAITING_REVIEW.value_set(awaiting))
+        if self._upserted_stage is None:
+            updates.append(sa.WORKFLOW_KIND.value_set(self._state.kind()))
+        workflow.upsert_search_attributes(updates)
+        self._upserted_stage, self._upserted_awaiting = stage, awaiting
+
+    def child_kind(self, kind: str) -> TypedSearchAttributes | None:
+        """The search attributes a child starts with: its kind, where the namespace has it."""
+        if self._state.behaviour.stage_upserts and self._state.manifest.search_attributes:
+            return TypedSearchAttributes([SearchAttributePair(sa.WORKFLOW_KIND, kind)])
+        return None
+
+    # -- executions recorded before stages were listed where they wait (``Behaviour.stage_upserts``) --
+
+    def legacy_upsert(self, stage: str, *, awaiting_review: bool) -> None:
+        """How those executions listed a stage: an upsert at a checkpoint, after it, and at the end."""
+        if self._state.behaviour.stage_upserts or not self._state.manifest.search_attributes:
+            return
+        workflow.upsert_search_attributes(
+            [sa.LIFECYCLE_STAGE.value_set(stage), sa.AWAITING_REVIEW.value_set(awaiting_review)]
+        )

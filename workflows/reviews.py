@@ -1,0 +1,179 @@
+"""Human review of a request: its checkpoints, what a reviewer's decision must satisfy, and the wait.
+
+A checkpoint lists the calls it approves exactly as they will run. It is decided by the ``review`` update
+(validated before it is accepted) or the ``approve`` / ``reject`` signals; a message that cannot decide it
+is kept in the record as ignored, never dropped. Rejection or expiry ends the request before any of the
+checkpoint's calls runs. Workflow code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Literal
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from . import search_attributes as sa
+    from . import story
+    from .listing import AWAITING_REVIEW, EXECUTING, StageListing
+    from .models import (
+        MAX_IGNORED_MESSAGES,
+        ApprovalCall,
+        ApprovalReason,
+        Checkpoint,
+        CheckpointStatus,
+        IgnoredReview,
+        LifecycleBoundary,
+        Plan,
+        RequestStatus,
+    )
+    from .notification import start_review_notification
+    from .records import RecordKeeper
+    from .run_state import RunState
+
+# Stable error types of a review.
+CHECKPOINT_REJECTED = "CheckpointRejected"
+CHECKPOINT_EXPIRED = "CheckpointExpired"
+INVALID_REVIEW = "InvalidReview"
+
+
+class Reviews:
+    """The checkpoints of one request (see the module docstring)."""
+
+    def __init__(self, state: RunState, listing: StageListing, records: RecordKeeper) -> None:
+        self._state = state
+        self._listing = listing
+        self._records = records
+
+    def pending(self) -> list[Checkpoint]:
+        """Every checkpoint waiting for a reviewer, oldest first."""
+        return [c for c in self._state.record.checkpoints if c.status is CheckpointStatus.PENDING]
+
+    def new(
+        self,
+        plan: Plan,
+        reasons: list[ApprovalReason],
+        *,
+        calls: list[ApprovalCall] | None = None,
+        step_id: str | None = None,
+    ) -> Checkpoint:
+        now = workflow.now()
+        return Checkpoint(
+            checkpoint_id=f"cp-{plan.phase}-{str(workflow.uuid4())[:8]}",
+            phase=plan.phase,
+            plan=plan,
+            reasons=reasons,
+            calls=calls or [],
+            step_id=step_id,
+            requested_at=now,
+            expires_at=now + timedelta(seconds=self._state.manifest.review.checkpoint_expiry_seconds),
+        )
+
+    async def wait(self, checkpoint: Checkpoint) -> None:
+        """Open ``checkpoint`` and wait for its reviewer. Rejection or expiry fails the request before any
+        of its calls runs. Several step checkpoints of one phase may be open at once: the request is
+        suspended until the last of them is decided."""
+        state, listing = self._state, self._listing
+        record = state.record
+        now = checkpoint.requested_at
+        record.checkpoints.append(checkpoint)
+        record.status = RequestStatus.SUSPENDED
+        listing.enter(AWAITING_REVIEW, detail=story.checkpoint_detail(checkpoint))
+        listing.legacy_upsert(AWAITING_REVIEW, awaiting_review=True)
+        listing.publish()
+        if state.manifest.review.notify:  # without a reviewers' webhook a checkpoint adds no command
+            await start_review_notification(
+                record,
+                state.detached_tokens,
+                state.manifest,
+                checkpoint,
+                state.input.request,
+                search_attributes=listing.child_kind(sa.KIND_REVIEW_NOTIFICATION),
+            )
+        await self._records.persist(LifecycleBoundary.CHECKPOINT_OPENED)
+        try:
+            await workflow.wait_condition(
+                lambda: checkpoint.status is not CheckpointStatus.PENDING,
+                timeout=checkpoint.expires_at - now,
+                timeout_summary=f"checkpoint {checkpoint.checkpoint_id} expiry",
+            )
+        except asyncio.TimeoutError:
+            checkpoint.status = CheckpointStatus.EXPIRED
+            checkpoint.decided_at = workflow.now()
+        still_open = self.pending()
+        if still_open:
+            listing.enter(AWAITING_REVIEW, detail=story.checkpoint_detail(still_open[0]))
+        else:
+            record.status = RequestStatus.RUNNING
+            if checkpoint.step_id is not None:
+                listing.enter(EXECUTING)
+            listing.legacy_upsert(EXECUTING, awaiting_review=False)
+        details = {
+            "checkpoint_id": checkpoint.checkpoint_id,
+            "phase": checkpoint.phase,
+            "reviewer": checkpoint.reviewer,
+            "reason": checkpoint.comment,
+        }
+        if checkpoint.status is CheckpointStatus.REJECTED:
+            raise ApplicationError(
+                f"checkpoint {checkpoint.checkpoint_id} rejected by {checkpoint.reviewer}: {checkpoint.comment}",
+                details,
+                type=CHECKPOINT_REJECTED,
+                non_retryable=True,
+            )
+        if checkpoint.status is CheckpointStatus.EXPIRED:
+            raise ApplicationError(
+                f"checkpoint {checkpoint.checkpoint_id} expired at {checkpoint.expires_at.isoformat()} without a decision",
+                {**details, "expires_at": checkpoint.expires_at.isoformat()},
+                type=CHECKPOINT_EXPIRED,
+                non_retryable=True,
+            )
+
+    async def wait_for_plan(self, plan: Plan, reasons: list[ApprovalReason]) -> None:
+        """How executions recorded before calls were approved as they run (``Behaviour.approval_after_rewrites``)
+        reviewed: the plan as planned, with before_tool after the approval."""
+        await self.wait(self.new(plan, reasons))
+
+    def problem(self, checkpoint_id: str, reviewer: str) -> str | None:
+        """Why ``reviewer`` cannot decide ``checkpoint_id`` now (None when they can)."""
+        if not checkpoint_id:
+            return "checkpoint_id is required"
+        if not reviewer.strip():
+            return "reviewer is required"
+        checkpoint = next((c for c in self._state.record.checkpoints if c.checkpoint_id == checkpoint_id), None)
+        if checkpoint is None:
+            return f"unknown checkpoint {checkpoint_id!r}"
+        if checkpoint.status is not CheckpointStatus.PENDING:
+            return f"checkpoint {checkpoint_id!r} is already {checkpoint.status.value}"
+        allowed = self._state.manifest.review.reviewers
+        if allowed and reviewer not in allowed:
+            return f"reviewer {reviewer!r} may not review this pipeline's checkpoints"
+        if workflow.now() >= checkpoint.expires_at:
+            return f"checkpoint {checkpoint_id!r} has expired"
+        return None
+
+    def decide(
+        self, via: str, decision: Literal["approve", "reject"], checkpoint_id: str, reviewer: str, comment: str
+    ) -> None:
+        """Decide a checkpoint, or keep why the message could not as ignored."""
+        problem = self.problem(checkpoint_id, reviewer)
+        if problem:
+            self.ignore(via, checkpoint_id, reviewer, problem)
+            return
+        checkpoint = next(c for c in self._state.record.checkpoints if c.checkpoint_id == checkpoint_id)
+        checkpoint.status = CheckpointStatus.APPROVED if decision == "approve" else CheckpointStatus.REJECTED
+        checkpoint.reviewer = reviewer
+        checkpoint.comment = comment
+        checkpoint.decided_at = workflow.now()
+
+    def ignore(self, via: str, checkpoint_id: str, reviewer: str, reason: str) -> None:
+        """A message that changes nothing is kept so an operator can see what was tried: clipped, and up
+        to a bound, beyond which it is only counted (the record must always fit in one payload)."""
+        record = self._state.record
+        if len(record.ignored_reviews) < MAX_IGNORED_MESSAGES:
+            record.ignored_reviews.append(IgnoredReview.clipped(workflow.now(), via, checkpoint_id, reviewer, reason))
+        else:
+            record.ignored_dropped += 1

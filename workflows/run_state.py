@@ -1,0 +1,79 @@
+"""The state of one ``RequestLifecycle`` run, in one typed place: what every part of the workflow reads and
+changes (the hook runner, the step executor, the reviews, the record keeper). Workflow code only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import JsonValue
+
+    from . import patches
+    from . import search_attributes as sa
+    from .leases import ManagedLeases
+    from .models import (
+        ExecutionRecord,
+        GateState,
+        HookEntry,
+        HookRequestView,
+        PipelineManifest,
+        RequestInput,
+        RunView,
+        StepResult,
+        subagent_depth,
+    )
+
+
+@dataclass
+class RunState:
+    """One request as it runs. ``ask``, ``instructions`` and ``facts`` are what before_run left;
+    ``enrichments`` what before_planning left; ``results`` every step's result so far, by step id."""
+
+    input: RequestInput
+    request_id: str
+    record: ExecutionRecord
+    leases: ManagedLeases
+    manifest: PipelineManifest = field(default_factory=lambda: PipelineManifest(pipeline="unresolved"))
+    behaviour: patches.Behaviour = field(default_factory=patches.Behaviour)
+    ask: str = ""
+    instructions: str = ""
+    facts: dict[str, JsonValue] = field(default_factory=dict)
+    enrichments: dict[str, JsonValue] = field(default_factory=dict)
+    gate: GateState = field(default_factory=GateState)
+    phase: int = 1
+    hook_state: dict[str, dict[str, JsonValue]] = field(default_factory=dict)  # each hook's private state
+    detached_tokens: dict[str, str] = field(default_factory=dict)  # effect id -> the token its child sends back
+    results: dict[str, StepResult] = field(default_factory=dict)
+    synthesized: str | None = None  # the answer after after_synthesis (what a cache may store)
+
+    def view(self, hook: HookEntry, plan_phase: int | None = None) -> HookRequestView:
+        """The request as ``hook`` sees it now."""
+        return HookRequestView(
+            request=self.ask,
+            metadata=self.input.metadata,
+            request_id=self.request_id,
+            workflow_id=self.record.workflow_id,
+            enrichments=self.enrichments,
+            gate=self.gate,
+            plan_phase=plan_phase,
+            instructions=self.instructions,
+            facts=self.facts,
+            state=self.hook_state.get(hook.name, {}),
+            leases=self.leases.ids,
+        )
+
+    def run_view(self) -> RunView:
+        return RunView(ask=self.ask, instructions=self.instructions, facts=self.facts)
+
+    def apply_run(self, run: RunView) -> None:
+        """Take a before_run rewrite: the state and the record both."""
+        self.ask, self.instructions, self.facts = run.ask, run.instructions, dict(run.facts)
+        self.record.ask = self.ask if self.ask != self.input.request else None
+        self.record.instructions = self.instructions
+        self.record.facts = dict(self.facts)
+
+    def kind(self) -> str:
+        """``AgentWorkflowKind`` of this run: a request, or a sub-agent's."""
+        return sa.KIND_SUBAGENT if subagent_depth(self.input.metadata) > 0 else sa.KIND_REQUEST

@@ -1,0 +1,148 @@
+"""How the request workflow schedules the framework's own activities: heartbeated and dispatched again
+when a worker is lost, bounded in bytes in flight, refused before sending what Temporal cannot carry;
+the in-process bookkeeping (resolving the pipeline, writing the record) as local activities. Workflow
+code only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+
+with workflow.unsafe.imports_passed_through():
+    from . import decisions, dispatch
+    from .listing import StageListing
+    from .models import (
+        MAX_IGNORED_MESSAGES,
+        MAX_INLINE_PAYLOAD_BYTES,
+        MAX_STORED_PAYLOAD_BYTES,
+        STORED_REFERENCE_BYTES,
+        TASK_PAYLOAD_BUDGET_BYTES,
+        WorkerLoss,
+    )
+    from .run_state import RunState
+    from .support import payload_bytes
+
+ResultT = TypeVar("ResultT")
+
+
+class Scheduler:
+    """Schedules the request's activities (see the module docstring)."""
+
+    def __init__(self, state: RunState, listing: StageListing) -> None:
+        self._state = state
+        self._listing = listing
+        self._inflight_bytes = 0  # inline input bytes of the activities scheduled and not yet finished
+
+    async def activity(
+        self,
+        activity: str,
+        arg: Any,
+        *,
+        result_type: type[ResultT],
+        timeout: float,
+        retry_policy: RetryPolicy,
+        summary: str,
+        on_worker_lost: Callable[[int], None] | None = None,
+    ) -> ResultT:
+        """Schedule one of the framework's activities: heartbeated, dispatched again when its worker is
+        lost (each loss kept in the record), ``WorkerLost`` after the pipeline's limit of lost dispatches."""
+        settings = self._state.manifest.settings
+        inline = self._inline_bytes(self.check_payload(summary, arg))
+        self._listing.publish()
+
+        def lost(n: int) -> None:
+            self.note_worker_lost(activity, summary, n)
+            if on_worker_lost is not None:
+                on_worker_lost(n)
+
+        # What is in flight is bounded in bytes, so no workflow task can schedule more than a gRPC message
+        # carries: a large fan-out waits here for earlier activities to finish.
+        if self._inflight_bytes and self._inflight_bytes + inline > TASK_PAYLOAD_BUDGET_BYTES:
+            await workflow.wait_condition(
+                lambda: self._inflight_bytes + inline <= TASK_PAYLOAD_BUDGET_BYTES or not self._inflight_bytes
+            )
+        self._inflight_bytes += inline
+        try:
+            return await dispatch.execute(
+                activity,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=timedelta(seconds=timeout),
+                retry_policy=retry_policy,
+                summary=summary,
+                heartbeat_ceiling=timedelta(seconds=settings.heartbeat_timeout_seconds),
+                max_worker_losses=settings.max_worker_losses,
+                on_worker_lost=lost,
+            )
+        finally:
+            self._inflight_bytes -= inline
+
+    async def bookkeeping(
+        self,
+        activity: str,
+        arg: Any,
+        *,
+        result_type: type[ResultT],
+        timeout: float,
+        retry_policy: RetryPolicy,
+        summary: str,
+    ) -> ResultT:
+        """The framework's own in-process steps (resolving the pipeline, writing the record): local
+        activities, so they cost no server round trip and their input — the whole record — never enters
+        the history. Executions recorded before this (``Behaviour.local_bookkeeping``) ran them as
+        activities, and replay the same way."""
+        if not self._state.behaviour.local_bookkeeping:
+            return await self.activity(
+                activity, arg, result_type=result_type, timeout=timeout, retry_policy=retry_policy, summary=summary
+            )
+        try:
+            return await workflow.execute_local_activity(
+                activity,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=timedelta(seconds=timeout),
+                retry_policy=retry_policy,
+                summary=summary,
+            )
+        except (ApplicationError, TimeoutError) as err:  # a local activity's failure arrives unwrapped
+            raise ActivityError(
+                str(err),
+                scheduled_event_id=0,
+                started_event_id=0,
+                identity="",
+                activity_type=activity,
+                activity_id="",
+                retry_state=None,
+            ) from err
+
+    def _inline_bytes(self, size: int) -> int:
+        """What a payload of ``size`` bytes adds to a workflow task: itself, or its reference in the store."""
+        return STORED_REFERENCE_BYTES if self._state.manifest.payload_store and size >= STORED_REFERENCE_BYTES else size
+
+    def check_payload(self, summary: str, arg: Any) -> int:
+        """Refuse to send what Temporal (or the payload store) cannot carry: a typed failure now, instead of
+        a workflow task that fails on every retry. Returns the payload's size."""
+        size = payload_bytes(arg)
+        stored = self._state.manifest.payload_store
+        limit = MAX_STORED_PAYLOAD_BYTES if stored else MAX_INLINE_PAYLOAD_BYTES
+        if size > limit:
+            raise ApplicationError(
+                f"{summary}: its input is {size} bytes; one payload may be at most {limit}",
+                {"summary": summary, "bytes": size, "limit": limit, "payload_store": stored},
+                type=decisions.PAYLOAD_TOO_LARGE,
+                non_retryable=True,
+            )
+        return size
+
+    def note_worker_lost(self, activity: str, summary: str, dispatch_number: int) -> None:
+        workflow.logger.warning("worker lost under %s (dispatch %s); dispatching it again", summary, dispatch_number)
+        record = self._state.record
+        if len(record.worker_losses) < MAX_IGNORED_MESSAGES:
+            record.worker_losses.append(
+                WorkerLoss(activity=activity, summary=summary, at=workflow.now(), dispatch=dispatch_number)
+            )

@@ -1,0 +1,244 @@
+"""What every stage is made of: a :class:`StageSpec` says how one hook invocation at the stage is called,
+how what the hook returned is judged (in the activity), and how its outcome folds into the request (in
+the workflow, and between the hooks one local batch runs). Each stage is one ``StageSpec`` subclass,
+declared beside its call and outcome models and its hook Protocol in the module of its family."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+
+from ..decisions import (
+    HOOK_CONTRACT_ERROR,
+    INVALID_HOOK_RESULT,
+    PAYLOAD_TOO_LARGE,
+    REASON_ACCEPTED,
+    REASON_OBSERVED,
+    WORKER_LOST,
+    failure_reason,
+)
+from ..models import (
+    DecisionAction,
+    FailurePolicy,
+    HookCall,
+    HookDecision,
+    HookEntry,
+    HookOutcome,
+    HookRequestView,
+    Plan,
+    PlanStep,
+    ShortCircuitProposal,
+    Stage,
+)
+
+if TYPE_CHECKING:
+    from hooks.contracts import PipelineContext
+
+# The local activity that runs consecutive in-process hooks of one stage (see ``next_call``).
+HOOK_BATCH_ACTIVITY = "run_hook_batch"
+
+
+class Chaining(StrEnum):
+    """How the outcomes of one stage's hooks combine, in execution order (what :meth:`StageSpec.fold`
+    does with each): documented on each stage and held by the stage tests."""
+
+    CHAIN = "chain"  # each hook receives what the previous one returned (a plan, an answer, a result text)
+    FIRST_WINS = "first_wins"  # the first hook that decides ends the stage (a short-circuit, a handled error)
+    GATE = "gate"  # each hook lets the run through, changes it, or ends it (deny, stop, skip)
+    OBSERVE = "observe"  # every hook runs; what they return changes nothing
+
+
+class ResultRejected(Exception):
+    """The boundary rejected what a hook returned or left behind (not an exception the hook raised);
+    ``category`` is the failure category the workflow decides on."""
+
+    def __init__(self, category: str, message: str) -> None:
+        super().__init__(message)
+        self.category = category
+
+
+def returned(value: Any, method: str, *types: type, none: bool = True, expected: str | None = None) -> Any:
+    """``value`` if it is one of ``types`` (or ``None`` when ``none``); otherwise the hook broke its stage's
+    contract: ``InvalidHookResult`` naming what the method must return."""
+    if isinstance(value, types) or (none and value is None):
+        return value
+    if expected is None:
+        names = [t.__name__ for t in types] + (["None"] if none else [])
+        expected = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+    raise ResultRejected(INVALID_HOOK_RESULT, f"{method} must return {expected}, got {type(value).__name__}")
+
+
+def rejected(message: str) -> ResultRejected:
+    """A hook's result its stage refuses: ``InvalidHookResult``."""
+    return ResultRejected(INVALID_HOOK_RESULT, message)
+
+
+class Checks(Protocol):
+    """What a stage's judge may ask of the worker that runs the hook: the checks that need its tools
+    and its planner's rules, and where a short-circuit decision is reported."""
+
+    def plan_problems(self, plan: Plan, phase: int, prior_step_ids: Sequence[str]) -> list[str]: ...
+
+    def argument_problems(self, step: PlanStep) -> list[str]: ...
+
+    def short_circuit_judged(self, call: HookCall, proposal: ShortCircuitProposal, decision: HookDecision) -> None:
+        """Report how a short-circuit was judged (metrics, the hook's span, a legacy contract's warning)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Fold:
+    """An outcome folded into a stage's subject: the subject as the next hook receives it; ``ends``: the
+    stage is over (a short-circuit, a denial, a stop, a handled error, a skip); ``carries``: the next hook
+    of a local batch may run on ``subject`` without the workflow (else the batch hands the rest back)."""
+
+    subject: Any
+    ends: bool = False
+    carries: bool = True
+
+
+CallT = TypeVar("CallT", bound=HookCall)
+OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
+
+
+class StageSpec(Generic[CallT, OutcomeT]):
+    """One stage. Subclasses set the class attributes and override what differs from the defaults:
+
+    - ``call``/``outcome``: the models one invocation receives and returns; ``subject_field`` the field of
+      the call that holds what the stage's hooks work on (the plan, the answer, the tool call, ...).
+    - ``methods`` and ``protocols``: the hook methods that implement the stage and the Protocol declaring
+      each one's signature (the registry checks hooks against them).
+    - :meth:`arguments` (what the method receives after ``ctx``) and :meth:`judge` (what its return value
+      means, or why it is refused) run in the stage's activity; :meth:`fold` runs in the workflow.
+    """
+
+    stage: ClassVar[Stage]
+    call: ClassVar[type[HookCall]]
+    outcome: ClassVar[type[HookOutcome]]
+    protocols: ClassVar[dict[str, type]]  # hook method -> the Protocol that declares it
+    failure_policy: ClassVar[FailurePolicy]  # unless the hook sets its own (where ``own_policy`` allows)
+    chaining: ClassVar[Chaining]
+    subject_field: ClassVar[str | None] = None  # None: the stage's hooks work on nothing but the request
+    tool_stage: ClassVar[bool] = False  # invoked per plan step; ``matcher`` / ``subagent_only`` filter it
+    own_policy: ClassVar[bool] = True  # a hook's ``failure_policy`` replaces the default here
+    finalizer: ClassVar[bool] = False  # runs on every exit; a failure is a diagnostic, never the run's outcome
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return tuple(self.protocols)
+
+    @property
+    def activity(self) -> str:
+        """The activity that invokes one hook at this stage (``<stage>_hook``)."""
+        return f"{self.stage.value}_hook"
+
+    # -- the call ------------------------------------------------------------------------------------
+
+    def build(self, hook: HookEntry, view: HookRequestView, subject: Any, **extras: Any) -> CallT:
+        """One hook's call: its entry, the request as it sees it, the stage's subject and the extras."""
+        fields = {self.subject_field: subject} if self.subject_field else {}
+        return self.call(hook=hook, view=view, **fields, **extras)  # type: ignore[return-value]
+
+    def subject(self, call: CallT) -> Any:
+        return getattr(call, self.subject_field) if self.subject_field else None
+
+    def with_subject(self, call: CallT, subject: Any) -> CallT:
+        return call.model_copy(update={self.subject_field: subject}) if self.subject_field else call
+
+    # -- the activity side ---------------------------------------------------------------------------
+
+    def method(self, entry: HookEntry) -> str:
+        """The hook method this invocation calls."""
+        return self.methods[0]
+
+    def arguments(self, call: CallT, ctx: PipelineContext) -> tuple[Any, ...]:
+        """What the method receives after ``ctx``: a private copy of the subject."""
+        return (_copy(self.subject(call)),)
+
+    def judge(self, call: CallT, value: Any, ctx: PipelineContext, checks: Checks) -> OutcomeT:
+        """What the hook returned, checked and decided: the outcome, or ``ResultRejected``."""
+        raise NotImplementedError
+
+    # -- the workflow side ---------------------------------------------------------------------------
+
+    def fold(self, subject: Any, outcome: OutcomeT) -> Fold:
+        """The one rule by which an outcome combines into the stage's subject (the default: unchanged)."""
+        return Fold(subject)
+
+    # -- decisions -----------------------------------------------------------------------------------
+
+    def policy(self, hook: HookEntry) -> FailurePolicy:
+        """By default pipeline hooks and observers fail open; the required after-planning hook and every
+        decision or transformation stage (before_run, before_tool, after_tool, on_tool_error, after_answer,
+        before_remember) fail closed. A hook's own ``failure_policy`` replaces the default wherever
+        ``own_policy`` allows (not at after_planning, governed by the required marker, nor at the
+        observers, which never change the outcome): a redaction hook fails closed at after_synthesis."""
+        if hook.failure_policy is not None and self.own_policy:
+            return hook.failure_policy
+        return self.failure_policy
+
+    def success(
+        self, hook: HookEntry, reason: str | None = None, action: DecisionAction = DecisionAction.CONTINUE
+    ) -> HookDecision:
+        """The decision for an invocation that returned a valid result. ``reason`` defaults to ``accepted``
+        (``observed`` for observers); deciding stages pass what they decided."""
+        default = REASON_OBSERVED if self.finalizer else REASON_ACCEPTED
+        return HookDecision(failure_policy=self.policy(hook), action=action, reason=reason or default)
+
+    def failure(self, hook: HookEntry, category: str) -> HookDecision:
+        """The decision for a failed invocation: terminate when the boundary fails closed, else continue.
+
+        A broken short-circuit contract fails the request whatever the hook's policy, and so do lost workers
+        and oversized values (an infrastructure failure is never read as the hook's verdict, open or closed)
+        — except at the finalizer stages, where any failure is a diagnostic.
+        """
+        reason = failure_reason(category)
+        if category == HOOK_CONTRACT_ERROR:
+            return HookDecision(
+                failure_policy=FailurePolicy.FAIL_CLOSED, action=DecisionAction.TERMINATE, reason=reason
+            )
+        policy = self.policy(hook)
+        if self.finalizer:
+            return HookDecision(failure_policy=policy, action=DecisionAction.CONTINUE, reason=reason)
+        terminal = policy is FailurePolicy.FAIL_CLOSED or category in (WORKER_LOST, PAYLOAD_TOO_LARGE)
+        return HookDecision(
+            failure_policy=policy,
+            action=DecisionAction.TERMINATE if terminal else DecisionAction.CONTINUE,
+            reason=reason,
+        )
+
+
+class ObserverSpec(StageSpec[CallT, OutcomeT]):
+    """A stage whose hooks observe only: they must return None, and every hook runs."""
+
+    chaining = Chaining.OBSERVE
+    failure_policy = FailurePolicy.FAIL_OPEN
+
+    def judge(self, call: CallT, value: Any, ctx: PipelineContext, checks: Checks) -> OutcomeT:
+        if value is not None:
+            raise rejected(f"{self.method(call.hook)} observes only and must return None, got {type(value).__name__}")
+        return self.outcome(decision=self.success(call.hook))  # type: ignore[return-value]
+
+
+def _copy(value: Any) -> Any:
+    copy: Callable[..., Any] | None = getattr(value, "model_copy", None)
+    return copy(deep=True) if copy is not None else value
+
+
+def next_call(spec: StageSpec, applied: HookCall, outcome: HookOutcome, prebuilt: HookCall) -> HookCall | None:
+    """What the hook after one in a batch receives: the stage's subject folded as the workflow folds it
+    (``spec.fold`` of the previous hook's call and outcome), and the hook's own entry and private state
+    from the call the workflow built for it (``prebuilt``). None when the batch must stop and hand the
+    rest of the stage back to the workflow: the outcome ends the stage or is left to the workflow
+    (``Fold.carries``), or it hands over leases or detached work (adopted or started before the next
+    hook runs). A failed invocation always stops the batch."""
+    if outcome.leases or outcome.detached:
+        return None
+    folded = spec.fold(spec.subject(applied), outcome)
+    if folded.ends or not folded.carries:
+        return None
+    carried = spec.with_subject(applied, folded.subject)
+    view = carried.view.model_copy(update={"state": prebuilt.view.state, "plan_phase": prebuilt.view.plan_phase})
+    return carried.model_copy(update={"hook": prebuilt.hook, "view": view})

@@ -1,0 +1,260 @@
+"""The planning stages: before_planning (enrich the request, or answer it outright) and after_planning (the
+plan to run, copy-on-write, validated after each hook; the required gate)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import pydantic
+from pydantic import Field, JsonValue
+
+from ..decisions import HOOK_CONTRACT_ERROR, INVALID_PLAN, short_circuit_decision
+from ..models import (
+    MAX_ENRICHMENT_BYTES,
+    DecisionAction,
+    EnrichmentChange,
+    EnrichmentOperation,
+    FailurePolicy,
+    HookCall,
+    HookEntry,
+    HookOutcome,
+    HookRequestView,
+    PipelineShortCircuit,
+    PipelineShortCircuitDecision,
+    Plan,
+    ShortCircuitKind,
+    ShortCircuitProposal,
+    Stage,
+    json_size,
+)
+from ._base import Chaining, Checks, Fold, ResultRejected, StageSpec, rejected, returned
+
+if TYPE_CHECKING:
+    from hooks.contracts import PipelineContext, PipelineGate
+
+__all__ = ["AfterPlanningHook", "BeforePlanningDecisionHook", "BeforePlanningHook"]
+
+# --------------------------------------------------------------------------------------------------
+# before_planning: enrich, or short-circuit (the first accepted one wins)
+# --------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class BeforePlanningHook(Protocol):
+    """before_planning, legacy contract: enrich ``ctx.enrichments``; optionally answer outright.
+
+    Return ``None`` to carry on. Returning a :class:`PipelineShortCircuit` ends the request with that
+    answer and is treated as authoritative: planning, execution and synthesis are skipped and later
+    before_planning hooks are not called. Errors fail open: the request continues without this hook's
+    changes.
+    """
+
+    name: str
+
+    def before_planning(self, ctx: PipelineContext) -> PipelineShortCircuit | None: ...
+
+
+@runtime_checkable
+class BeforePlanningDecisionHook(Protocol):
+    """before_planning, provenance-aware contract: the one to use for caches.
+
+    Return ``None`` to carry on, or a :class:`PipelineShortCircuitDecision`. A ``cache`` decision is
+    served only when cache reads are enabled and ``cached_against`` (the variation map stored with the
+    entry at write time, never ``gate.cache_vary()`` at lookup) matches every reserved dimension;
+    otherwise planning continues. An unknown kind or a missing payload fails the request.
+    """
+
+    name: str
+
+    def before_planning_decision(
+        self, ctx: PipelineContext, gate: PipelineGate
+    ) -> PipelineShortCircuitDecision | None: ...
+
+
+class BeforePlanningCall(HookCall):
+    pass
+
+
+class BeforePlanningOutcome(HookOutcome):
+    enrichment_changes: list[EnrichmentChange] = Field(default_factory=list)
+    short_circuit: ShortCircuitProposal | None = None
+
+
+def merge_enrichments(enrichments: Mapping[str, JsonValue], changes: list[EnrichmentChange]) -> dict[str, JsonValue]:
+    """The enrichments after a hook's changes: added and updated keys set, removed keys dropped."""
+    merged = dict(enrichments)
+    for change in changes:
+        if change.operation is EnrichmentOperation.REMOVED:
+            merged.pop(change.key, None)
+        else:
+            merged[change.key] = change.after
+    return merged
+
+
+def enrichment_changes(before: Mapping[str, JsonValue], after: Mapping[str, Any]) -> list[EnrichmentChange]:
+    """The added, updated and removed keys between two enrichment maps, after checking the new map is
+    JSON with string keys and within the size limit."""
+    for key, value in after.items():
+        if not isinstance(key, str) or not key:
+            raise rejected(f"enrichment key {key!r} is not a non-empty string")
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise rejected(f"enrichment {key!r} is not JSON: {err}") from None
+    size = json_size(after)
+    if size > MAX_ENRICHMENT_BYTES:
+        raise rejected(f"enrichments would be {size} bytes of JSON; the limit is {MAX_ENRICHMENT_BYTES}")
+    changes = []
+    for key, value in after.items():
+        if key not in before:
+            changes.append(EnrichmentChange(key=key, operation=EnrichmentOperation.ADDED, after=value))
+        elif before[key] != value:
+            changes.append(
+                EnrichmentChange(key=key, operation=EnrichmentOperation.UPDATED, before=before[key], after=value)
+            )
+    for key in before:
+        if key not in after:
+            changes.append(EnrichmentChange(key=key, operation=EnrichmentOperation.REMOVED, before=before[key]))
+    return changes
+
+
+class BeforePlanningSpec(StageSpec[BeforePlanningCall, BeforePlanningOutcome]):
+    """The subject is the request's enrichments (in the view every hook reads); the first short-circuit
+    the gate accepts ends the stage, and the request with it."""
+
+    stage = Stage.BEFORE_PLANNING
+    call = BeforePlanningCall
+    outcome = BeforePlanningOutcome
+    protocols = {"before_planning": BeforePlanningHook, "before_planning_decision": BeforePlanningDecisionHook}
+    failure_policy = FailurePolicy.FAIL_OPEN
+    chaining = Chaining.FIRST_WINS
+
+    def build(self, hook: HookEntry, view: HookRequestView, subject: Any, **extras: Any) -> BeforePlanningCall:
+        return BeforePlanningCall(hook=hook, view=view.model_copy(update={"enrichments": subject}))
+
+    def subject(self, call: BeforePlanningCall) -> dict[str, JsonValue]:
+        return call.view.enrichments
+
+    def with_subject(self, call: BeforePlanningCall, subject: Any) -> BeforePlanningCall:
+        return call.model_copy(update={"view": call.view.model_copy(update={"enrichments": subject})})
+
+    def method(self, entry: HookEntry) -> str:
+        return "before_planning_decision" if entry.before_planning_contract == "decision" else "before_planning"
+
+    def arguments(self, call: BeforePlanningCall, ctx: PipelineContext) -> tuple[Any, ...]:
+        return (ctx.gate,) if call.hook.before_planning_contract == "decision" else ()
+
+    def judge(
+        self, call: BeforePlanningCall, value: Any, ctx: PipelineContext, checks: Checks
+    ) -> BeforePlanningOutcome:
+        entry, view = call.hook, call.view
+        proposal = _proposal(entry, value)
+        changes = enrichment_changes(view.enrichments, ctx.enrichments)
+        if proposal is None:
+            return BeforePlanningOutcome(enrichment_changes=changes, decision=self.success(entry))
+        decision = short_circuit_decision(proposal, view.gate)
+        checks.short_circuit_judged(call, proposal, decision)
+        return BeforePlanningOutcome(enrichment_changes=changes, short_circuit=proposal, decision=decision)
+
+    def fold(self, subject: dict[str, JsonValue], outcome: BeforePlanningOutcome) -> Fold:
+        accepted = outcome.short_circuit is not None and outcome.decision.action is DecisionAction.SHORT_CIRCUIT
+        merged = merge_enrichments(subject, outcome.enrichment_changes)
+        return Fold(merged, ends=accepted, carries=outcome.short_circuit is None)
+
+
+def _proposal(entry: HookEntry, value: Any) -> ShortCircuitProposal | None:
+    """Check a before_planning return value against the hook's contract: a legacy short-circuit is
+    authoritative; a decision must name a known kind and carry its payload (else ``HookContractError``)."""
+    if entry.before_planning_contract == "legacy":
+        legacy = returned(value, "before_planning", PipelineShortCircuit)
+        if legacy is None:
+            return None
+        return ShortCircuitProposal(
+            contract="legacy",
+            kind=ShortCircuitKind.AUTHORITATIVE,
+            response=legacy.response,
+            source=legacy.source,
+            metadata=legacy.metadata,
+        )
+    decided = returned(value, "before_planning_decision", PipelineShortCircuitDecision)
+    if decided is None:
+        return None
+    if decided.kind not in (ShortCircuitKind.AUTHORITATIVE, ShortCircuitKind.CACHE):
+        raise ResultRejected(HOOK_CONTRACT_ERROR, f"unknown short-circuit kind {decided.kind!r}")
+    if decided.short_circuit is None:
+        raise ResultRejected(HOOK_CONTRACT_ERROR, "short-circuit decision has no short_circuit payload")
+    payload = decided.short_circuit
+    return ShortCircuitProposal(
+        contract="decision",
+        kind=decided.kind,
+        response=payload.response,
+        source=payload.source,
+        metadata=payload.metadata,
+        cached_against=decided.cached_against,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# after_planning: return the plan to run (copy-on-write, validated after each hook)
+# --------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class AfterPlanningHook(Protocol):
+    """after_planning: return the plan to run, possibly a modified copy.
+
+    ``plan`` is already a private copy. The result must be a :class:`Plan` and passes the full plan
+    validation; hooks chain in registration order. An ordinary hook's error, wrong return type or
+    invalid plan is recorded and the last valid plan continues.
+    """
+
+    name: str
+
+    def after_planning(self, ctx: PipelineContext, plan: Plan) -> Plan: ...
+
+
+class AfterPlanningCall(HookCall):
+    plan: Plan
+    prior_step_ids: list[str] = Field(default_factory=list)  # steps of earlier phases, for implicit_deps
+
+
+class AfterPlanningOutcome(HookOutcome):
+    plan: Plan
+    changed: bool
+
+
+class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
+    """Each hook receives the plan the previous one returned. Fails open, except for the one required
+    hook, which fails closed whatever it declares: its failure ends the request before any tool runs."""
+
+    stage = Stage.AFTER_PLANNING
+    call = AfterPlanningCall
+    outcome = AfterPlanningOutcome
+    protocols = {"after_planning": AfterPlanningHook}
+    failure_policy = FailurePolicy.FAIL_OPEN
+    chaining = Chaining.CHAIN
+    subject_field = "plan"
+    own_policy = False
+
+    def policy(self, hook: HookEntry) -> FailurePolicy:
+        return FailurePolicy.FAIL_CLOSED if hook.required else self.failure_policy
+
+    def judge(self, call: AfterPlanningCall, value: Any, ctx: PipelineContext, checks: Checks) -> AfterPlanningOutcome:
+        returned(value, "after_planning", Plan, none=False, expected="a Plan")
+        try:
+            plan = Plan.model_validate(value.model_dump(mode="json"))
+        except pydantic.ValidationError as err:
+            raise rejected(f"returned plan is malformed: {err}") from None
+        problems = checks.plan_problems(plan, call.plan.phase, call.prior_step_ids)
+        if problems:
+            raise ResultRejected(INVALID_PLAN, "invalid plan: " + "; ".join(problems))
+        return AfterPlanningOutcome(plan=plan, changed=plan != call.plan, decision=self.success(call.hook))
+
+    def fold(self, subject: Plan, outcome: AfterPlanningOutcome) -> Fold:
+        return Fold(outcome.plan)
+
+
+BEFORE_PLANNING = BeforePlanningSpec()
+AFTER_PLANNING = AfterPlanningSpec()
