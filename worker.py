@@ -51,6 +51,11 @@ def load_activities(settings: Settings) -> LifecycleActivities:
     """Build the activities from the configured pipeline factory (which validates the hook registry),
     then apply every pipeline setting the factory did not (``client.pipeline.apply_settings``)."""
     where = settings.pipeline_factory
+    if not where:
+        raise PipelineLoadError(
+            "AGENT_PIPELINE is not set: name the pipeline factory the worker runs (module:function, e.g. "
+            "examples.first_agent.pipeline:build, or the demo's demo.pipeline:build_activities)"
+        )
     module_name, _, function_name = where.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -208,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"configuration error: {err}", file=sys.stderr)
         return 2
     if args.check:
+        print(f"pipeline {activities.registry.pipeline} ({settings.pipeline_factory})")
         # Execution order (priority, then registration); the number is the registration index.
         for entry in activities.registry.entries:
             print(

@@ -59,7 +59,7 @@ from benchmarks.fault_pipeline import (
 )
 from benchmarks.processes import Server, spawn, stop_all
 from client import Settings, connect
-from client.cli import describe_failure, pending_checkpoint, review, start_request
+from client.api import describe_failure, pending_checkpoint, review, start_request
 from workflows.models import RequestResult
 
 ROOT = Path(__file__).resolve().parent.parent

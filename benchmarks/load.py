@@ -49,6 +49,7 @@ from temporalio.exceptions import ApplicationError
 
 from benchmarks.processes import Server, cpu_seconds, spawn, stop_all
 from client import Settings, connect
+from demo.pipeline import DEMO_PIPELINE
 from workflows import WORKFLOW_TYPE, search_attributes
 from workflows.models import Checkpoint, RequestInput, RequestResult, ReviewAck, ReviewRequest
 
@@ -130,6 +131,7 @@ class Workers:
             "PYTHONUNBUFFERED": "1",
             "OTEL_TRACES_EXPORTER": "none",
             "OTEL_METRICS_EXPORTER": "none",
+            "AGENT_PIPELINE": DEMO_PIPELINE,
             **self.env,
         }
         log_path = self.tmp / f"worker-{len(self.procs) + 1}.log"

@@ -34,7 +34,8 @@ from pydantic import SecretStr
 
 from benchmarks.processes import Server, spawn, stop_all
 from client import Settings, connect, execution_store
-from client.cli import start_request
+from client.api import start_request
+from demo.pipeline import DEMO_PIPELINE
 from tests.postgres_cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,6 +81,7 @@ async def measure(requests: int, burst: int) -> dict[str, Any]:
                 "TEMPORAL_ADDRESS": server.address,
                 "TEMPORAL_TASK_QUEUE": s.task_queue,
                 "AGENT_STATE_DIR": str(s.state_dir),
+                "AGENT_PIPELINE": DEMO_PIPELINE,
                 "PYTHONUNBUFFERED": "1",
             }
             if s.database_url is not None:

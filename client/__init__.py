@@ -1,4 +1,8 @@
-"""Wiring for processes that talk to Temporal: settings, the client, the embedded dev server, the CLI."""
+"""Wiring for processes that talk to Temporal: settings, the client, the embedded dev server, the CLI.
+
+What each function needs is imported when it is called, so a process imports only what it uses: the CLI
+answers ``--help`` without loading the SDK, and a client never loads the model or store libraries.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,18 @@ import dataclasses
 import os
 import sys
 from datetime import timedelta
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from temporalio.client import Client
-from temporalio.converter import DataConverter
-
-from activities.review_webhook import ReviewWebhook
-from storage.executions import ExecutionStore, PostgresExecutionStore, SQLiteExecutionStore
-from storage.payloads import PostgresPayloadStore, SQLitePayloadStore, external_storage
-from storage.postgres import Database
-from storage.responses import PostgresResponseCacheStore, ResponseCacheStore, SQLiteResponseCacheStore
-from workflows.converter import data_converter
-from workflows.tracing import RequestTracing
-
-from .retrying import retrying
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+    from temporalio.converter import DataConverter
+
+    from activities.review_webhook import ReviewWebhook
+    from storage.executions import ExecutionStore
+    from storage.postgres import Database
+    from storage.responses import ResponseCacheStore
 
 __all__ = ["Settings", "connect", "connect_when_reachable", "exit_process"]
 
@@ -37,6 +38,9 @@ def process_data_converter(settings: Settings) -> DataConverter:
     """The project's data converter with this deployment's payload store (large payloads by reference):
     in the database with ``AGENT_DATABASE_URL`` (every machine reads what any other wrote), else the
     SQLite file; none with ``AGENT_PAYLOAD_STORE=off``."""
+    from storage.payloads import PostgresPayloadStore, SQLitePayloadStore, external_storage
+    from workflows.converter import data_converter
+
     path = settings.payload_store_path
     if path is None:
         return data_converter
@@ -48,6 +52,10 @@ def process_data_converter(settings: Settings) -> DataConverter:
 async def connect(settings: Settings, *, tracing: bool = True) -> Client:
     """A client with the project's data converter and payload store; with ``tracing`` the OTel
     interceptor. Workers built from this client inherit both."""
+    from temporalio.client import Client
+
+    from workflows.tracing import RequestTracing
+
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
@@ -60,6 +68,8 @@ async def connect(settings: Settings, *, tracing: bool = True) -> Client:
 async def connect_when_reachable(settings: Settings, *, tracing: bool = True) -> Client:
     """:func:`connect`, waiting up to ``settings.temporal_wait_seconds`` for a server that cannot be
     reached yet (restarting, or started after this process). Raises the last connection error after that."""
+    from .retrying import retrying
+
     return await retrying(
         lambda: connect(settings, tracing=tracing),
         transient=lambda err: isinstance(err, RuntimeError),
@@ -75,6 +85,8 @@ def database(settings: Settings) -> Database | None:
     """This process's pool to ``AGENT_DATABASE_URL`` (one per URL, shared by every store), or None."""
     if settings.database_url is None:
         return None
+    from storage.postgres import Database
+
     url = settings.database_url.get_secret_value()
     if url not in _databases:
         _databases[url] = Database(url, pool_size=settings.database_pool_size)
@@ -84,6 +96,8 @@ def database(settings: Settings) -> Database | None:
 def response_cache_store(settings: Settings) -> ResponseCacheStore:
     """The response cache the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else a SQLite file
     in the state directory."""
+    from storage.responses import PostgresResponseCacheStore, SQLiteResponseCacheStore
+
     db = database(settings)
     if db is not None:
         return PostgresResponseCacheStore(db)
@@ -95,11 +109,15 @@ def review_webhook(settings: Settings) -> ReviewWebhook | None:
     ``AGENT_HOOK_ALLOW_LOOPBACK``), or None: no checkpoint notifications."""
     if settings.review_webhook is None:
         return None
+    from activities.review_webhook import ReviewWebhook
+
     return ReviewWebhook(settings.review_webhook.get_secret_value(), allow_loopback=settings.hook_allow_loopback)
 
 
 def execution_store(settings: Settings) -> ExecutionStore:
     """The execution store the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else the SQLite file."""
+    from storage.executions import PostgresExecutionStore, SQLiteExecutionStore
+
     retention = timedelta(days=settings.record_retention_days)
     error_retention = timedelta(days=settings.error_retention_days)
     db = database(settings)

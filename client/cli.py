@@ -6,15 +6,18 @@
     agent-lifecycle start "What is the price of ACME?"        # start only; prints the workflow id
     agent-lifecycle answer request-1a2b3c                     # follow a request started with --stream
     agent-lifecycle result request-1a2b3c                     # await an existing request
-    agent-lifecycle record 1a2b3c [--live] [--json]           # stored record, or --live via query (request or workflow id)
-    agent-lifecycle list                                      # recent stored records
+    agent-lifecycle record 1a2b3c [--live] [--json]           # stored record, or --live via query
+    agent-lifecycle list                                      # recent stored records, one line each
+    agent-lifecycle cancel 1a2b3c                             # cancel a request (its finalizers run)
 
 A reviewer's inbox:
 
     agent-lifecycle inbox                                     # requests awaiting review
-    agent-lifecycle show request-1a2b3c                       # the pending checkpoint: plan and reasons
-    agent-lifecycle approve request-1a2b3c --reviewer alice --comment "ok"
-    agent-lifecycle reject request-1a2b3c --reviewer alice --reason "wrong recipient"
+    agent-lifecycle show 1a2b3c                               # the pending checkpoint: plan and reasons
+    agent-lifecycle approve 1a2b3c --reviewer alice --comment "ok"
+    agent-lifecycle reject 1a2b3c --reviewer alice --reason "wrong recipient"
+
+A request is named by its request id or its workflow id (``request-<request id>``) everywhere.
 
 Declared hooks (AGENT_HOOKS_FILE):
 
@@ -30,155 +33,19 @@ import argparse
 import asyncio
 import json
 import sys
-import uuid
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
-from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
+from . import exit_process
 
-from workflows import WORKFLOW_TYPE, data_converter, search_attributes, story
-from workflows.decisions import REQUEST_ID_CONFLICT
-from workflows.models import (
-    ANSWER_TOPIC,
-    AnswerChunk,
-    Checkpoint,
-    ExecutionRecord,
-    RequestInput,
-    RequestResult,
-    ReviewAck,
-    ReviewRequest,
-)
+if TYPE_CHECKING:
+    from workflows.models import Checkpoint, ExecutionRecord
 
-from . import Settings, connect, declared_hooks, execution_store, exit_process
-from .telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
+    from .api import AgentClient
+    from .settings import Settings
 
-
-def workflow_id_for(request_id: str) -> str:
-    return f"request-{request_id}"
-
-
-class RequestIdConflict(ApplicationError):
-    """A request id already names a request with another input: refused, never deduplicated."""
-
-    def __init__(self, request_id: str, workflow_id: str, detail: str) -> None:
-        super().__init__(
-            f"request id {request_id!r} already names a different request ({workflow_id}): {detail}",
-            {"request_id": request_id, "workflow_id": workflow_id, "detail": detail},
-            type=REQUEST_ID_CONFLICT,
-            non_retryable=True,
-        )
-
-
-async def start_request(
-    client: Client,
-    settings: Settings,
-    text: str,
-    *,
-    metadata: dict | None = None,
-    request_id: str | None = None,
-    stream_answer: bool = False,
-) -> WorkflowHandle[Any, RequestResult]:
-    """Start a ``RequestLifecycle`` (workflow id ``request-<request_id>``) and return its handle.
-    With ``stream_answer`` the answer is also published while it is written (read it with
-    :func:`answer_chunks`).
-
-    A request id names one request. Starting an id that is running or has finished with the same input
-    attaches to that execution — its handle is returned and its result is the one a caller gets, so a
-    retried call never runs the request twice. Starting it with a different input raises
-    :class:`RequestIdConflict`.
-    """
-    request_id = request_id or uuid.uuid4().hex[:12]
-    request = RequestInput(request=text, metadata=metadata or {}, request_id=request_id, stream_answer=stream_answer)
-    workflow_id = workflow_id_for(request_id)
-    try:
-        return await client.start_workflow(
-            WORKFLOW_TYPE,
-            request,
-            id=workflow_id,
-            task_queue=settings.task_queue,
-            result_type=RequestResult,
-            static_summary=story.request_summary(text),
-            static_details=story.request_details(text, request_id),
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-        )
-    except WorkflowAlreadyStartedError:
-        pass
-    handle = client.get_workflow_handle(workflow_id, result_type=RequestResult)
-    existing = await started_input(handle)
-    if existing is None:
-        raise RequestIdConflict(request_id, workflow_id, "its input is not a request")
-    if existing.model_dump(mode="json") != request.model_dump(mode="json"):
-        raise RequestIdConflict(request_id, workflow_id, "its request or metadata differ")
-    return handle
-
-
-async def started_input(handle: WorkflowHandle) -> RequestInput | None:
-    """The input an existing execution was started with (from its first history event), if it is one."""
-    async for event in handle.fetch_history_events():
-        payloads = event.workflow_execution_started_event_attributes.input.payloads
-        try:
-            [value] = await data_converter.decode(payloads)
-            return RequestInput.model_validate(value)
-        except (ValueError, TypeError, ApplicationError):
-            return None
-    return None
-
-
-async def live_record(client: Client, key: str) -> ExecutionRecord | None:
-    """The record of a request as it stands, by query: ``key`` is its workflow id or its request id."""
-    for workflow_id in dict.fromkeys((key, workflow_id_for(key))):
-        try:
-            return await client.get_workflow_handle(workflow_id).query("execution_record", result_type=ExecutionRecord)
-        except RPCError as err:
-            if err.status != RPCStatusCode.NOT_FOUND:
-                raise
-    return None
-
-
-async def answer_chunks(client: Client, workflow_id: str, *, from_offset: int = 0) -> AsyncIterator[AnswerChunk]:
-    """The answer of a request started with ``stream_answer``, as it is written: the model's text chunks,
-    then one ``final`` chunk with the answer after the after_synthesis hooks. Ends when the request
-    ends (a request that failed or stopped before synthesis yields nothing). Chunks of a retried
-    synthesis carry a higher ``attempt``: drop what the earlier attempt sent."""
-    stream = WorkflowStreamClient.create(client, workflow_id)
-    async for item in stream.subscribe(ANSWER_TOPIC, from_offset, result_type=AnswerChunk):
-        yield item.data
-
-
-async def _print_answer(client: Client, workflow_id: str) -> None:
-    """Print a streamed answer to stdout as it arrives; say so when a retry restarted it or the final
-    answer differs from what was streamed (after_synthesis rewrote it)."""
-    attempt, streamed = 0, ""
-    async for chunk in answer_chunks(client, workflow_id):
-        if chunk.final:
-            if streamed and chunk.text != streamed:
-                print(f"\n[after_synthesis rewrote the answer; the stored answer is:]\n{chunk.text}", flush=True)
-            elif not streamed:
-                print(chunk.text, end="", flush=True)
-            break
-        if attempt and chunk.attempt != attempt:
-            print(f"\n[synthesis retried (attempt {chunk.attempt}): the answer again]", flush=True)
-            streamed = ""
-        attempt = chunk.attempt
-        streamed += chunk.text
-        print(chunk.text, end="", flush=True)
-    print(flush=True)
-
-
-def describe_failure(err: WorkflowFailureError) -> dict[str, Any]:
-    """The typed failure of a request as a dict: type, message, details."""
-    cause = err.cause
-    if isinstance(cause, ApplicationError):
-        details = cause.details[0] if cause.details else None
-        return {"type": cause.type, "message": cause.message, "details": details}
-    if isinstance(cause, CancelledError):
-        return {"type": "Cancelled", "message": str(cause), "details": None}
-    return {"type": type(cause).__name__, "message": str(cause), "details": None}
+# What a command imports is imported once its arguments are parsed: ``--help`` and a usage error load
+# nothing but argparse, and a command loads only what it uses (no model, store or hook libraries to start
+# or follow a request).
 
 
 def format_record(record: ExecutionRecord) -> str:
@@ -296,6 +163,16 @@ def format_record(record: ExecutionRecord) -> str:
     return "\n".join(lines)
 
 
+def format_summary(record: ExecutionRecord) -> str:
+    """One line per request: when, status, request id, pipeline, what was asked, how it ended."""
+    ended = record.error.type if record.error else (record.final_response or "").replace("\n", " ")
+    asked = record.request.replace("\n", " ")
+    return (
+        f"{record.started_at:%Y-%m-%d %H:%M:%S}  {record.status.value:<9}  {record.request_id:<14}  "
+        f"{record.pipeline:<16}  {asked[:48]:<48}  {ended[:60]}"
+    )
+
+
 def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
     """A checkpoint as a reviewer reads it: the calls approval runs, exactly as they will run (after every
     rewrite), why each needs approval, and the rest of the plan for context."""
@@ -323,128 +200,155 @@ def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
     return "\n".join(lines)
 
 
-_OPTIONAL_CHECKPOINT: Any = Checkpoint | None  # a query result that may be null
+async def _print_answer(agents: AgentClient, key: str) -> None:
+    """Print a streamed answer to stdout as it arrives; say so when a retry restarted it or the final
+    answer differs from what was streamed (after_synthesis rewrote it)."""
+    attempt, streamed = 0, ""
+    async for chunk in agents.stream(key):
+        if chunk.final:
+            if streamed and chunk.text != streamed:
+                print(f"\n[after_synthesis rewrote the answer; the stored answer is:]\n{chunk.text}", flush=True)
+            elif not streamed:
+                print(chunk.text, end="", flush=True)
+            break
+        if attempt and chunk.attempt != attempt:
+            print(f"\n[synthesis retried (attempt {chunk.attempt}): the answer again]", flush=True)
+            streamed = ""
+        attempt = chunk.attempt
+        streamed += chunk.text
+        print(chunk.text, end="", flush=True)
+    print(flush=True)
 
 
-async def pending_checkpoint(client: Client, workflow_id: str) -> Checkpoint | None:
-    handle = client.get_workflow_handle(workflow_id)
-    return await handle.query("pending_checkpoint", result_type=_OPTIONAL_CHECKPOINT)
+async def _warn_without_pollers(agents: AgentClient) -> None:
+    """Say so when no worker polls the task queue: the request waits until one does."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
-
-async def review(
-    client: Client,
-    workflow_id: str,
-    decision: Literal["approve", "reject"],
-    reviewer: str,
-    comment: str,
-    checkpoint_id: str | None,
-) -> ReviewAck:
-    """Decide a checkpoint through the ``review`` update (validated, acknowledged)."""
-    if checkpoint_id is None:
-        checkpoint = await pending_checkpoint(client, workflow_id)
-        if checkpoint is None:
-            raise ValueError(f"{workflow_id} has no pending checkpoint")
-        checkpoint_id = checkpoint.checkpoint_id
-    handle = client.get_workflow_handle(workflow_id)
-    return await handle.execute_update(
-        "review",
-        ReviewRequest(checkpoint_id=checkpoint_id, reviewer=reviewer, decision=decision, comment=comment),
-        result_type=ReviewAck,
+    settings = agents.settings
+    request = DescribeTaskQueueRequest(
+        namespace=settings.temporal_namespace,
+        task_queue=TaskQueue(name=settings.task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
     )
+    try:
+        description = await agents.temporal.workflow_service.describe_task_queue(request)
+    except Exception:  # noqa: BLE001 - an older server, or no permission: nothing to say
+        return
+    if not description.pollers:
+        print(
+            f"warning: no worker polls task queue {settings.task_queue!r} at {settings.temporal_address}; "
+            "the request waits until one does (start one: python worker.py)",
+            file=sys.stderr,
+        )
 
 
-async def _inbox(client: Client) -> int:
-    found = 0
-    async for execution in client.list_workflows(search_attributes.AWAITING_REVIEW_QUERY):
-        checkpoint = await pending_checkpoint(client, execution.id)
-        if checkpoint is not None:
-            found += 1
-            print(format_checkpoint(execution.id, checkpoint))
-    if not found:
-        print("no requests awaiting review")
+async def _stored(args: argparse.Namespace, settings: Settings) -> int:
+    from . import execution_store
+
+    store = execution_store(settings)
+    if args.command == "record":
+        key = args.key.removeprefix("request-")
+        records = [r for r in (await store.get(args.key), await store.get(key)) if r is not None][:1]
+    else:
+        records = await store.recent(args.limit)
+    if not records:
+        where = "the database" if settings.database_url else settings.execution_store_path
+        what = f"no stored record for {args.key!r}" if args.command == "record" else "no stored records"
+        print(f"{what} in {where}", file=sys.stderr)
+        return 1
+    for record in records:
+        if args.json:
+            print(record.model_dump_json(indent=2))
+        elif args.command == "list" and not args.full:
+            print(format_summary(record))
+        else:
+            print(format_record(record) + "\n")
     return 0
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "hooks":
+        from . import declared_hooks
+
         return await declared_hooks.run(args, settings)
     if args.command in ("record", "list") and not getattr(args, "live", False):
-        store = execution_store(settings)
-        records = [await store.get(args.key)] if args.command == "record" else await store.recent(args.limit)
-        records = [r for r in records if r is not None]
-        if not records:
-            where = "the database" if settings.database_url else settings.execution_store_path
-            what = f"no stored record for {args.key!r}" if args.command == "record" else "no stored records"
-            print(f"{what} in {where}", file=sys.stderr)
-            return 1
-        for record in records:
-            print(record.model_dump_json(indent=2) if args.json else format_record(record) + "\n")
-        return 0
+        return await _stored(args, settings)
 
-    client = await connect(settings)
+    from .api import AgentClient, RequestFailed, RequestIdConflict, RequestNotFound, ReviewRefused
+
+    agents = await AgentClient.connect(settings)
+    try:
+        return await _command(agents, args)
+    except RequestNotFound as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except ReviewRefused as err:
+        print(f"refused: {err}", file=sys.stderr)
+        return 1
+    except RequestIdConflict as err:
+        print(json.dumps({"failed": {"type": err.type, "message": err.message, "details": err.details[0]}}, indent=2))
+        return 1
+    except RequestFailed as err:
+        print(json.dumps({"failed": err.as_dict()}, indent=2, default=str))
+        return 1
+
+
+async def _command(agents: AgentClient, args: argparse.Namespace) -> int:
+    settings = agents.settings
     if args.command == "inbox":
-        return await _inbox(client)
+        found = await agents.inbox()
+        for pending in found:
+            print(format_checkpoint(pending.workflow_id, pending.checkpoint))
+        if not found:
+            print("no requests awaiting review")
+        return 0
     if args.command == "answer":
-        await _print_answer(client, args.workflow_id)
+        await _print_answer(agents, args.request)
         return 0
     if args.command == "show":
-        checkpoint = await pending_checkpoint(client, args.workflow_id)
-        print(
-            format_checkpoint(args.workflow_id, checkpoint)
-            if checkpoint
-            else f"{args.workflow_id} has no pending checkpoint"
-        )
-        return 0 if checkpoint else 1
+        workflow_id = await agents.workflow_id(args.request)
+        pending = await agents.pending(workflow_id)
+        for checkpoint in pending:
+            print(format_checkpoint(workflow_id, checkpoint))
+        if not pending:
+            print(f"{workflow_id} has no pending checkpoint")
+        return 0 if pending else 1
     if args.command in ("approve", "reject"):
         text = args.comment if args.command == "approve" else args.reason
-        try:
-            ack = await review(client, args.workflow_id, args.command, args.reviewer, text, args.checkpoint)
-        except WorkflowUpdateFailedError as err:
-            print(f"refused: {getattr(err.cause, 'message', err.cause)}", file=sys.stderr)
-            return 1
+        ack = await agents.review(
+            args.request, args.command, reviewer=args.reviewer, comment=text, checkpoint_id=args.checkpoint
+        )
         print(ack.model_dump_json(indent=2))
         return 0
+    if args.command == "cancel":
+        await agents.cancel(args.request)
+        print(f"cancel requested for {await agents.workflow_id(args.request)}")
+        return 0
     if args.command == "record":
-        record = await live_record(client, args.key)
-        if record is None:
-            print(f"no request {args.key!r}: neither a workflow id nor a request id", file=sys.stderr)
-            return 1
+        record = await agents.record(args.key)
         print(record.model_dump_json(indent=2) if args.json else format_record(record))
         return 0
     if args.command in ("run", "start"):
         metadata = json.loads(args.metadata) if args.metadata else {}
-        try:
-            handle = await start_request(
-                client,
-                settings,
-                args.text,
-                metadata=metadata,
-                request_id=args.request_id,
-                stream_answer=getattr(args, "stream", False),
-            )
-        except RequestIdConflict as err:
-            print(
-                json.dumps({"failed": {"type": err.type, "message": err.message, "details": err.details[0]}}, indent=2)
-            )
-            return 1
+        await _warn_without_pollers(agents)
+        handle = await agents.start(args.text, metadata=metadata, request_id=args.request_id, stream=args.stream)
         print(f"started {handle.id}  ({settings.ui_url}/workflows/{handle.id})", file=sys.stderr)
         if args.command == "start":
             print(handle.id)
             return 0
         if args.stream:
-            await _print_answer(client, handle.id)
+            await _print_answer(agents, handle.id)
+        key = handle.id
     else:
-        handle = client.get_workflow_handle(args.workflow_id, result_type=RequestResult)
-    try:
-        result = await handle.result()
-    except WorkflowFailureError as err:
-        print(json.dumps({"failed": describe_failure(err)}, indent=2, default=str))
-        return 1
+        key = args.request
+    result = await agents.result(key)
     print(result.model_dump_json(indent=2))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent-lifecycle", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -460,30 +364,68 @@ def main(argv: list[str] | None = None) -> int:
             help="publish the answer while the model writes it"
             + (" and print it as it arrives" if name == "run" else " (follow it with `answer`)"),
         )
+    request = "request id or workflow id"
     sub = commands.add_parser("answer", help="print a streamed answer as it is written, until the request ends")
-    sub.add_argument("workflow_id")
+    sub.add_argument("request", help=request)
     sub = commands.add_parser("result", help="wait for an existing request's result")
-    sub.add_argument("workflow_id")
+    sub.add_argument("request", help=request)
+    sub = commands.add_parser("cancel", help="cancel a request (its finalizers run; its record says cancelled)")
+    sub.add_argument("request", help=request)
     sub = commands.add_parser("record", help="print an execution record")
-    sub.add_argument("key", help="request id or workflow id")
-    sub.add_argument(
-        "--live", action="store_true", help="query the workflow (by workflow id or request id) instead of the store"
-    )
+    sub.add_argument("key", help=request)
+    sub.add_argument("--live", action="store_true", help="query the workflow instead of the store")
     sub.add_argument("--json", action="store_true")
     commands.add_parser("inbox", help="requests awaiting review")
-    sub = commands.add_parser("show", help="the pending checkpoint of a request: plan and reasons")
-    sub.add_argument("workflow_id")
+    sub = commands.add_parser("show", help="the pending checkpoints of a request: the calls and reasons")
+    sub.add_argument("request", help=request)
     for name, text_flag in (("approve", "--comment"), ("reject", "--reason")):
         sub = commands.add_parser(name, help=f"{name} a request's pending checkpoint")
-        sub.add_argument("workflow_id")
+        sub.add_argument("request", help=request)
         sub.add_argument("--reviewer", required=True)
         sub.add_argument(text_flag, default="")
-        sub.add_argument("--checkpoint", help="checkpoint id (default: the pending one)")
-    declared_hooks.add_parser(commands)
-    sub = commands.add_parser("list", help="recent stored execution records")
+        sub.add_argument("--checkpoint", help="checkpoint id (default: the oldest pending one)")
+    _add_hooks_parser(commands)
+    sub = commands.add_parser("list", help="recent stored execution records, one line each")
     sub.add_argument("--limit", type=int, default=10)
+    sub.add_argument("--full", action="store_true", help="each record in full")
     sub.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _add_hooks_parser(commands: Any) -> None:
+    hooks = commands.add_parser("hooks", help="declared hooks: dry-run, enable, encrypt, executions, budget")
+    sub = hooks.add_subparsers(dest="hooks_command", required=True)
+    p = sub.add_parser("dry-run", help="fire one hook with a sample event; writes no audit row")
+    p.add_argument("--file", help="declared-hooks file (default: AGENT_HOOKS_FILE)")
+    p.add_argument("--hook", required=True, help="the hook id")
+    p.add_argument(
+        "--event-json", default="{}", help='sample event, e.g. {"tool_name": "shell/exec", "tool_input": {...}}'
+    )
+    p = sub.add_parser("enable", help="re-enable a hook and reset its circuit breaker")
+    p.add_argument("hook_id")
+    p.add_argument("--actor", default="operator")
+    p = sub.add_parser(
+        "encrypt", help="encrypt a header secret for a declared-hooks or MCP-servers file (reads stdin without a value)"
+    )
+    p.add_argument("value", nargs="?")
+    sub.add_parser("keygen", help="print a new AGENT_HOOK_SECRET_KEY")
+    p = sub.add_parser("executions", help="audit rows of hook executions")
+    p.add_argument("--hook")
+    p.add_argument("--workflow-id")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--show-errors", action="store_true", help="decrypt each row's full error")
+    p = sub.add_parser("budget", help="show or set a tenant's monthly prompt-token budget")
+    p.add_argument("tenant")
+    p.add_argument("--total", type=int)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from temporalio.service import RPCError
+
+    from .settings import Settings
+    from .telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
+
     try:
         configure_telemetry("agent-lifecycle-cli")
     except TelemetryConfigError as err:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from hooks.declarative import (
     DeclaredHook,
@@ -47,33 +46,6 @@ def settings_declared_hooks(settings: Settings) -> list[DeclaredHook]:
     except ValueError as err:
         raise DeclaredHookConfigError(f"AGENT_HOOK_SECRET_KEY: {err}") from None
     return load_declared_hooks(settings.hooks_file, runtime)
-
-
-def add_parser(commands: Any) -> None:
-    hooks = commands.add_parser("hooks", help="declared hooks: dry-run, enable, encrypt, executions, budget")
-    sub = hooks.add_subparsers(dest="hooks_command", required=True)
-    p = sub.add_parser("dry-run", help="fire one hook with a sample event; writes no audit row")
-    p.add_argument("--file", help="declared-hooks file (default: AGENT_HOOKS_FILE)")
-    p.add_argument("--hook", required=True, help="the hook id")
-    p.add_argument(
-        "--event-json", default="{}", help='sample event, e.g. {"tool_name": "shell/exec", "tool_input": {...}}'
-    )
-    p = sub.add_parser("enable", help="re-enable a hook and reset its circuit breaker")
-    p.add_argument("hook_id")
-    p.add_argument("--actor", default="operator")
-    p = sub.add_parser(
-        "encrypt", help="encrypt a header secret for a declared-hooks or MCP-servers file (reads stdin without a value)"
-    )
-    p.add_argument("value", nargs="?")
-    sub.add_parser("keygen", help="print a new AGENT_HOOK_SECRET_KEY")
-    p = sub.add_parser("executions", help="audit rows of hook executions")
-    p.add_argument("--hook")
-    p.add_argument("--workflow-id")
-    p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--show-errors", action="store_true", help="decrypt each row's full error")
-    p = sub.add_parser("budget", help="show or set a tenant's monthly prompt-token budget")
-    p.add_argument("tenant")
-    p.add_argument("--total", type=int)
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:

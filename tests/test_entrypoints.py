@@ -201,7 +201,8 @@ def test_a_worker_on_postgresql_writes_records_the_cli_reads_from_the_database(t
         listed = _cli(env, "list")
     assert record.returncode == 0, record.stderr
     assert json.loads(record.stdout)["status"] == "succeeded"
-    assert "request pg-1" in listed.stdout
+    [line] = [line for line in listed.stdout.splitlines() if " pg-1 " in line]  # one line per request
+    assert "succeeded" in line and "What is the price of ACME?" in line, listed.stdout
     # nothing went to a SQLite execution store: the records are in the database only
     assert not (tmp_path / "state" / "executions.sqlite3").exists()
     with psycopg.connect(postgres_url) as conn:

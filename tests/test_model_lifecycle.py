@@ -14,7 +14,7 @@ from temporalio.api.enums.v1 import EventType
 
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
 from activities.tools import ToolRegistry
-from client.cli import answer_chunks
+from client.api import answer_chunks
 from demo.tools import demo_tools, quote_price
 from hooks import PipelineHook
 from hooks.builtin.secret_redaction import SecretRedactionHook

@@ -578,7 +578,8 @@ def test_worker_check_lists_the_hooks_of_a_valid_pipeline(tmp_path):
     proc = run_check("valid", tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[:4] == [
+    assert lines[0].startswith("pipeline ") and "(tests.worker_pipelines:" in lines[0]
+    assert lines[1:5] == [
         "0: enrich [before_planning]",
         "1: reviewer [after_planning]",
         "2: governed-plan [after_planning] required",

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
-from client.cli import RequestIdConflict, start_request
+from client.api import RequestIdConflict, start_request
 from client.settings import Settings
 
 from .harness import Harness

@@ -19,7 +19,7 @@ import pytest
 
 from benchmarks.processes import Server, spawn, stop_all
 from client import Settings, connect
-from client.cli import start_request
+from client.api import start_request
 from hooks.declarative import HookStore
 from storage.executions import PostgresExecutionStore
 from storage.postgres import Database

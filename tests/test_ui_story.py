@@ -17,10 +17,9 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
 from client import Settings
-from client.cli import start_request
+from client.api import start_request
 from client.devserver import temporal_cli_path
-from client.settings import DEFAULT_ALLOWED_OPERATIONS
-from demo.pipeline import demo_hooks
+from demo.pipeline import DEMO_ALLOWED_OPERATIONS, demo_hooks
 from hooks import PipelineHook, RunMode
 from hooks.builtin.allowed_operations import AllowedOperationsHook
 from hooks.builtin.audit import EFFECT_ID as AUDIT_EFFECT_ID
@@ -214,7 +213,7 @@ async def test_without_hooks_only_the_framework_stages_are_upserted(client: Clie
 
 
 async def test_a_refused_request_names_its_failure_type_first_and_leaks_no_stack_trace(client: Client, tmp_path):
-    async with Harness(client, tmp_path, hooks=[AllowedOperationsHook(DEFAULT_ALLOWED_OPERATIONS)]) as h:
+    async with Harness(client, tmp_path, hooks=[AllowedOperationsHook(DEMO_ALLOWED_OPERATIONS)]) as h:
         out = await h.run("Buy 10 ACME", {"cache": "bypass"})
         ended = await current_details(client.get_workflow_handle(out.workflow_id))
 

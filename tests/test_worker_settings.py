@@ -119,7 +119,11 @@ def test_review_settings_and_declared_hooks_apply_to_a_hand_built_pipeline(tmp_p
     )
     assert applied.returncode == 0, applied.stderr
     lines = applied.stdout.splitlines()
-    assert lines[:2] == ["0: sign-messages [before_tool]", "1: guard [before_tool]"]
+    assert lines[:3] == [
+        "pipeline hand-built (tests.worker_pipelines:hand_built)",
+        "0: sign-messages [before_tool]",
+        "1: guard [before_tool]",
+    ]
     assert "planner: scripted-planner; synthesizer: readable; reviewers: alice, carol; checkpoint expiry: 900 s; " in (
         applied.stdout
     )
@@ -196,3 +200,18 @@ def test_a_model_reaches_a_pipeline_built_with_the_builder(tmp_path):
 )
 def test_a_bad_pipeline_factory_is_a_one_line_error(tmp_path, pipeline, fragment):
     refused(worker(tmp_path, pipeline), "pipeline error: AGENT_PIPELINE=", fragment)
+
+
+def test_a_worker_without_a_pipeline_says_how_to_name_one(tmp_path):
+    """The framework has no default pipeline (the demo's is the demo's): an unset ``AGENT_PIPELINE`` is a
+    one-line error naming the variable, never a demo served by accident."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "OPENAI_"))}
+    proc = subprocess.run(
+        [sys.executable, "worker.py", "--check"],
+        cwd=ROOT,
+        env={**environment, "AGENT_STATE_DIR": str(tmp_path / "state")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    refused(proc, "AGENT_PIPELINE is not set", "module:function")

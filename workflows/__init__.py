@@ -1,13 +1,53 @@
-"""Deterministic workflow code and the models every other part shares."""
+"""Deterministic workflow code and the models every other part shares.
 
-from .converter import data_converter
-from .detached import DETACHED_WORKFLOW_TYPE, DetachedEffectWorkflow, detached_workflow_id
-from .lease_keeper import LEASE_KEEPER_WORKFLOW_TYPE, LeaseKeeperWorkflow
-from .lifecycle import WORKFLOW_TYPE, RequestLifecycleWorkflow
-from .notification import REVIEW_NOTIFICATION_WORKFLOW_TYPE, ReviewNotificationWorkflow
-from .support import idempotency_key
+The workflows themselves load on first use (``workflows.WORKFLOWS``, ``workflows.RequestLifecycleWorkflow``,
+...), so a process that needs only the models (a client, the CLI) never imports the workflow code.
+"""
 
-WORKFLOWS = [RequestLifecycleWorkflow, DetachedEffectWorkflow, ReviewNotificationWorkflow, LeaseKeeperWorkflow]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .converter import data_converter
+    from .detached import DETACHED_WORKFLOW_TYPE, DetachedEffectWorkflow, detached_workflow_id
+    from .lease_keeper import LEASE_KEEPER_WORKFLOW_TYPE, LeaseKeeperWorkflow
+    from .lifecycle import WORKFLOW_TYPE, RequestLifecycleWorkflow
+    from .notification import REVIEW_NOTIFICATION_WORKFLOW_TYPE, ReviewNotificationWorkflow
+    from .support import idempotency_key
+
+    WORKFLOWS: list[type]
+
+_WHERE = {
+    "data_converter": "converter",
+    "DETACHED_WORKFLOW_TYPE": "detached",
+    "DetachedEffectWorkflow": "detached",
+    "detached_workflow_id": "detached",
+    "LEASE_KEEPER_WORKFLOW_TYPE": "lease_keeper",
+    "LeaseKeeperWorkflow": "lease_keeper",
+    "WORKFLOW_TYPE": "lifecycle",
+    "RequestLifecycleWorkflow": "lifecycle",
+    "REVIEW_NOTIFICATION_WORKFLOW_TYPE": "notification",
+    "ReviewNotificationWorkflow": "notification",
+    "idempotency_key": "support",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WORKFLOWS":  # every workflow a worker of the lifecycle registers
+        return [
+            __getattr__("RequestLifecycleWorkflow"),
+            __getattr__("DetachedEffectWorkflow"),
+            __getattr__("ReviewNotificationWorkflow"),
+            __getattr__("LeaseKeeperWorkflow"),
+        ]
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DETACHED_WORKFLOW_TYPE",

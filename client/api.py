@@ -1,0 +1,336 @@
+"""The client a service uses to run agent requests: start them, wait for their answers or typed failures,
+stream answers, review checkpoints, read records, cancel.
+
+    from client.api import AgentClient, RequestFailed
+
+    agents = await AgentClient.connect()                     # settings from the environment
+    result = await agents.execute("What is the price of ACME?", metadata={"user_id": "u1"})
+    print(result.response)
+
+    handle = await agents.start("Send bob a note", request_id="order-17")
+    for checkpoint in await agents.inbox():                  # what reviewers see
+        await agents.approve(checkpoint.workflow_id, reviewer="alice", comment="ok")
+    try:
+        await agents.result("order-17")                       # a request id or a workflow id
+    except RequestFailed as failed:
+        print(failed.type, failed.message)                    # e.g. CheckpointRejected, RequiredAfterPlanningError
+
+Every method that names a request takes its request id or its workflow id (``request-<request id>``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from workflows import WORKFLOW_TYPE, data_converter, story
+from workflows import search_attributes as sa
+from workflows.decisions import REQUEST_ID_CONFLICT
+from workflows.models import (
+    ANSWER_TOPIC,
+    AnswerChunk,
+    Checkpoint,
+    ExecutionRecord,
+    RequestInput,
+    RequestResult,
+    ReviewAck,
+    ReviewRequest,
+)
+
+from .settings import Settings
+
+REQUEST_PREFIX = "request-"
+_OPTIONAL_CHECKPOINT: Any = Checkpoint | None  # a query result that may be null
+
+
+def workflow_id_for(request_id: str) -> str:
+    """The workflow id of the request ``request_id`` (``request-<request id>``)."""
+    return f"{REQUEST_PREFIX}{request_id}"
+
+
+class RequestIdConflict(ApplicationError):
+    """A request id already names a request with another input: refused, never deduplicated."""
+
+    def __init__(self, request_id: str, workflow_id: str, detail: str) -> None:
+        super().__init__(
+            f"request id {request_id!r} already names a different request ({workflow_id}): {detail}",
+            {"request_id": request_id, "workflow_id": workflow_id, "detail": detail},
+            type=REQUEST_ID_CONFLICT,
+            non_retryable=True,
+        )
+
+
+class RequestFailed(Exception):
+    """A request ended without an answer: ``type`` is the stable error type (``RequiredAfterPlanningError``,
+    ``CheckpointRejected``, ``ExtensionError``, ``Cancelled``, ...), ``details`` what the failure carries."""
+
+    def __init__(self, workflow_id: str, type: str, message: str, details: Any = None) -> None:
+        super().__init__(f"{workflow_id}: {type}: {message}")
+        self.workflow_id, self.type, self.message, self.details = workflow_id, type, message, details
+
+    @classmethod
+    def of(cls, workflow_id: str, err: WorkflowFailureError) -> RequestFailed:
+        cause = err.cause
+        if isinstance(cause, ApplicationError):
+            return cls(
+                workflow_id,
+                cause.type or "ApplicationError",
+                cause.message,
+                cause.details[0] if cause.details else None,
+            )
+        if isinstance(cause, CancelledError):
+            return cls(workflow_id, "Cancelled", str(cause))
+        return cls(workflow_id, type(cause).__name__, str(cause))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "details": self.details}
+
+
+class NoPendingCheckpoint(ValueError):
+    """A review names no checkpoint and the request has none waiting."""
+
+
+class RequestNotFound(LookupError):
+    """No request has that request id or workflow id."""
+
+
+class ReviewRefused(Exception):
+    """The request refused a review before accepting it (not a reviewer it allows, a checkpoint already
+    decided or expired, no pending checkpoint): nothing changed."""
+
+
+@dataclass(frozen=True)
+class PendingReview:
+    """A checkpoint waiting for a reviewer, and the request it belongs to."""
+
+    workflow_id: str
+    checkpoint: Checkpoint
+
+
+class AgentClient:
+    """Runs agent requests on a Temporal namespace (see the module docstring)."""
+
+    def __init__(self, client: Client, settings: Settings) -> None:
+        self.temporal = client  # the underlying Temporal client, for anything not wrapped here
+        self.settings = settings
+
+    @classmethod
+    async def connect(cls, settings: Settings | None = None, *, tracing: bool = True) -> AgentClient:
+        """Connect with the project's data converter and payload store (settings from the environment
+        unless given)."""
+        from . import connect
+
+        settings = settings or Settings.from_env()
+        return cls(await connect(settings, tracing=tracing), settings)
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    async def start(
+        self,
+        text: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        request_id: str | None = None,
+        stream: bool = False,
+    ) -> WorkflowHandle[Any, RequestResult]:
+        """Start a request and return its handle (workflow id ``request-<request id>``).
+
+        A request id names one request: starting an id that runs or has finished with the same input
+        attaches to that execution (a retried call never runs the request twice); with a different input
+        it raises :class:`RequestIdConflict`. With ``stream`` the answer is also published while it is
+        written (read it with :meth:`stream`)."""
+        return await start_request(
+            self.temporal, self.settings, text, metadata=metadata, request_id=request_id, stream_answer=stream
+        )
+
+    async def execute(
+        self, text: str, *, metadata: dict[str, Any] | None = None, request_id: str | None = None
+    ) -> RequestResult:
+        """Start a request and wait for its answer; a request that fails raises :class:`RequestFailed`."""
+        handle = await self.start(text, metadata=metadata, request_id=request_id)
+        return await self.result(handle.id)
+
+    async def result(self, request: str) -> RequestResult:
+        """Wait for a request's answer (:class:`RequestFailed` if it fails)."""
+        workflow_id = await self.workflow_id(request)
+        try:
+            return await self.temporal.get_workflow_handle(workflow_id, result_type=RequestResult).result()
+        except WorkflowFailureError as err:
+            raise RequestFailed.of(workflow_id, err) from None
+
+    async def stream(self, request: str, *, from_offset: int = 0) -> AsyncIterator[AnswerChunk]:
+        """The answer of a request started with ``stream=True``, as it is written: the model's text chunks,
+        then one ``final`` chunk with the answer after the after_synthesis hooks. Ends when the request
+        ends. Chunks of a retried synthesis carry a higher ``attempt``: drop what the earlier one sent."""
+        async for chunk in answer_chunks(self.temporal, await self.workflow_id(request), from_offset=from_offset):
+            yield chunk
+
+    async def cancel(self, request: str) -> None:
+        """Cancel a request: its finalizers run and its record says ``cancelled``."""
+        await self.temporal.get_workflow_handle(await self.workflow_id(request)).cancel()
+
+    async def status(self, request: str) -> WorkflowExecutionStatus | None:
+        description = await self.temporal.get_workflow_handle(await self.workflow_id(request)).describe()
+        return description.status
+
+    # -- reviews -------------------------------------------------------------------------------------
+
+    async def pending(self, request: str) -> list[Checkpoint]:
+        """The request's checkpoints waiting for a reviewer, oldest first."""
+        handle = self.temporal.get_workflow_handle(await self.workflow_id(request))
+        return await handle.query("pending_checkpoints", result_type=list[Checkpoint])
+
+    async def inbox(self) -> list[PendingReview]:
+        """Every pending checkpoint of the namespace's requests (those listed ``AgentAwaitingReview``)."""
+        found = []
+        async for execution in self.temporal.list_workflows(sa.AWAITING_REVIEW_QUERY):
+            found.extend(PendingReview(execution.id, c) for c in await self.pending(execution.id))
+        return found
+
+    async def review(
+        self,
+        request: str,
+        decision: Literal["approve", "reject"],
+        *,
+        reviewer: str,
+        comment: str = "",
+        checkpoint_id: str | None = None,
+    ) -> ReviewAck:
+        """Decide a checkpoint (the oldest pending one unless named) through the validated ``review``
+        update; a review the request refuses raises :class:`ReviewRefused` and changes nothing."""
+        workflow_id = await self.workflow_id(request)
+        try:
+            return await review(self.temporal, workflow_id, decision, reviewer, comment, checkpoint_id)
+        except NoPendingCheckpoint as err:
+            raise ReviewRefused(str(err)) from None
+        except WorkflowUpdateFailedError as err:
+            raise ReviewRefused(str(getattr(err.cause, "message", err.cause))) from None
+
+    async def approve(
+        self, request: str, *, reviewer: str, comment: str = "", checkpoint_id: str | None = None
+    ) -> ReviewAck:
+        return await self.review(request, "approve", reviewer=reviewer, comment=comment, checkpoint_id=checkpoint_id)
+
+    async def reject(
+        self, request: str, *, reviewer: str, reason: str = "", checkpoint_id: str | None = None
+    ) -> ReviewAck:
+        return await self.review(request, "reject", reviewer=reviewer, comment=reason, checkpoint_id=checkpoint_id)
+
+    # -- records -------------------------------------------------------------------------------------
+
+    async def record(self, request: str) -> ExecutionRecord:
+        """The request's execution record as it stands now (by query; the execution store keeps it after
+        the workflow's retention)."""
+        handle = self.temporal.get_workflow_handle(await self.workflow_id(request))
+        return await handle.query("execution_record", result_type=ExecutionRecord)
+
+    async def workflow_id(self, request: str) -> str:
+        """The workflow id of a request named by its request id or its workflow id."""
+        candidates = [request] if request.startswith(REQUEST_PREFIX) else [workflow_id_for(request), request]
+        for workflow_id in candidates:
+            try:
+                await self.temporal.get_workflow_handle(workflow_id).describe()
+                return workflow_id
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+        raise RequestNotFound(f"no request {request!r}: neither a workflow id nor a request id")
+
+
+async def started_input(handle: WorkflowHandle) -> RequestInput | None:
+    """The input an existing execution was started with (from its first history event), if it is one."""
+    async for event in handle.fetch_history_events():
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        try:
+            [value] = await data_converter.decode(payloads)
+            return RequestInput.model_validate(value)
+        except (ValueError, TypeError, ApplicationError):
+            return None
+    return None
+
+
+async def start_request(
+    client: Client,
+    settings: Settings,
+    text: str,
+    *,
+    metadata: dict[str, Any] | None = None,
+    request_id: str | None = None,
+    stream_answer: bool = False,
+) -> WorkflowHandle[Any, RequestResult]:
+    """:meth:`AgentClient.start` on a Temporal client of the project's (see there)."""
+    request_id = request_id or uuid.uuid4().hex[:12]
+    request = RequestInput(request=text, metadata=metadata or {}, request_id=request_id, stream_answer=stream_answer)
+    workflow_id = workflow_id_for(request_id)
+    try:
+        return await client.start_workflow(
+            WORKFLOW_TYPE,
+            request,
+            id=workflow_id,
+            task_queue=settings.task_queue,
+            result_type=RequestResult,
+            static_summary=story.request_summary(text),
+            static_details=story.request_details(text, request_id),
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        )
+    except WorkflowAlreadyStartedError:
+        pass
+    handle = client.get_workflow_handle(workflow_id, result_type=RequestResult)
+    existing = await started_input(handle)
+    if existing is None:
+        raise RequestIdConflict(request_id, workflow_id, "its input is not a request")
+    if existing.model_dump(mode="json") != request.model_dump(mode="json"):
+        raise RequestIdConflict(request_id, workflow_id, "its request or metadata differ")
+    return handle
+
+
+async def answer_chunks(client: Client, workflow_id: str, *, from_offset: int = 0) -> AsyncIterator[AnswerChunk]:
+    """:meth:`AgentClient.stream` by workflow id (see there)."""
+    stream = WorkflowStreamClient.create(client, workflow_id)
+    async for item in stream.subscribe(ANSWER_TOPIC, from_offset, result_type=AnswerChunk):
+        yield item.data
+
+
+async def pending_checkpoint(client: Client, workflow_id: str) -> Checkpoint | None:
+    """The oldest checkpoint of a request waiting for a reviewer, or None."""
+    return await client.get_workflow_handle(workflow_id).query("pending_checkpoint", result_type=_OPTIONAL_CHECKPOINT)
+
+
+async def review(
+    client: Client,
+    workflow_id: str,
+    decision: Literal["approve", "reject"],
+    reviewer: str,
+    comment: str = "",
+    checkpoint_id: str | None = None,
+) -> ReviewAck:
+    """Decide a checkpoint through the ``review`` update (validated, acknowledged): the one named, or the
+    oldest pending. A refused review raises ``WorkflowUpdateFailedError``; no pending checkpoint,
+    :class:`NoPendingCheckpoint`."""
+    if checkpoint_id is None:
+        checkpoint = await pending_checkpoint(client, workflow_id)
+        if checkpoint is None:
+            raise NoPendingCheckpoint(f"{workflow_id} has no pending checkpoint")
+        checkpoint_id = checkpoint.checkpoint_id
+    request = ReviewRequest(checkpoint_id=checkpoint_id, reviewer=reviewer, decision=decision, comment=comment)
+    return await client.get_workflow_handle(workflow_id).execute_update("review", request, result_type=ReviewAck)
+
+
+def describe_failure(err: WorkflowFailureError) -> dict[str, Any]:
+    """The typed failure of a request as a dict: type, message, details."""
+    return RequestFailed.of("", err).as_dict()
