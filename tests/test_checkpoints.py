@@ -809,7 +809,7 @@ async def test_the_reviewer_cli_lists_shows_approves_and_rejects(client, dev_env
         assert code == 1, stderr
         assert "has no pending checkpoint" in stdout
         code, stdout, stderr = await _cli(env, "approve", to_approve.id, "--reviewer", "alice")
-        assert code == 2, stderr
+        assert code == 1, stderr  # refused: nothing is waiting for a reviewer
         assert "has no pending checkpoint" in stderr
 
         async def both_gone() -> bool:

@@ -157,7 +157,7 @@ def test_the_worker_refuses_to_start_with_a_bad_hooks_file(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     # Listed in execution order: priority 5 runs before the demo's priority-0 hooks.
-    assert run.stdout.splitlines()[0].endswith(": audit-tools [after_tool] priority 5"), run.stdout
+    assert run.stdout.splitlines()[1].endswith(": audit-tools [after_tool] priority 5"), run.stdout
 
 
 # --------------------------------------------------------------------------------------------------
