@@ -19,7 +19,7 @@ from ..models import (
     Stage,
     Stop,
 )
-from ._base import Chaining, Checks, Fold, ObserverSpec, StageSpec, rejected, returned
+from ._base import CallT, Chaining, Checks, Fold, ObserverSpec, StageSpec, rejected, returned
 
 if TYPE_CHECKING:
     from hooks.contracts import PipelineContext
@@ -126,24 +126,26 @@ class OnFinishCall(HookCall):
     outcome: RunOutcomeView
 
 
-class OnErrorSpec(ObserverSpec[OnErrorCall, ObserveOutcome]):
+class _FinalizerSpec(ObserverSpec[CallT, ObserveOutcome]):
+    """Runs on every exit; a hook's failure is a diagnostic, whatever its policy, never the run's outcome."""
+
+    outcome = ObserveOutcome
+    own_policy = False
+    finalizer = True
+
+
+class OnErrorSpec(_FinalizerSpec[OnErrorCall]):
     stage = Stage.ON_ERROR
     call = OnErrorCall
-    outcome = ObserveOutcome
     protocols = {"on_error": OnErrorHook}
     subject_field = "error"
-    own_policy = False
-    finalizer = True
 
 
-class OnFinishSpec(ObserverSpec[OnFinishCall, ObserveOutcome]):
+class OnFinishSpec(_FinalizerSpec[OnFinishCall]):
     stage = Stage.ON_FINISH
     call = OnFinishCall
-    outcome = ObserveOutcome
     protocols = {"on_finish": OnFinishHook}
     subject_field = "outcome"
-    own_policy = False
-    finalizer = True
 
 
 BEFORE_RUN = BeforeRunSpec()
