@@ -37,7 +37,7 @@ from client.api import describe_failure, pending_checkpoint, review, start_reque
 from client.cli import format_checkpoint, format_record
 from client.devserver import start_dev_server
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
-from demo.pipeline import demo_settings
+from demo.pipeline import DEMO_PIPELINE, demo_settings
 from worker import build_worker, load_activities, prepare
 from workflows import search_attributes
 from workflows.models import ExecutionRecord, Stage
@@ -227,8 +227,8 @@ async def main(hold: bool) -> int:
                     pass
             else:
                 print(
-                    "The dev server's database persists in the state directory: `python worker.py --dev` "
-                    "brings these executions back in the UI."
+                    "The dev server's database persists in the state directory: "
+                    f"`AGENT_PIPELINE={DEMO_PIPELINE} python worker.py --dev` brings these executions back in the UI."
                 )
             return 0 if all(checks.values()) else 1
     finally:
