@@ -70,6 +70,13 @@ SCENARIOS = {
         {"cache": "bypass"},
         "history-reviewer",
     ),
+    # Added with the newest patch: a call that needs a reviewer prepared (resolved, validated, through
+    # before_tool) before its checkpoint opens, and executed with exactly the approved arguments.
+    "message_approved_as_it_runs": (
+        "Send a message to frank with the price of ACME",
+        {"cache": "bypass"},
+        "history-reviewer",
+    ),
 }
 # Added with the stage listing delay: stages after the first listed only once a request has waited in
 # them that long (one timer that never fires on these), a checkpoint's opening and closing and the end
@@ -86,6 +93,9 @@ LISTING_DELAY_SCENARIOS = {
 # memory and a detached knowledge extraction. Recorded with their own worker (the pipeline differs).
 MEMORY_SCENARIOS = {
     "quote_with_shared_memory_and_managed_lease": ("What is the price of ACME?", {"cache": "bypass"}, None),
+    # Added with the newest patch: the managed lease kept by a durable renewal timer (and short renewals)
+    # instead of a keep_lease activity holding a worker slot.
+    "quote_with_lease_kept_by_timer": ("What is the price of MSFT?", {"cache": "bypass"}, None),
 }
 
 # Added with declared hooks and sub-agents: a sub-agent step run as a child RequestLifecycle
