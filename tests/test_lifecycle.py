@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from client.settings import Settings
 from demo.pipeline import demo_hooks
+from workflows import patches as patch_names
 from workflows.models import RequestStatus, Stage
 
 from .harness import Harness
@@ -112,7 +113,7 @@ async def test_a_new_execution_records_one_patch_and_its_stage_once_per_wait(cli
         if e.HasField("marker_recorded_event_attributes")
         and e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
-    assert len(patches) == 1 and b"lifecycle-2026-12" in patches[0].payloads[0].data
+    assert len(patches) == 1 and patch_names.LATEST.encode() in patches[0].payloads[0].data
     upserted = [
         fields
         for e in events

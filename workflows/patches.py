@@ -35,7 +35,9 @@ LIFECYCLE_2026_12 = "lifecycle-2026-12"
 # activities, then a LeaseKeeper child's activities (before, one keep_lease activity held a worker slot for
 # the request's life).
 LIFECYCLE_2026_12_B = "lifecycle-2026-12-b"
-LATEST = LIFECYCLE_2026_12_B
+# Every change made since (each listed on its ``Behaviour`` field, ``False`` for older executions).
+LIFECYCLE_2027_01 = "lifecycle-2027-01"
+LATEST = LIFECYCLE_2027_01
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class Behaviour:
 
 def detect() -> Behaviour:
     """The behaviour of this execution; call it before the workflow sends any other command."""
+    if workflow.patched(LIFECYCLE_2027_01):
+        return Behaviour()
     if workflow.patched(LIFECYCLE_2026_12_B):
         return Behaviour()
     earlier = Behaviour(approval_after_rewrites=False, handled_tool_error_succeeds=False, lease_renewal_by_timer=False)
