@@ -18,6 +18,7 @@ variable.
 | ``AGENT_MODEL_MAX_TOKENS_PER_REQUEST`` | no budget | tokens one request may spend on models |
 | ``AGENT_MODEL_TOKEN_LIMIT_PARAMETER`` | ``max_tokens`` | or ``max_completion_tokens`` (OpenAI reasoning models) |
 | ``AGENT_MODEL_PROVIDER`` | ``openai`` | ``gen_ai.provider.name`` on spans and metrics |
+| ``AGENT_MODEL_CONTEXT_WINDOW`` | unknown | the model's context window in tokens (prompt budgets, memory caps) |
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class ModelSettings(BaseModel):
     max_tokens_per_request: int | None = Field(default=None, gt=0)
     token_limit_parameter: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     provider: str = "openai"
+    # The model's context window in tokens (None: unknown, so nothing is budgeted against it).
+    context_window: int | None = Field(default=None, gt=0)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ModelSettings:
@@ -105,6 +108,9 @@ class ModelSettings(BaseModel):
             "temperature": _parsed(env, "AGENT_MODEL_TEMPERATURE", float, lambda v: 0 <= v <= 2, "a number in [0, 2]"),
             "max_tokens_per_request": _parsed(
                 env, "AGENT_MODEL_MAX_TOKENS_PER_REQUEST", int, lambda v: v > 0, "a positive integer"
+            ),
+            "context_window": _parsed(
+                env, "AGENT_MODEL_CONTEXT_WINDOW", int, lambda v: 256 <= v <= 100_000_000, "tokens, 256 or more"
             ),
         }
         values.update({key: value for key, value in numbers.items() if value is not None})

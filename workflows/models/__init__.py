@@ -52,6 +52,7 @@ from ._common import (
     RunMode,
     Stage,
     bounded_value,
+    estimate_tokens,
     json_size,
 )
 from ._hook_calls import (
@@ -293,6 +294,7 @@ __all__ = [
     "ToolStepOutput",
     "WorkerLoss",
     "bounded_value",
+    "estimate_tokens",
     "json_size",
     "subagent_depth",
 ]

@@ -4,6 +4,7 @@ detached effects and managed leases."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -19,6 +20,9 @@ class RememberInput(ByReference):
     request_id: str
     workflow_id: str
     candidate: MemoryCandidate
+    # Who answered: ``fallback`` after a handoff from a failing primary model, whose memory is then kept
+    # without asking a model to fold older exchanges into the summary.
+    handled_by: Literal["primary", "fallback"] = "primary"
 
 
 class PlanInput(ByReference):

@@ -70,6 +70,19 @@ def json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
 
 
+# A conservative token estimate: fewer characters per token than any common tokenizer reaches on prose,
+# code or JSON, so a text estimated to fit does fit; non-ASCII text is counted by its UTF-8 bytes.
+CHARS_PER_TOKEN = 3
+BYTES_PER_TOKEN = 4
+
+
+def estimate_tokens(text: str) -> int:
+    """An upper estimate of the tokens ``text`` takes in a model's prompt (no tokenizer needed)."""
+    if not text:
+        return 0
+    return max(-(-len(text) // CHARS_PER_TOKEN), -(-len(text.encode()) // BYTES_PER_TOKEN))
+
+
 def bounded_value(value: Any) -> Any:
     """``value`` itself if its JSON is small, else a reference: sha256 of the canonical JSON, size, preview."""
     size = json_size(value)
