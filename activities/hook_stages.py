@@ -165,8 +165,11 @@ class HookStageActivities(abc.ABC):
         return result
 
     @abc.abstractmethod
-    def plan_problems(self, plan: Plan, phase: int, prior_step_ids: Sequence[str] = ()) -> list[str]:
-        """Why a plan an after_planning hook returned is invalid (empty when it is valid)."""
+    def plan_problems(
+        self, plan: Plan, phase: int, prior_step_ids: Sequence[str] = (), available: Sequence[str] | None = None
+    ) -> list[str]:
+        """Why a plan an after_planning hook returned is invalid (empty when it is valid); ``available``: the
+        tool keys its planning attempt had (None: every tool)."""
 
     def stage_activities(self) -> list[Callable[..., Any]]:
         """One bound activity per row of the stage table, and the batch activity that runs several."""
@@ -212,8 +215,10 @@ class HookStageActivities(abc.ABC):
         let the stage judge what came back."""
 
         async def run(hook: Any, ctx: PipelineContext, span: Span) -> HookOutcome:
-            value = await call_hook(getattr(hook, spec.method(call.hook)), ctx, *spec.arguments(call, ctx))
-            return spec.judge(call, value, ctx, _Checks(self, span))
+            checks = _Checks(self, span)
+            prepared = spec.prepare(call, checks)
+            value = await call_hook(getattr(hook, spec.method(call.hook)), ctx, *spec.arguments(prepared, ctx))
+            return spec.judge(prepared, value, ctx, checks)
 
         return await self._invoke(call, spec.stage, run)
 
@@ -315,11 +320,17 @@ class _Checks:
     def __init__(self, activities: HookStageActivities, span: Span) -> None:
         self._activities, self._span = activities, span
 
-    def plan_problems(self, plan: Plan, phase: int, prior_step_ids: Sequence[str]) -> list[str]:
-        return self._activities.plan_problems(plan, phase, prior_step_ids)
+    def plan_problems(
+        self, plan: Plan, phase: int, prior_step_ids: Sequence[str], available: Sequence[str] | None = None
+    ) -> list[str]:
+        return self._activities.plan_problems(plan, phase, prior_step_ids, available)
 
     def argument_problems(self, step: PlanStep) -> list[str]:
         return self._activities.tools.argument_problems(step, resolved=True)
+
+    def tool_descriptions(self, keys: Sequence[str]) -> dict[str, str]:
+        tools = self._activities.tools
+        return {key: tool.description for key in keys if (tool := tools.get(key)) is not None}
 
     def short_circuit_judged(self, call: HookCall, proposal: ShortCircuitProposal, decision: HookDecision) -> None:
         accepted = decision.action is DecisionAction.SHORT_CIRCUIT

@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pydantic
@@ -30,6 +30,7 @@ from hooks.registry import HookRegistry
 from storage.executions import ExecutionStore
 from workflows import decisions
 from workflows.models import (
+    MAX_PLAN_ATTEMPTS,
     MAX_TOOL_OUTPUT_BYTES,
     DetachedEffectInput,
     DetachedWorkResult,
@@ -38,6 +39,7 @@ from workflows.models import (
     LeaseKeeperReport,
     LeaseObservation,
     LeaseRenewal,
+    MemoryExchange,
     MemoryOutcome,
     ModelDraft,
     PersistRecordInput,
@@ -47,6 +49,8 @@ from workflows.models import (
     PlanInput,
     PlanOutput,
     PlanStep,
+    RecalledMemory,
+    RecallInput,
     RememberInput,
     ResolvePipelineInput,
     ReviewNotificationInput,
@@ -70,7 +74,15 @@ from .heartbeat import heartbeat_interval, heartbeating
 from .hook_stages import HookStageActivities, call_hook
 from .memory import ConversationMemory
 from .models.calls import ModelCallLog
-from .planning import Planner, PlanningRequest, PromptBuilder, PromptInput, Synthesizer, build_planning_prompt
+from .planning import (
+    Planner,
+    PlanningRequest,
+    PlanRepairNeeded,
+    PromptBuilder,
+    PromptInput,
+    Synthesizer,
+    build_planning_prompt,
+)
 from .review_webhook import WEBHOOK_NOT_CONFIGURED, ReviewWebhook
 from .tools import ToolContext, ToolRegistry
 
@@ -80,6 +92,9 @@ ResultT = TypeVar("ResultT", bound=BaseModel)
 INVALID_ARGUMENTS = "InvalidArguments"
 MAX_PRIVATE_STATE_BYTES = 64 * 1024
 DRAFT_PREVIEW_CHARS = 160  # of the model's draft, secrets masked, as the record keeps it
+RECALLED_EXCHANGES = 3  # the latest exchanges of a conversation a run recalls (besides its summary)
+# A tool's result text when its formatter failed: the output is kept, and the model reads that it completed.
+FORMATTED_FAILURE_CHARS = 300
 
 
 class LifecycleActivities(HookStageActivities):
@@ -158,6 +173,11 @@ class LifecycleActivities(HookStageActivities):
                 "settings": self.settings,
                 "memory": self.memory is not None,
                 "review": self.manifest.review.model_copy(update={"notify": self.review_webhook is not None}),
+                "fallback": {
+                    stage: name
+                    for stage, part in (("planning", self.planner), ("synthesis", self.synthesizer))
+                    if isinstance(name := getattr(part, "fallback_model", None), str)
+                },
             }
         )
 
@@ -180,6 +200,7 @@ class LifecycleActivities(HookStageActivities):
         return [
             *self.stage_activities(),
             self.resolve_pipeline,
+            self.recall_memory,
             self.plan,
             self.validate_tool_arguments,
             self.execute_tool_step,
@@ -230,6 +251,21 @@ class LifecycleActivities(HookStageActivities):
         """The tools as each request records them (the worker's tools are fixed when it is built)."""
         return [tool.model_copy(update={"description": "", "parameters": {}}) for tool in self.manifest.tools]
 
+    @activity.defn(name="recall_memory")
+    @heartbeating
+    async def recall_memory(self, input: RecallInput) -> RecalledMemory:
+        """Load a conversation's memory for a run: its summary (where the memory keeps one) and its latest
+        exchanges, oldest first."""
+        if self.memory is None:
+            raise ApplicationError("no conversation memory is configured", type="MemoryUnavailable", non_retryable=True)
+        recall: Callable[[str], Awaitable[RecalledMemory]] | None = getattr(self.memory, "recall", None)
+        if recall is not None:
+            memory = await recall(input.conversation_id)
+        else:
+            exchanges = await self.memory.recent(input.conversation_id, RECALLED_EXCHANGES)
+            memory = RecalledMemory(exchanges=[MemoryExchange(request=e.request, answer=e.answer) for e in exchanges])
+        return self.bounded_result(memory, "recall_memory")
+
     @activity.defn(name="remember")
     @heartbeating
     async def remember(self, input: RememberInput) -> MemoryOutcome:
@@ -243,13 +279,16 @@ class LifecycleActivities(HookStageActivities):
     # Plan, execute, synthesize, persist
     # ------------------------------------------------------------------------------------------------
 
-    def plan_problems(self, plan: Plan, phase: int, prior_step_ids: Sequence[str] = ()) -> list[str]:
+    def plan_problems(
+        self, plan: Plan, phase: int, prior_step_ids: Sequence[str] = (), available: Sequence[str] | None = None
+    ) -> list[str]:
         problems = plan_problems(
             plan,
             self.manifest.tools,
             max_steps=self.settings.max_plan_steps,
             phase=phase,
             prior_step_ids=prior_step_ids,
+            available=None if available is None else set(available),
         )
         for step in plan.steps:
             problems.extend(self.tools.argument_problems(step))
@@ -260,6 +299,9 @@ class LifecycleActivities(HookStageActivities):
     async def plan(self, input: PlanInput) -> PlanOutput:
         """Build the planning prompt from the enrichments and ask the planner for a valid plan."""
         tools = self.manifest.tools
+        if input.tools is not None:  # before_plan hooks narrowed what this attempt may use
+            offered = set(input.tools)
+            tools = [tool for tool in tools if tool.key in offered]
         calls = ModelCallLog.resumed(input.max_tokens_remaining)
         prompt = self.prompt_builder(
             PromptInput(
@@ -269,22 +311,43 @@ class LifecycleActivities(HookStageActivities):
                 phase=input.phase,
                 instructions=input.instructions,
                 facts=copy.deepcopy(input.facts),
+                context_text=input.context_text,
             )
         )
-        plan = await self.planner.plan(
-            PlanningRequest(
-                request=input.request,
-                request_id=input.request_id,
-                prompt=prompt,
-                enrichments=copy.deepcopy(input.enrichments),
-                tools=tools,
-                phase=input.phase,
-                prior_results=[r.model_view() for r in input.prior_results],
-                instructions=input.instructions,
-                facts=copy.deepcopy(input.facts),
-                model_calls=calls,
+        planner = getattr(self.planner, "name", type(self.planner).__name__)
+        try:
+            plan = await self.planner.plan(
+                PlanningRequest(
+                    request=input.request,
+                    request_id=input.request_id,
+                    prompt=prompt,
+                    enrichments=copy.deepcopy(input.enrichments),
+                    tools=tools,
+                    phase=input.phase,
+                    prior_results=[r.model_view() for r in input.prior_results],
+                    instructions=input.instructions,
+                    facts=copy.deepcopy(input.facts),
+                    model_calls=calls,
+                    attempt=input.attempt,
+                    context_text=input.context_text,
+                    repair=input.repair,
+                    prior_turns=list(input.prior_turns),
+                    route=input.route,
+                    by_attempts=input.by_attempts,
+                )
             )
-        )
+        except PlanRepairNeeded as need:
+            if input.attempt + 1 < MAX_PLAN_ATTEMPTS:
+                output = PlanOutput(
+                    prompt=prompt, planner=planner, model_calls=calls.calls, problems=need.problems, repair=need.repair
+                )
+                return self.bounded_result(output, "plan")
+            raise ApplicationError(
+                f"the planner's plan was still invalid on attempt {input.attempt + 1}: " + "; ".join(need.problems),
+                {"problems": need.problems, "model_calls": [call.model_dump(mode="json") for call in calls.calls]},
+                type=decisions.INVALID_PLAN,
+                non_retryable=True,
+            ) from None
         recorded = [call.model_dump(mode="json") for call in calls.calls]
         if not isinstance(plan, Plan):
             raise ApplicationError(
@@ -293,7 +356,7 @@ class LifecycleActivities(HookStageActivities):
                 type=decisions.INVALID_PLAN,
                 non_retryable=True,
             )
-        problems = self.plan_problems(plan, input.phase, [r.step_id for r in input.prior_results])
+        problems = self.plan_problems(plan, input.phase, [r.step_id for r in input.prior_results], input.tools)
         if problems:
             raise ApplicationError(
                 "planner produced an invalid plan: " + "; ".join(problems),
@@ -301,8 +364,7 @@ class LifecycleActivities(HookStageActivities):
                 type=decisions.INVALID_PLAN,
                 non_retryable=True,
             )
-        planner = getattr(self.planner, "name", type(self.planner).__name__)
-        output = PlanOutput(plan=plan, prompt=prompt, planner=planner, model_calls=calls.calls)
+        output = PlanOutput(plan=plan, prompt=prompt, planner=planner, model_calls=calls.calls, model_turn=calls.turn)
         return self.bounded_result(output, "plan")
 
     @activity.defn(name="validate_tool_arguments")
@@ -344,7 +406,19 @@ class LifecycleActivities(HookStageActivities):
                 type="ToolOutputTooLarge",
                 non_retryable=True,
             )
-        return ToolStepOutput(output=output)
+        formatter = getattr(tool, "format", None)
+        if not callable(formatter):
+            return ToolStepOutput(output=output)
+        try:
+            text = formatter(output)
+            if not isinstance(text, str):
+                raise TypeError(f"format returned {type(text).__name__}, not str")
+        except Exception as err:  # noqa: BLE001 - a formatter's failure keeps the output (recovered)
+            problem = f"{step.tool_key} could not format its output: {type(err).__name__}: {err}"[
+                :FORMATTED_FAILURE_CHARS
+            ]
+            return ToolStepOutput(output=output, text=f"{step.tool} completed.", format_error=problem)
+        return ToolStepOutput(output=output, text=text)
 
     @activity.defn(name="synthesize")
     @heartbeating

@@ -16,6 +16,8 @@ from workflows.models import (
     ENRICHMENT_RAG_CONTEXT,
     ENRICHMENT_USER_PROFILE,
     Plan,
+    PlanRepair,
+    PriorTurn,
     StepResult,
     StepStatus,
     SynthesizeInput,
@@ -46,6 +48,7 @@ class PromptInput:
     phase: int = 1
     instructions: str = ""
     facts: Mapping[str, JsonValue] = field(default_factory=dict)
+    context_text: str = ""  # from before_plan hooks, for this planning attempt only
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,27 @@ class PlanningRequest:
     facts: Mapping[str, JsonValue] = field(default_factory=dict)
     # This invocation's model calls and the token budget left: a model planner appends every call it makes.
     model_calls: ModelCallLog | None = None
+    # The planning attempt (0, then one more for each malformed plan retried), its context text from
+    # before_plan hooks, and — on a retry — the malformed turn and what was wrong with it.
+    attempt: int = 0
+    context_text: str = ""
+    repair: PlanRepair | None = None
+    # The model's own turns of earlier phases, replayed to it as they were (each call answered by its id).
+    prior_turns: list[PriorTurn] = field(default_factory=list)
+    route: str = "primary"  # "fallback": the primary model failed; the planner's fallback model plans
+    # Each attempt is its own activity: a planner that can correct a malformed plan raises
+    # ``PlanRepairNeeded`` instead of correcting it itself.
+    by_attempts: bool = False
+
+
+class PlanRepairNeeded(Exception):
+    """Raised by a planner whose plan is malformed in a way it can correct on another attempt: the turn,
+    and what was wrong with each of its calls. The next attempt receives them as ``PlanningRequest.repair``
+    (after before_plan hooks run again); a plan still malformed then is ``InvalidPlan``."""
+
+    def __init__(self, repair: PlanRepair, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.repair, self.problems = repair, problems
 
 
 class Planner(Protocol):
@@ -122,6 +146,8 @@ def build_planning_prompt(input: PromptInput) -> str:
         "You are the planner of an agent. Choose the tool calls that answer the user's request, or none.",
         *context_sections(input.instructions, input.facts, input.enrichments),
     ]
+    if input.context_text:
+        sections.append(f"<planning_context>\n{input.context_text}\n</planning_context>")
     tool_lines = [
         f"- {t.key}: {t.description} parameters={json.dumps(t.parameters.get('properties', {}), sort_keys=True)}"
         for t in input.tools

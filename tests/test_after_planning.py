@@ -334,7 +334,7 @@ async def test_an_ordinary_hook_returning_the_wrong_type_fails_open(client, tmp_
     inv = out.record.invocations(Stage.AFTER_PLANNING, "wrong-type")[0]
     assert inv.outcome.value == "failed"
     assert inv.error_type == "InvalidHookResult"
-    assert inv.error == f"after_planning must return a Plan, got {type_name}"
+    assert inv.error == f"after_planning must return a Plan or Stop, got {type_name}"
     assert decision(inv) == ("fail_open", "continue", "invalid_result")
 
 
@@ -485,14 +485,14 @@ REQUIRED_FAILURES = {
         "InvalidHookResult",
         "invalid_result",
         "failed",
-        "after_planning must return a Plan, got dict",
+        "after_planning must return a Plan or Stop, got dict",
     ),
     "wrong_type_none": (
         dict(behaviour="none"),
         "InvalidHookResult",
         "invalid_result",
         "failed",
-        "after_planning must return a Plan, got NoneType",
+        "after_planning must return a Plan or Stop, got NoneType",
     ),
     "invalid_plan": (
         dict(behaviour="invalid_plan", max_attempts=3),

@@ -902,9 +902,9 @@ async def drive(case: str, client, tmp_path: Path, observers: list[Any], leftove
 ERROR_CASES = {
     # case: (origin, error type)
     "extension": ("extension", "ExtensionError"),
-    "planner": ("planner", "PlanningFailed"),
-    "synthesizer": ("synthesizer", "SynthesisFailed"),
-    "hook": ("hook", "RequiredAfterPlanningError"),
+    "planner": ("model", "PlanningFailed"),
+    "synthesizer": ("model", "SynthesisFailed"),
+    "hook": ("extension", "RequiredAfterPlanningError"),
     "confirmation": ("confirmation", "CheckpointRejected"),
     "cancelled": ("cancelled", "Cancelled"),
 }
@@ -982,7 +982,7 @@ async def test_on_finish_runs_exactly_once_per_extension_for_every_outcome(clien
         assert tracked.stopped == StopInfo(extension="stopper", phase="before_run", reason="cloud-disabled")
         assert answered == []
     elif case == "planner":
-        assert out.failure.type == "PlanningFailed" and tracked.error.origin == "planner"
+        assert out.failure.type == "PlanningFailed" and tracked.error.origin == "model"
         assert answered == []
     else:
         assert isinstance(out.failure, CancelledError) and tracked.error.origin == "cancelled"
@@ -1123,7 +1123,7 @@ async def test_observer_failures_during_a_failed_run_never_replace_the_original_
     ]
     # Later observers of both stages still ran.
     [error] = later.seen("on_error", out.workflow_id)
-    assert error.origin == "planner" and error.type == "PlanningFailed"
+    assert error.origin == "model" and error.type == "PlanningFailed"
     [finished] = later.seen("on_finish", out.workflow_id)
     assert finished.status == "error" and finished.diagnostics == expected
     record = out.record

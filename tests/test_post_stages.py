@@ -509,7 +509,10 @@ async def test_sync_hooks_work_like_async_ones(client, tmp_path):
     assert decision(by_hook[("sync-all", "before_planning")]) == ("fail_open", "continue", "accepted")
     assert decision(by_hook[("sync-all", "after_planning")]) == ("fail_open", "continue", "accepted")
     wrong = by_hook[("sync-wrong-type", "after_planning")]
-    assert (wrong.error_type, wrong.error) == ("InvalidHookResult", "after_planning must return a Plan, got list")
+    assert (wrong.error_type, wrong.error) == (
+        "InvalidHookResult",
+        "after_planning must return a Plan or Stop, got list",
+    )
     assert decision(wrong) == ("fail_open", "continue", "invalid_result")
     broken = by_hook[("sync-broken", "after_synthesis")]
     assert (broken.error, broken.exception_type) == ("sync failure", "ValueError")

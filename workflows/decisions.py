@@ -30,9 +30,18 @@ MODEL_REQUEST_ERROR = "ModelRequestError"  # 400, 401, 403, 404, 422...: the pro
 MODEL_REFUSAL = "ModelRefusal"  # the model declined to answer (a refusal, a content filter)
 EMPTY_COMPLETION = "EmptyCompletion"  # neither content nor tool calls
 TOKEN_BUDGET_EXCEEDED = "TokenBudgetExceeded"  # the request's model token budget is spent
+PROMPT_BUDGET_EXCEEDED = "PromptBudgetExceeded"  # the prompt would not fit the model's window: never sent
 MODEL_FAILURES = frozenset(
-    {MODEL_UNAVAILABLE, MODEL_REQUEST_ERROR, MODEL_REFUSAL, EMPTY_COMPLETION, TOKEN_BUDGET_EXCEEDED}
+    {
+        MODEL_UNAVAILABLE,
+        MODEL_REQUEST_ERROR,
+        MODEL_REFUSAL,
+        EMPTY_COMPLETION,
+        TOKEN_BUDGET_EXCEEDED,
+        PROMPT_BUDGET_EXCEEDED,
+    }
 )
+FALLBACK_FAILED = "FallbackFailed"  # the fallback model failed too, after the primary had
 
 # Failure categories a hook activity reports (ApplicationError.type of the activity failure).
 HOOK_ERROR = "HookError"  # the hook raised

@@ -35,18 +35,23 @@ Exit = Literal["completed", "stopped", "error", "cancelled"]
 # Where each error that ends a request comes from, as on_error hooks see it (``harness`` otherwise).
 ERROR_ORIGINS = {
     decisions.EXTENSION_ERROR: "extension",
-    decisions.PLANNING_FAILED: "planner",
-    decisions.SYNTHESIS_FAILED: "synthesizer",
-    decisions.REQUIRED_AFTER_PLANNING_ERROR: "hook",
-    decisions.HOOK_CONTRACT_ERROR: "hook",
+    decisions.REQUIRED_AFTER_PLANNING_ERROR: "extension",
+    decisions.HOOK_CONTRACT_ERROR: "extension",
+    decisions.PLANNING_FAILED: "model",
+    decisions.SYNTHESIS_FAILED: "model",
+    **dict.fromkeys(decisions.MODEL_FAILURES, "model"),
+    decisions.TOKEN_BUDGET_EXCEEDED: "budget",
+    decisions.PROMPT_BUDGET_EXCEEDED: "budget",
+    decisions.FALLBACK_FAILED: "fallback",
     decisions.PIPELINE_UNAVAILABLE: "config",
     CHECKPOINT_REJECTED: "confirmation",
     CHECKPOINT_EXPIRED: "confirmation",
-    decisions.WORKER_LOST: "infrastructure",
-    decisions.PAYLOAD_TOO_LARGE: "infrastructure",
-    **dict.fromkeys(decisions.MODEL_FAILURES, "model"),
+    decisions.WORKER_LOST: "harness",
+    decisions.PAYLOAD_TOO_LARGE: "harness",
     "Cancelled": "cancelled",
 }
+# A planning or synthesis failure whose cause is a setting, not the model: the pipeline has no planner.
+_CONFIG_CAUSES = frozenset({"NoPlanner"})
 
 
 def step_summaries(state: RunState) -> list[StepSummary]:
@@ -100,8 +105,11 @@ class RunEnding:
         )
 
     def error_view(self, error: RequestError) -> RunErrorView:
+        origin = ERROR_ORIGINS.get(error.type, "harness")
+        if error.details.get("cause_type") in _CONFIG_CAUSES:
+            origin = "config"
         return RunErrorView(
-            origin=ERROR_ORIGINS.get(error.type, "harness"),
+            origin=origin,  # type: ignore[arg-type]
             type=error.type,
             message=error.message,
             details=error.details,
@@ -122,12 +130,15 @@ class RunEnding:
     async def _finalize(
         self, exit: Exit, *, response: str | None, error: RunErrorView | None, cache: CacheVerdict
     ) -> None:
-        """on_error (for errors and cancellation), then on_finish: once per hook, whatever happened, also
-        for hooks whose other stages were never reached. Their failures are diagnostics only."""
+        """on_error for each error the run recovered from, in order, and for the error or cancellation that
+        ended it; then on_finish: once per hook, whatever happened, also for hooks whose other stages were
+        never reached. Their failures are diagnostics only."""
         record = self._state.record
-        if error is not None:
+        observed = [*self._state.recovered, *([error] if error is not None else [])]
+        if observed:
             self._listing.enter(stages.Stage.ON_ERROR)
-            await self._runner.run(stages.STAGES[stages.Stage.ON_ERROR], error)
+        for seen in observed:
+            await self._runner.run(stages.STAGES[stages.Stage.ON_ERROR], seen)
         self._listing.enter(stages.Stage.ON_FINISH)
         outcome = RunOutcomeView(
             status=exit, response=response, stopped=record.stopped, error=error, diagnostics=[], cache=cache

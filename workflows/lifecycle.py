@@ -33,10 +33,11 @@ with workflow.unsafe.imports_passed_through():
     from .ending import RunEnding
     from .invocation import HookRunner, RunStopped, error_text, raise_if_cancelled
     from .leases import ManagedLeases
-    from .listing import REMEMBERING, RESOLVING_PIPELINE, StageListing
+    from .listing import RECALLING, REMEMBERING, RESOLVING_PIPELINE, StageListing
     from .model_steps import ModelSteps
     from .models import (
         ANSWER_TOPIC,
+        ENRICHMENT_CONVERSATION_HISTORY,
         MAX_INBOUND_PAYLOAD_BYTES,
         AcceptedPlan,
         AnswerChunk,
@@ -56,6 +57,10 @@ with workflow.unsafe.imports_passed_through():
         PipelineHookEffect,
         PipelineManifest,
         Plan,
+        RecalledMemory,
+        RecallInput,
+        RecallOutcome,
+        RecallView,
         RejectSignal,
         RememberInput,
         RequestError,
@@ -122,7 +127,7 @@ class RequestLifecycleWorkflow:
         self._steps = StepExecutor(
             state, self._hooks, self._scheduler, self._listing, self._reviews, workflow_type=WORKFLOW_TYPE
         )
-        self._models = ModelSteps(state, self._scheduler, self._listing)
+        self._models = ModelSteps(state, self._scheduler, self._listing, self._hooks)
         self._ending = RunEnding(state, self._hooks, self._scheduler, self._listing, self._records)
         # A request that asked to stream its answer has a durable stream (its handlers are registered
         # here, before the first activation's signals and updates): the answer's chunks, then its final text.
@@ -155,7 +160,9 @@ class RequestLifecycleWorkflow:
         """Approve the open checkpoint: ``{"checkpoint_id", "reviewer", "comment"}``."""
         signal = self._inbound("approve", ApproveSignal, args)
         if signal is not None:
-            self._reviews.decide("approve", "approve", signal.checkpoint_id, signal.reviewer, signal.comment)
+            self._reviews.decide(
+                "approve", "approve", signal.checkpoint_id, signal.reviewer, signal.comment, signal.declined
+            )
 
     @workflow.signal(name="reject")
     def reject(self, *args: Any) -> None:
@@ -186,18 +193,21 @@ class RequestLifecycleWorkflow:
     def review(self, *args: Any) -> ReviewAck:
         """Approve or reject with an acknowledgement; refused before it is accepted if invalid."""
         request = _review_request(args)
-        self._reviews.decide("review", request.decision, request.checkpoint_id, request.reviewer, request.comment)
+        self._reviews.decide(
+            "review", request.decision, request.checkpoint_id, request.reviewer, request.comment, request.declined
+        )
         return ReviewAck(
             checkpoint_id=request.checkpoint_id,
             decision=request.decision,
             reviewer=request.reviewer,
             accepted_at=workflow.now(),
+            declined=request.declined,
         )
 
     @review.validator
     def _validate_review(self, *args: Any) -> None:
         request = _review_request(args)
-        problem = self._reviews.problem(request.checkpoint_id, request.reviewer)
+        problem = self._reviews.problem(request.checkpoint_id, request.reviewer, request.decision, request.declined)
         if problem:
             raise ApplicationError(problem, type=INVALID_REVIEW, non_retryable=True)
 
@@ -270,6 +280,7 @@ class RequestLifecycleWorkflow:
         await self._before_run()
         state.enrichments = promote_metadata(state.input.metadata)
         state.record.promoted_enrichments = sorted(state.enrichments)
+        await self._recall()
         state.record.enrichments = dict(state.enrichments)
 
         result = await self._before_planning()
@@ -333,6 +344,42 @@ class RequestLifecycleWorkflow:
 
         await self._stage(Stage.BEFORE_RUN, self._state.run_view(), on_outcome)
 
+    async def _recall(self) -> None:
+        """Load the conversation's memory, let after_recall hooks change the view of it this run plans with,
+        and put that view ahead of the conversation history the planner reads. Loading that fails is a
+        ``memory`` error the run recovers from: it plans without the memory."""
+        state = self._state
+        conversation = conversation_id(state.input.metadata)
+        if not (state.behaviour.run_extensions and state.manifest.memory and conversation):
+            return
+        self._listing.enter(RECALLING)
+        outcome = RecallOutcome(conversation_id=conversation)
+        state.record.recall = outcome
+        try:
+            memory = await self._scheduler.bookkeeping(
+                "recall_memory",
+                RecallInput(request_id=state.request_id, conversation_id=conversation),
+                result_type=RecalledMemory,
+                timeout=30,
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"recall · {conversation}",
+            )
+        except (ActivityError, ApplicationError) as err:
+            raise_if_cancelled(err)
+            outcome.error = error_text(err)
+            state.recover("memory", "MemoryError", outcome.error, {"conversation_id": conversation})
+            return
+        outcome.exchanges, outcome.summary_chars = len(memory.exchanges), len(memory.summary)
+
+        def on_outcome(hook: HookEntry, result: Any, before: RecallView, folded: Fold) -> None:
+            if folded.subject != before:
+                outcome.changed_by.append(hook.name)
+
+        view = await self._stage(
+            Stage.AFTER_RECALL, RecallView(conversation_id=conversation, memory=memory), on_outcome
+        )
+        state.enrichments = with_recalled_memory(state.enrichments, view.memory)
+
     async def _before_planning(self) -> RequestResult | None:
         """Enrich, and stop at the first accepted short-circuit."""
         state = self._state
@@ -370,8 +417,8 @@ class RequestLifecycleWorkflow:
         phase = 1
         while True:
             state.phase = phase
-            plan = await self._models.plan(phase)
-            plan = await self._after_planning(plan)
+            planned = await self._models.plan(phase)
+            plan = await self._after_planning(planned.plan, planned.available)
             await self._records.persist(LifecycleBoundary.ACCEPTED_PLAN)
             reasons = approval_reasons(plan, state.manifest.tools)
             if reasons and state.behaviour.approval_after_rewrites:
@@ -386,12 +433,26 @@ class RequestLifecycleWorkflow:
                 return plan
             phase += 1
 
-    async def _after_planning(self, plan: Plan) -> Plan:
-        """Chain copy-on-write mutations, each validated; the required hook's failure ends the request
-        before any checkpoint or tool."""
+    async def _after_planning(self, plan: Plan, available: list[str] | None = None) -> Plan:
+        """Chain copy-on-write mutations, each validated against the tools the planning attempt had; the
+        required hook's failure ends the request before any checkpoint or tool; a stop ends the run."""
         record = self._state.record
         prior = [s.step_id for s in record.steps]
-        plan = await self._stage(Stage.AFTER_PLANNING, plan, plan_phase=plan.phase, prior_step_ids=prior)
+
+        def on_outcome(
+            hook: HookEntry, outcome: stages.planning.AfterPlanningOutcome, before: Any, folded: Fold
+        ) -> None:
+            if outcome.stop is not None:
+                raise RunStopped(hook.name, Stage.AFTER_PLANNING.value, outcome.stop.reason, outcome.stop.text)
+
+        plan = await self._stage(
+            Stage.AFTER_PLANNING,
+            plan,
+            on_outcome,
+            plan_phase=plan.phase,
+            prior_step_ids=prior,
+            available_tools=available,
+        )
         record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=workflow.now()))
         return plan
 
@@ -415,7 +476,7 @@ class RequestLifecycleWorkflow:
             if outcome.stop is not None:
                 raise RunStopped(hook.name, Stage.AFTER_ANSWER.value, outcome.stop.reason, outcome.stop.text)
 
-        answer = AnswerView(text=text, handled_by=handled_by, steps=steps)
+        answer = AnswerView(text=text, handled_by=handled_by, steps=steps, answered_by=self._state.record.handled_by)
         return (await self._stage(Stage.AFTER_ANSWER, answer, on_outcome)).text
 
     async def _remember(self, answer: str) -> None:
@@ -425,9 +486,8 @@ class RequestLifecycleWorkflow:
         if not state.manifest.memory:
             return
         self._listing.enter(REMEMBERING)
-        conversation = state.input.metadata.get("conversation_id")
         candidate = MemoryCandidate(
-            conversation_id=conversation if isinstance(conversation, str) and conversation else state.request_id,
+            conversation_id=conversation_id(state.input.metadata) or state.request_id,
             request=state.ask,
             answer=answer,
             facts=state.facts,
@@ -451,7 +511,12 @@ class RequestLifecycleWorkflow:
         try:
             saved = await self._scheduler.activity(
                 "remember",
-                RememberInput(request_id=state.request_id, workflow_id=state.record.workflow_id, candidate=candidate),
+                RememberInput(
+                    request_id=state.request_id,
+                    workflow_id=state.record.workflow_id,
+                    candidate=candidate,
+                    handled_by="fallback" if state.route == "fallback" else "primary",
+                ),
                 result_type=MemoryOutcome,
                 timeout=30,
                 retry_policy=RetryPolicy(maximum_attempts=3),
@@ -462,6 +527,7 @@ class RequestLifecycleWorkflow:
             state.record.diagnostics.append(
                 Diagnostic(extension="(memory)", phase="remember", error=error_text(err), error_type="MemoryError")
             )
+            state.recover("memory", "MemoryError", error_text(err), {"conversation_id": candidate.conversation_id})
             return
         saved.by = replaced_by[-1] if replaced_by else None
         state.record.memory = saved
@@ -495,6 +561,25 @@ def record_enrichment_changes(
             )
         )
     record.enrichments = dict(enrichments)
+
+
+def conversation_id(metadata: dict[str, Any]) -> str | None:
+    """The request's conversation (``metadata.conversation_id``), if it names one."""
+    value = metadata.get("conversation_id")
+    return value if isinstance(value, str) and value else None
+
+
+def with_recalled_memory(enrichments: dict[str, Any], memory: RecalledMemory) -> dict[str, Any]:
+    """``enrichments`` with the recalled memory ahead of any conversation history already there: the
+    summary of older exchanges first, then the latest exchanges, oldest first."""
+    if memory.empty:
+        return enrichments
+    lines = [f"(earlier in this conversation) {memory.summary}"] if memory.summary else []
+    lines += [f"user: {e.request}\nassistant: {e.answer}" for e in memory.exchanges]
+    existing = enrichments.get(ENRICHMENT_CONVERSATION_HISTORY)
+    if isinstance(existing, str) and existing:
+        lines.append(existing)
+    return {**enrichments, ENRICHMENT_CONVERSATION_HISTORY: "\n".join(lines)}
 
 
 def _review_request(args: Sequence[Any]) -> ReviewRequest:

@@ -17,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
 
 # The stages of a request besides its hook stages (each named by its ``Stage``), in lifecycle order.
 RESOLVING_PIPELINE = "resolve_pipeline"
+RECALLING = "recalling"
 PLANNING = "planning"
 AWAITING_REVIEW = "awaiting_review"
 EXECUTING = "executing"

@@ -1,92 +1,192 @@
 """The request's planner and synthesizer steps: each one activity, its model calls and token spend kept in
 the record, its failure the request's typed failure (``PlanningFailed``, ``SynthesisFailed``, or the
-model's own error). Workflow code only."""
+model's own error).
+
+Planning a phase is a series of attempts: before each, before_plan hooks may narrow the tools and add
+context; a planner that can correct a malformed plan gets one more attempt with what was wrong. When no
+tool remains, the phase is answered without a planner call.
+
+When the primary model is unavailable after its retries and the stage has a fallback model, the run is
+handed over: before_fallback hooks see (and may replace, or stop) what the fallback will be asked, and the
+fallback answers this call and every later one of the run. Hook errors never hand a run over. Workflow
+code only."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from . import decisions
-    from .invocation import raise_if_cancelled
+    from . import decisions, stages
+    from .invocation import HookRunner, RunStopped, error_text, raise_if_cancelled
     from .listing import PLANNING, SYNTHESIZING, StageListing
     from .models import (
         MAX_RECORDED_PROMPT_CHARS,
         METADATA_MAX_MODEL_TOKENS,
         ExecutionResult,
+        FallbackRequest,
+        HookEntry,
         ModelCall,
         ModelDraft,
         Plan,
         PlanInput,
         PlanOutput,
+        PlanRepair,
+        PriorTurn,
+        Stage,
+        StepSummary,
         SynthesizeInput,
         SynthesizeOutput,
     )
     from .run_state import RunState
     from .scheduling import Scheduler
+    from .stages import Fold
     from .support import activity_error_details, stage_failure
 
 
 OutputT = TypeVar("OutputT", PlanOutput, SynthesizeOutput)
+ModelStage = Literal["planning", "synthesis"]
+Route = Literal["primary", "fallback"]
+
+# The phase's answer when before_plan hooks left no tool: nothing to plan, so no planner call.
+NO_TOOLS_RATIONALE = "no tool is available to this planning attempt"
+
+
+@dataclass
+class PlannedPhase:
+    """A phase's plan and the tool keys its last planning attempt had (None: every tool)."""
+
+    plan: Plan
+    available: list[str] | None = None
 
 
 class ModelSteps:
     """Plans and synthesizes for one request (see the module docstring)."""
 
-    def __init__(self, state: RunState, scheduler: Scheduler, listing: StageListing) -> None:
+    def __init__(self, state: RunState, scheduler: Scheduler, listing: StageListing, runner: HookRunner) -> None:
         self._state = state
         self._scheduler = scheduler
         self._listing = listing
+        self._runner = runner
 
-    async def plan(self, phase: int) -> Plan:
+    # -- planning --------------------------------------------------------------------------------------
+
+    async def plan(self, phase: int) -> PlannedPhase:
+        """The phase's plan: its attempts, each after before_plan; a malformed one the planner can correct
+        is retried with what was wrong (``InvalidPlan`` once no attempt is left, from the activity)."""
+        state = self._state
+        if not state.behaviour.run_extensions:  # executions recorded before planning attempts
+            output = await self._plan_activity(phase, 0, None, "", None)
+            assert output.plan is not None
+            return PlannedPhase(output.plan)
+        attempt, repair = 0, None
+        while True:
+            view = await self._before_plan(phase, attempt)
+            narrowed = len(view.tools) < len(state.manifest.tools)
+            available = view.tool_keys if narrowed else None
+            if not view.tools:
+                return PlannedPhase(Plan(phase=phase, rationale=NO_TOOLS_RATIONALE), available)
+            output = await self._plan_activity(phase, attempt, available, view.context_text, repair)
+            if output.plan is not None:
+                if output.model_turn is not None:
+                    step_ids = {
+                        str(call_id): step.step_id
+                        for step in output.plan.steps
+                        if (call_id := step.metadata.get("model_tool_call_id"))
+                    }
+                    state.model_turns.append(PriorTurn(turn=output.model_turn, step_ids=step_ids))
+                return PlannedPhase(output.plan, available)
+            attempt, repair = attempt + 1, output.repair
+
+    async def _before_plan(self, phase: int, attempt: int) -> stages.PlanAttempt:
+        """The attempt as before_plan hooks left it: the tools the planner may use, its context text."""
+        state = self._state
+        view = stages.PlanAttempt(
+            phase=phase,
+            attempt=attempt,
+            ask=state.ask,
+            tools=[stages.ToolDescriptor(key=t.key, writes=not t.read_only) for t in state.manifest.tools],
+            steps=[StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in state.record.steps],
+        )
+        if not state.manifest.participants(Stage.BEFORE_PLAN):
+            return view
+        self._listing.enter(Stage.BEFORE_PLAN)
+        return (await self._runner.run(stages.STAGES[Stage.BEFORE_PLAN], view, plan_phase=phase)).subject
+
+    async def _plan_activity(
+        self, phase: int, attempt: int, available: list[str] | None, context_text: str, repair: PlanRepair | None
+    ) -> PlanOutput:
         state = self._state
         record = state.record
         self._listing.enter(PLANNING)
         settings = state.manifest.settings
-        output = await self._model_activity(
-            "plan",
-            PlanInput(
-                request=state.ask,
+
+        def arg(route: Route, asked: FallbackRequest | None) -> PlanInput:
+            return PlanInput(
+                request=asked.ask if asked else state.ask,
                 request_id=state.request_id,
                 workflow_id=record.workflow_id,
                 enrichments=state.enrichments,
                 phase=phase,
                 prior_results=[s.model_view() for s in record.steps],
-                instructions=state.instructions,
-                facts=state.facts,
+                instructions=asked.instructions if asked else state.instructions,
+                facts=asked.facts if asked else state.facts,
                 max_tokens_remaining=self._tokens_left(),
-            ),
+                by_attempts=state.behaviour.run_extensions,
+                attempt=attempt,
+                tools=available,
+                context_text=context_text,
+                repair=repair,
+                prior_turns=list(state.model_turns),
+                route=route,
+            )
+
+        output = await self._model_activity(
+            "planning",
+            phase,
+            "plan",
+            arg,
             result_type=PlanOutput,
             timeout=settings.plan_timeout_seconds,
             retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=[decisions.INVALID_PLAN]),
-            summary=f"plan · phase {phase}",
+            summary=f"plan · phase {phase}" + (f" · attempt {attempt + 1}" if attempt else ""),
             failure=(decisions.PLANNING_FAILED, "planning failed"),
         )
         record.model_calls.extend(output.model_calls)
         record.planning_prompt = output.prompt[:MAX_RECORDED_PROMPT_CHARS]
         record.planner = output.planner
-        return output.plan
+        return output
+
+    # -- synthesis -------------------------------------------------------------------------------------
 
     async def synthesize(self, plan: Plan, execution: ExecutionResult) -> SynthesizeOutput:
         state = self._state
         self._listing.enter(SYNTHESIZING)
-        output = await self._model_activity(
-            "synthesize",
-            SynthesizeInput(
-                request=state.ask,
+
+        def arg(route: Route, asked: FallbackRequest | None) -> SynthesizeInput:
+            return SynthesizeInput(
+                request=asked.ask if asked else state.ask,
                 request_id=state.request_id,
                 plan=plan,
                 execution=ExecutionResult(steps=[s.model_view() for s in execution.steps]),
                 enrichments=state.enrichments,
-                instructions=state.instructions,
-                facts=state.facts,
+                instructions=asked.instructions if asked else state.instructions,
+                facts=asked.facts if asked else state.facts,
                 max_tokens_remaining=self._tokens_left(),
                 stream=state.input.stream_answer and state.manifest.settings.answer_streaming,
-            ),
+                route=route,
+            )
+
+        output = await self._model_activity(
+            "synthesis",
+            None,
+            "synthesize",
+            arg,
             result_type=SynthesizeOutput,
             timeout=state.manifest.settings.synthesize_timeout_seconds,
             retry_policy=RetryPolicy(maximum_attempts=3),
@@ -98,10 +198,14 @@ class ModelSteps:
         state.record.model_draft = output.draft or ModelDraft.of(output.response)
         return output
 
+    # -- one model step, and the handoff to the fallback ------------------------------------------------
+
     async def _model_activity(
         self,
+        stage: ModelStage,
+        phase: int | None,
         activity: str,
-        arg: Any,
+        arg: Callable[[Route, FallbackRequest | None], Any],
         *,
         result_type: type[OutputT],
         timeout: float,
@@ -109,16 +213,71 @@ class ModelSteps:
         summary: str,
         failure: tuple[str, str],
     ) -> OutputT:
-        """Run the planner's or the synthesizer's activity; its failure is the request's ``failure`` (type,
-        message), the model calls it made before it failed kept in the record."""
-        try:
-            return await self._scheduler.activity(
-                activity, arg, result_type=result_type, timeout=timeout, retry_policy=retry_policy, summary=summary
+        """Run the planner's or the synthesizer's activity on the run's route. Its failure is the request's
+        ``failure`` (type, message), the model calls made before it failed kept in the record — unless the
+        primary model was unavailable and the stage has a fallback: then the run is handed over."""
+        state = self._state
+
+        async def attempt(route: Route) -> OutputT:
+            output = await self._scheduler.activity(
+                activity,
+                arg(route, state.fallback_request),
+                result_type=result_type,
+                timeout=timeout,
+                retry_policy=retry_policy,
+                summary=summary if route == "primary" else f"{summary} · fallback",
             )
+            state.record.handled_by = route
+            return output
+
+        try:
+            return await attempt("fallback" if state.route == "fallback" else "primary")
         except ActivityError as err:
             raise_if_cancelled(err)
             self._record_failed_model_calls(err)
-            raise stage_failure(*failure, err) from None
+            if state.route == "fallback":
+                raise _fallback_failure(err) from None
+            if not self._hands_over(stage, err):
+                raise stage_failure(*failure, err) from None
+            reason = error_text(err)
+        await self._hand_over(stage, phase, reason)
+        try:
+            return await attempt("fallback")
+        except ActivityError as err:
+            raise_if_cancelled(err)
+            self._record_failed_model_calls(err)
+            raise _fallback_failure(err) from None
+
+    def _hands_over(self, stage: ModelStage, err: ActivityError) -> bool:
+        """Whether this failure hands the run to the fallback: the primary model unavailable after its
+        retries, in a stage that has a fallback model."""
+        cause = err.cause
+        unavailable = isinstance(cause, ApplicationError) and cause.type == decisions.MODEL_UNAVAILABLE
+        return unavailable and stage in self._state.manifest.fallback and self._state.behaviour.run_extensions
+
+    async def _hand_over(self, stage: ModelStage, phase: int | None, reason: str) -> None:
+        """Run before_fallback on a copy of what the fallback will be asked; a stop ends the run."""
+        state = self._state
+        view = FallbackRequest(
+            stage=stage,
+            phase=phase,
+            ask=state.ask,
+            instructions=state.instructions,
+            facts=dict(state.facts),
+            reason=reason,
+            fallback_model=state.manifest.fallback.get(stage),
+        )
+
+        def on_outcome(
+            hook: HookEntry, outcome: stages.run.BeforeFallbackOutcome, before: FallbackRequest, folded: Fold
+        ) -> None:
+            if outcome.stop is not None:
+                raise RunStopped(hook.name, Stage.BEFORE_FALLBACK.value, outcome.stop.reason, outcome.stop.text)
+
+        if state.manifest.participants(Stage.BEFORE_FALLBACK):
+            self._listing.enter(Stage.BEFORE_FALLBACK)
+            view = (await self._runner.run(stages.STAGES[Stage.BEFORE_FALLBACK], view, on_outcome)).subject
+        state.route, state.fallback_request = "fallback", view
 
     def _tokens_left(self) -> int | None:
         """The request's model token budget — the pipeline's, or lower where the request's metadata asks —
@@ -139,3 +298,16 @@ class ModelSteps:
                 self._state.record.model_calls.append(ModelCall.model_validate(call))
             except ValueError:
                 pass  # not a model call this framework wrote: nothing to record
+
+
+def _fallback_failure(err: ActivityError) -> ApplicationError:
+    """The request's failure when the fallback model failed too: ``FallbackFailed``, with the cause."""
+    cause = err.cause
+    message = getattr(cause, "message", None) or str(cause or err)
+    details = {"cause": message, "cause_type": getattr(cause, "type", None) or type(cause).__name__}
+    return ApplicationError(
+        f"the fallback model failed after the primary had: {message}",
+        details,
+        type=decisions.FALLBACK_FAILED,
+        non_retryable=True,
+    )

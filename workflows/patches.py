@@ -50,7 +50,12 @@ class Behaviour:
     - ``stage_upserts``: ``listing.StageListing.legacy_upsert`` and ``ending.RunEnding._terminal``;
     - ``approval_after_rewrites``: ``reviews.Reviews.wait_for_plan``, chosen in ``lifecycle._run_phases``;
     - ``handled_tool_error_succeeds``: ``steps.StepExecutor._on_tool_error`` (the step stays failed);
-    - ``lease_renewal_by_timer``: ``leases.ManagedLeases._keep_by_activity``.
+    - ``lease_renewal_by_timer``: ``leases.ManagedLeases._keep_by_activity``;
+    - ``run_extensions``: the conversation's memory recalled (after_recall), each planning attempt its own
+      plan activity after before_plan (a malformed model plan was repaired inside one activity), identical
+      calls answered from earlier steps, declined calls, recovered errors observed by on_error, the model's
+      own turns replayed — ``lifecycle._recall``, ``model_steps.ModelSteps.plan``, ``steps.StepExecutor``,
+      ``ending.RunEnding._finalize`` (without them: none of it).
     """
 
     local_bookkeeping: bool = True
@@ -59,6 +64,7 @@ class Behaviour:
     approval_after_rewrites: bool = True
     handled_tool_error_succeeds: bool = True
     lease_renewal_by_timer: bool = True
+    run_extensions: bool = True
 
 
 def detect() -> Behaviour:
@@ -66,8 +72,13 @@ def detect() -> Behaviour:
     if workflow.patched(LIFECYCLE_2027_01):
         return Behaviour()
     if workflow.patched(LIFECYCLE_2026_12_B):
-        return Behaviour()
-    earlier = Behaviour(approval_after_rewrites=False, handled_tool_error_succeeds=False, lease_renewal_by_timer=False)
+        return Behaviour(run_extensions=False)
+    earlier = Behaviour(
+        approval_after_rewrites=False,
+        handled_tool_error_succeeds=False,
+        lease_renewal_by_timer=False,
+        run_extensions=False,
+    )
     if workflow.patched(LIFECYCLE_2026_12):
         return earlier
     in_process = workflow.patched(IN_PROCESS_PATCH)
@@ -79,4 +90,5 @@ def detect() -> Behaviour:
         approval_after_rewrites=False,
         handled_tool_error_succeeds=False,
         lease_renewal_by_timer=False,
+        run_extensions=False,
     )

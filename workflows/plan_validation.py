@@ -54,6 +54,7 @@ def plan_problems(
     max_steps: int,
     phase: int | None = None,
     prior_step_ids: Collection[str] = (),
+    available: Collection[str] | None = None,
 ) -> list[str]:
     """Everything wrong with ``plan``, bounded to the first ``MAX_PROBLEMS`` findings; empty when valid.
 
@@ -61,7 +62,8 @@ def plan_problems(
     known tool; ``depends_on`` names only earlier steps of the same plan, each at most once (which also
     rules out cycles); references to same-phase steps are covered by ``depends_on``; references to
     prior-phase steps appear exactly in ``implicit_deps`` (no missing, unreferenced or same-phase
-    entries); the plan is not longer than ``max_steps``; its phase is the expected one.
+    entries); the plan is not longer than ``max_steps``; its phase is the expected one; with ``available``
+    (the tool keys a planning attempt was left), every step calls one of those.
     """
     known = {tool.key for tool in tools}
     prior = set(prior_step_ids)
@@ -82,6 +84,8 @@ def plan_problems(
             problems.append(f"{label}: step_id is already used by an earlier phase")
         if step.tool_key not in known:
             problems.append(f"{label}: unknown tool {step.tool_key}")
+        elif available is not None and step.tool_key not in available:
+            problems.append(f"{label}: tool {step.tool_key} is not available to this planning attempt")
         if len(set(step.depends_on)) != len(step.depends_on):
             problems.append(f"{label}: depends_on lists a step more than once")
         for dependency in step.depends_on:

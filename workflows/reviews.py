@@ -137,8 +137,10 @@ class Reviews:
         reviewed: the plan as planned, with before_tool after the approval."""
         await self.wait(self.new(plan, reasons))
 
-    def problem(self, checkpoint_id: str, reviewer: str) -> str | None:
-        """Why ``reviewer`` cannot decide ``checkpoint_id`` now (None when they can)."""
+    def problem(
+        self, checkpoint_id: str, reviewer: str, decision: str = "approve", declined: list[str] | None = None
+    ) -> str | None:
+        """Why ``reviewer`` cannot decide ``checkpoint_id`` now, or decline ``declined`` (None when they can)."""
         if not checkpoint_id:
             return "checkpoint_id is required"
         if not reviewer.strip():
@@ -153,13 +155,29 @@ class Reviews:
             return f"reviewer {reviewer!r} may not review this pipeline's checkpoints"
         if workflow.now() >= checkpoint.expires_at:
             return f"checkpoint {checkpoint_id!r} has expired"
+        if declined:
+            if not self._state.behaviour.run_extensions:
+                return "this request was started before calls could be declined: approve or reject it whole"
+            if decision != "approve":
+                return "only an approval may decline calls (a rejection refuses them all)"
+            calls = [c.step_id for c in checkpoint.calls] or [r.step_id for r in checkpoint.reasons]
+            unknown = [step for step in declined if step not in calls]
+            if unknown:
+                return f"checkpoint {checkpoint_id!r} has no call {unknown[0]!r} to decline (its calls: {', '.join(calls)})"
         return None
 
     def decide(
-        self, via: str, decision: Literal["approve", "reject"], checkpoint_id: str, reviewer: str, comment: str
+        self,
+        via: str,
+        decision: Literal["approve", "reject"],
+        checkpoint_id: str,
+        reviewer: str,
+        comment: str,
+        declined: list[str] | None = None,
     ) -> None:
-        """Decide a checkpoint, or keep why the message could not as ignored."""
-        problem = self.problem(checkpoint_id, reviewer)
+        """Decide a checkpoint (an approval may decline some of its calls), or keep why the message could
+        not as ignored."""
+        problem = self.problem(checkpoint_id, reviewer, decision, declined)
         if problem:
             self.ignore(via, checkpoint_id, reviewer, problem)
             return
@@ -167,6 +185,7 @@ class Reviews:
         checkpoint.status = CheckpointStatus.APPROVED if decision == "approve" else CheckpointStatus.REJECTED
         checkpoint.reviewer = reviewer
         checkpoint.comment = comment
+        checkpoint.declined = list(dict.fromkeys(declined or ()))
         checkpoint.decided_at = workflow.now()
 
     def ignore(self, via: str, checkpoint_id: str, reviewer: str, reason: str) -> None:

@@ -15,13 +15,17 @@ with workflow.unsafe.imports_passed_through():
     from .leases import ManagedLeases
     from .models import (
         ExecutionRecord,
+        FallbackRequest,
         GateState,
         HookEntry,
         HookRequestView,
         PipelineManifest,
+        PriorTurn,
         RequestInput,
+        RunErrorView,
         RunView,
         StepResult,
+        StepSummary,
         subagent_depth,
     )
 
@@ -47,6 +51,31 @@ class RunState:
     detached_tokens: dict[str, str] = field(default_factory=dict)  # effect id -> the token its child sends back
     results: dict[str, StepResult] = field(default_factory=dict)
     synthesized: str | None = None  # the answer after after_synthesis (what a cache may store)
+    # Which model answers: the primary, until a failing primary hands the run to the fallback model, which
+    # then answers the rest of it, asked what before_fallback left (``fallback_request``).
+    route: str = "primary"
+    fallback_request: FallbackRequest | None = None
+    model_turns: list[PriorTurn] = field(default_factory=list)  # the model's own planning turns, by phase
+    recovered: list[RunErrorView] = field(default_factory=list)  # errors the run recovered from, for on_error
+
+    def recover(self, origin: str, type: str, message: str, details: dict[str, JsonValue] | None = None) -> None:
+        """Keep an error the run recovers from (a failed memory save, a tool failure the planner saw, ...)
+        for on_error, which observes it before the run's end."""
+        if not self.behaviour.run_extensions:
+            return
+        steps = [StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in self.record.steps]
+        self.recovered.append(
+            RunErrorView.model_validate(
+                {
+                    "origin": origin,
+                    "type": type,
+                    "message": message,
+                    "details": details or {},
+                    "steps": steps,
+                    "recovered": True,
+                }
+            )
+        )
 
     def view(self, hook: HookEntry, plan_phase: int | None = None) -> HookRequestView:
         """The request as ``hook`` sees it now."""

@@ -6,7 +6,14 @@ ones) has succeeded; its arguments' references are resolved and validated; then 
 modify / deny / stop), the tool (an activity, or a child ``RequestLifecycle`` for a sub-agent),
 on_tool_error when it failed, and after_tool on every outcome. A call that needs a reviewer is approved
 exactly as it will run: prepared (resolved, validated, through before_tool) before its checkpoint opens,
-and executed with a copy of the approved values. Workflow code only.
+and executed with a copy of the approved values; a reviewer may decline one call of a checkpoint, which
+skips it (reason ``confirmation``) and lets the rest run.
+
+Identical calls are found before they run: a read-only call whose tool and resolved arguments equal an
+earlier successful step's is answered from that step (``cached``) once it has passed before_tool
+unchanged — a rewrite of its arguments makes it a call of its own; a write that repeats an earlier
+successful write is not run again (skipped, reason ``duplicate``). Failed and skipped steps are never
+reused. Workflow code only.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         ApprovalCall,
         ApprovalReason,
         Checkpoint,
+        Diagnostic,
         ExecutionResult,
         HookEntry,
         Plan,
@@ -59,7 +67,7 @@ with workflow.unsafe.imports_passed_through():
     from .stages import Fold
     from .support import idempotency_key
 
-_OUTCOME_STATUS: dict[StepStatus, Literal["executed", "failed", "skipped"]] = {
+_OUTCOME_STATUS: dict[StepStatus, Literal["executed", "cached", "failed", "skipped"]] = {
     StepStatus.SUCCEEDED: "executed",
     StepStatus.FAILED: "failed",
     StepStatus.SKIPPED: "skipped",
@@ -114,6 +122,8 @@ class StepExecutor:
         self._needs_approval: dict[str, list[ApprovalReason]] = {}
         self._prepared: dict[str, PreparedCall] = {}
         self._approved: dict[str, Checkpoint] = {}
+        self._declined: dict[str, Checkpoint] = {}
+        self._tool_keys: dict[str, str] = {}  # every step of the request so far -> its tool's key
 
     def _can_start(self, step: PlanStep) -> bool:
         """Whether every step ``step`` depends on (in its phase or an earlier one) has already succeeded."""
@@ -144,7 +154,14 @@ class StepExecutor:
         )
         await self._reviews.wait(checkpoint)
         for call in calls:
-            self._approved[call.step_id] = checkpoint
+            self._decided(call.step_id, checkpoint)
+
+    def _decided(self, step_id: str, checkpoint: Checkpoint) -> None:
+        """The approved checkpoint ``step_id`` runs under — or, when its reviewer declined the call, skips by."""
+        if step_id in checkpoint.declined:
+            self._declined[step_id] = checkpoint
+        else:
+            self._approved[step_id] = checkpoint
 
     async def execute(self, plan: Plan) -> ExecutionResult:
         """One activity per step, each started as soon as its dependencies have succeeded. If a step ends
@@ -152,6 +169,7 @@ class StepExecutor:
         every step that finished is kept in the record."""
         self._listing.enter(EXECUTING)
         self._executing = plan
+        self._tool_keys.update((step.step_id, step.tool_key) for step in plan.steps)
         results = self._state.results
         record = self._state.record
         waiting = list(plan.steps)
@@ -187,7 +205,7 @@ class StepExecutor:
             record.steps.extend(results[s.step_id] for s in plan.steps if s.step_id in results)
             raise
         finally:
-            self._needs_approval, self._prepared, self._approved = {}, {}, {}
+            self._needs_approval, self._prepared, self._approved, self._declined = {}, {}, {}, {}
         execution = ExecutionResult(steps=[results[s.step_id] for s in plan.steps])
         record.steps.extend(execution.steps)
         return execution
@@ -198,9 +216,16 @@ class StepExecutor:
         prepared = self._prepared.pop(step.step_id, None)
         if prepared is None or missing is not None:
             prepared = await self._prepare_step(step, missing=missing)
-            if prepared.ready and step.step_id in self._needs_approval and step.step_id not in self._approved:
+            decided = step.step_id in self._approved or step.step_id in self._declined
+            if prepared.ready and step.step_id in self._needs_approval and not decided:
                 await self._confirm_step(step, prepared)
         call, result = prepared.call, prepared.result
+        declined = self._declined.get(step.step_id)
+        if prepared.ready and declined is not None:
+            prepared.ready = False
+            reviewer, comment = declined.reviewer or "the reviewer", declined.comment or ""
+            result.skip_reason, result.skip_detail = "confirmation", f"declined by {reviewer}"
+            result.result = f"{step.tool} was not run: {reviewer} declined it" + (f": {comment}" if comment else "")
         if prepared.ready:
             checkpoint = self._approved.get(step.step_id)
             if checkpoint is not None:
@@ -211,6 +236,13 @@ class StepExecutor:
             await self._call_tool(step, call, result)
         elif prepared.invalid:
             await self._on_tool_error(step, call, result)
+        if result.status is StepStatus.FAILED:
+            self._state.recover(
+                "tool",
+                result.error_type or "ToolError",
+                result.error or "",
+                {"step_id": step.step_id, "tool": step.tool_key},
+            )
         await self._after_tool(step, call, result)
         limit = self._state.manifest.settings.max_tool_result_chars
         if result.result is not None and len(result.result) > limit:
@@ -244,7 +276,55 @@ class StepExecutor:
             result.status, result.error_type = StepStatus.FAILED, "InvalidArguments"
             result.error = result.result = "invalid arguments: " + "; ".join(problems)
             return PreparedCall(call, result, ready=False, invalid=True)
-        return await self._before_tool(step, call, result)
+        if not self._state.behaviour.run_extensions:
+            return await self._before_tool(step, call, result)
+        read = self._cached_read(step, call)  # a candidate before before_tool; a rewrite invalidates it
+        asked = copy.deepcopy(call.arguments)
+        prepared = await self._before_tool(step, call, result)
+        if prepared.ready:
+            self._answer_identical(step, prepared, read if prepared.call.arguments == asked else None)
+        return prepared
+
+    def _read_only(self, step: PlanStep) -> bool:
+        return any(t.key == step.tool_key and t.read_only for t in self._state.manifest.tools)
+
+    def _earlier_success(self, step: PlanStep, arguments: dict[str, Any], *, cached: bool) -> StepResult | None:
+        """An earlier step of the request that succeeded calling ``step``'s tool with these arguments (never a
+        failed, skipped or recovered one; ``cached``: also one that was itself answered from another)."""
+        wanted = _canonical(arguments)
+        for earlier in self._state.results.values():
+            if (
+                earlier.status is StepStatus.SUCCEEDED
+                and earlier.recovered_from is None
+                and (cached or earlier.cached_from is None)
+                and self._tool_keys.get(earlier.step_id) == step.tool_key
+                and _canonical(earlier.arguments or {}) == wanted
+            ):
+                return earlier
+        return None
+
+    def _cached_read(self, step: PlanStep, call: ToolCall) -> StepResult | None:
+        return self._earlier_success(step, call.arguments, cached=True) if self._read_only(step) else None
+
+    def _answer_identical(self, step: PlanStep, prepared: PreparedCall, read: StepResult | None) -> None:
+        """Answer a call that repeats an earlier one without running it: a read (``read``: the earlier step it
+        repeats, when before_tool left its arguments as they were) from the earlier step's result; a write
+        not at all."""
+        result = prepared.result
+        if read is not None:
+            source = read.cached_from or read.step_id
+            result.status, result.cached_from = StepStatus.SUCCEEDED, source
+            result.output, result.result = copy.deepcopy(read.output), read.result
+            result.duration_ms = 0.0
+            prepared.ready = False
+            return
+        if self._read_only(step):
+            return
+        repeated = self._earlier_success(step, prepared.call.arguments, cached=False)
+        if repeated is not None:
+            result.skip_reason, result.skip_detail = "duplicate", f"same call as {repeated.step_id}"
+            result.result = f"{step.tool} was not run again: {repeated.step_id} already made this call"
+            prepared.ready = False
 
     async def _confirm_step(self, step: PlanStep, prepared: PreparedCall) -> None:
         """A call whose arguments existed only once steps of its own phase had run: its own checkpoint,
@@ -256,7 +336,7 @@ class StepExecutor:
             step_id=step.step_id,
         )
         await self._reviews.wait(checkpoint)
-        self._approved[step.step_id] = checkpoint
+        self._decided(step.step_id, checkpoint)
 
     async def _resolved_argument_problems(self, step: PlanStep, call: ToolCall) -> list[str]:
         """Arguments with references were validated at planning only for presence; check their resolved
@@ -395,11 +475,24 @@ class StepExecutor:
         result.duration_ms = elapsed_ms(started)
         result.status = StepStatus.SUCCEEDED
         result.output = output.output
-        result.result = (
-            output.output
-            if isinstance(output.output, str)
-            else json.dumps(output.output, ensure_ascii=False, sort_keys=True)
-        )
+        if output.text is not None:
+            result.result = output.text
+        else:
+            result.result = (
+                output.output
+                if isinstance(output.output, str)
+                else json.dumps(output.output, ensure_ascii=False, sort_keys=True)
+            )
+        if output.format_error is not None:
+            # The output is kept; the model reads that the tool completed. Recovered, and observed.
+            self._state.record.diagnostics.append(
+                Diagnostic(
+                    extension="(formatter)", phase="after_tool", error=output.format_error, error_type="FormatterError"
+                )
+            )
+            self._state.recover(
+                "formatter", "FormatterError", output.format_error, {"step_id": step.step_id, "tool": step.tool_key}
+            )
 
     async def _on_tool_error(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
         """Offer a failed step to on_tool_error hooks: the first that handles it substitutes the result."""
@@ -426,14 +519,18 @@ class StepExecutor:
     async def _after_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
         """Chain result rewrites over every outcome; the execution status never changes here."""
         recovered = result.recovered_from
-        outcome = ToolOutcomeView(
-            status=_OUTCOME_STATUS[result.status],
-            output=result.output if result.status is StepStatus.SUCCEEDED else None,
-            reason=result.skip_reason,
-            extension=result.skipped_by,
-            error=result.error,
-            result=result.result or "",
-            recovered_from=(recovered.error or recovered.error_type) if recovered is not None else None,
+        cached = result.cached_from is not None
+        outcome = ToolOutcomeView.model_validate(
+            {
+                "status": "cached" if cached else _OUTCOME_STATUS[result.status],
+                "output": result.output if result.status is StepStatus.SUCCEEDED and not cached else None,
+                "reason": result.skip_reason,
+                "extension": result.skipped_by,
+                "error": result.error,
+                "result": result.result or "",
+                "recovered_from": (recovered.error or recovered.error_type) if recovered is not None else None,
+                "from_step": result.cached_from,
+            }
         )
 
         def on_outcome(hook: HookEntry, outcome: stages.execution.AfterToolOutcome, before: Any, folded: Fold) -> None:
@@ -446,8 +543,15 @@ class StepExecutor:
         if result.status is StepStatus.SKIPPED:
             metrics.skipped += 1
             return
+        if result.cached_from is not None:
+            metrics.cached += 1
+            return
         metrics.calls += 1
         metrics.failures += result.status is StepStatus.FAILED or result.recovered_from is not None
         duration = result.duration_ms or 0.0
         metrics.total_duration_ms += duration
         metrics.max_duration_ms = max(metrics.max_duration_ms, duration)
+
+
+def _canonical(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)

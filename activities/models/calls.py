@@ -1,7 +1,10 @@
 """One model call, made the way every planner and synthesizer call is made.
 
 Before the call the token budget is checked (``TokenBudgetExceeded`` when it is spent — no request is
-sent). Around it: a span ``chat <model>`` and the metrics ``gen_ai.client.token.usage`` and
+sent), and, when the model's context window is known (``AGENT_MODEL_CONTEXT_WINDOW``), the prompt: the
+rendered messages and tool schemas, counted by the pipeline's counter or a conservative estimate, may take
+at most 70 % of the window and must leave the call's output cap free (``PromptBudgetExceeded`` otherwise —
+not retried, recorded, and no request is sent). Around it: a span ``chat <model>`` and the metrics ``gen_ai.client.token.usage`` and
 ``gen_ai.client.operation.duration``, in the OpenTelemetry GenAI semantic conventions. After it, whatever
 the outcome, a :class:`ModelCall` in the invocation's :class:`ModelCallLog`.
 
@@ -25,7 +28,7 @@ import asyncio
 import email.utils
 import json
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -44,9 +47,12 @@ from workflows.decisions import (
     MODEL_REFUSAL,
     MODEL_REQUEST_ERROR,
     MODEL_UNAVAILABLE,
+    PROMPT_BUDGET_EXCEEDED,
     TOKEN_BUDGET_EXCEEDED,
 )
+from workflows.models import estimate_tokens
 from workflows.models._model_calls import MAX_MODEL_PREVIEW_CHARS, ModelCall, ModelText, ModelUsage
+from workflows.models._plans import ModelTurn
 
 from .. import telemetry
 from ..heartbeat import report_progress
@@ -69,6 +75,11 @@ _TOKEN_BUCKETS = [4.0**n for n in range(14)]
 _DURATION_BUCKETS = [0.01 * 2**n for n in range(14)]
 
 Stage = Literal["planning", "synthesis"]
+Route = Literal["primary", "fallback"]
+# Counts the tokens of a request's messages and tools (a pipeline's own tokenizer); the default estimates.
+TokenCounter = Callable[[Sequence[dict[str, Any]], Sequence[dict[str, Any]]], int]
+# The share of the context window a prompt may take, the rest kept for the answer and provider headroom.
+PROMPT_SHARE_OF_WINDOW = 0.7
 _instruments: tuple[metrics.Histogram, metrics.Histogram] | None = None
 
 
@@ -104,6 +115,8 @@ class ModelCallLog:
 
     max_tokens_remaining: int | None = None
     calls: list[ModelCall] = field(default_factory=list)
+    # The model's turn a planner made its plan from (what the request replays to the model later).
+    turn: ModelTurn | None = None
 
     @classmethod
     def resumed(cls, max_tokens_remaining: int | None = None) -> ModelCallLog:
@@ -167,6 +180,12 @@ class ModelCallLog:
                 tokens_used=self.tokens_used,
             )
         return remaining
+
+
+def estimate_prompt_tokens(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> int:
+    """An upper estimate of a request's prompt tokens: its messages and tool schemas as rendered JSON."""
+    rendered = json.dumps(list(messages), ensure_ascii=False) + json.dumps(list(tools), ensure_ascii=False)
+    return estimate_tokens(rendered)
 
 
 def prompt_text(messages: Sequence[dict[str, Any]]) -> ModelText:
@@ -238,10 +257,21 @@ class Turn:
 class ChatModel:
     """One model on one endpoint, called for one stage (planning or synthesis)."""
 
-    def __init__(self, settings: ModelSettings, model: str, stage: Stage, client: AsyncOpenAI | None = None) -> None:
+    def __init__(
+        self,
+        settings: ModelSettings,
+        model: str,
+        stage: Stage,
+        client: AsyncOpenAI | None = None,
+        *,
+        route: Route = "primary",
+        token_counter: TokenCounter | None = None,
+    ) -> None:
         self.settings = settings
         self.model = model
         self.stage: Stage = stage
+        self.route: Route = route
+        self.token_counter = token_counter
         self.client = client or settings.client()
         self._owns_client = client is None  # a shared client is closed by whoever made it
         url = self.client.base_url
@@ -283,6 +313,7 @@ class ChatModel:
             turn=turn,
             model=self.model,
             provider=self.settings.provider,
+            route=self.route,
             streamed=streamed,
             started_at=datetime.now(UTC),
             prompt=prompt_text(request["messages"]),
@@ -390,6 +421,39 @@ class ChatModel:
         self._finish(log, call, span, started)
         return log.error(text, kind, model=self.model, refusal=refusal, finish_reason=call.finish_reason)
 
+    def _check_prompt(self, log: ModelCallLog, request: dict[str, Any], phase: int | None, turn: int) -> None:
+        """Refuse a prompt that would not fit the model's window (see the module docstring): recorded as a
+        call that was never sent, and ``PromptBudgetExceeded``."""
+        window = self.settings.context_window
+        if window is None:
+            return
+        messages, tools = request["messages"], request.get("tools", ())
+        counted = self.token_counter(messages, tools) if self.token_counter else estimate_prompt_tokens(messages, tools)
+        cap = min(int(window * PROMPT_SHARE_OF_WINDOW), window - request[self.settings.token_limit_parameter])
+        if counted <= cap:
+            return
+        text = (
+            f"the {self.stage} prompt for {self.model} takes about {counted} tokens; at most {cap} of its "
+            f"{window}-token window may be prompt"
+        )
+        log.add(
+            ModelCall(
+                stage=self.stage,
+                phase=phase,
+                turn=turn,
+                model=self.model,
+                provider=self.settings.provider,
+                route=self.route,
+                started_at=datetime.now(UTC),
+                error_type=PROMPT_BUDGET_EXCEEDED,
+                error_message=ModelCall.clip_error(text),
+                prompt=prompt_text(messages),
+            )
+        )
+        raise log.error(
+            text, PROMPT_BUDGET_EXCEEDED, prompt_tokens=counted, prompt_cap=cap, context_window=window, model=self.model
+        )
+
     # -- the two kinds of call ----------------------------------------------------------------------
 
     async def complete(
@@ -404,6 +468,7 @@ class ChatModel:
         """One Chat Completions call; its message when it is an answer (text or tool calls)."""
         remaining = log.check_budget(self.stage)
         request = self._request(messages, remaining, tools)
+        self._check_prompt(log, request, phase, turn)
         call, span, started = self._start(request, phase, turn, streamed=False)
         try:
             with trace.use_span(span, end_on_exit=False):
@@ -443,6 +508,7 @@ class ChatModel:
     ) -> AsyncGenerator[str, None]:
         remaining = log.check_budget(self.stage)
         request = self._request(messages, remaining, ())
+        self._check_prompt(log, request, phase, 1)
         call, span, started = self._start(request, phase, 1, streamed=True)
         parts: list[str] = []
         refusals: list[str] = []

@@ -7,7 +7,10 @@ enrichments, instructions and facts reach the model exactly as with any planner.
 are offered as functions with their JSON schemas, named by :mod:`.tool_names`. From phase 2 on, every
 earlier step is sent back as one assistant message calling it (the call id is the step id, the arguments
 as executed) followed by one ``tool`` message with its result text — what a model may read, never the
-raw output.
+raw output. Once a phase has planned, later phases replay the model's own turn as it was — its text and
+its tool calls with the model's ids — and answer each call by that id (``tool_call_id``), so providers
+that check call ids against their own accept the history; steps a hook added to a plan follow as one
+more turn.
 
 What the model's answer becomes: each tool call one :class:`PlanStep` (id ``<capability>-<n>``, unique
 across the request's phases), with no ``depends_on`` — calls of one answer are independent and run
@@ -18,8 +21,12 @@ workflow also caps the phases).
 
 Invalid calls — arguments that are not a JSON object or do not fit the tool's arguments model, an
 unknown function, a reference to no earlier step — get one repair turn: the errors go back as the calls'
-tool messages and the model answers again, whole. Still invalid: ``InvalidPlan`` (non-retryable), never
-an exception of another kind.
+tool messages and the model answers again, whole. The repair is the phase's next planning attempt, its
+own activity after before_plan hooks ran again (``PlanRepairNeeded``); executions recorded before
+planning attempts repair within one activity. Still invalid: ``InvalidPlan`` (non-retryable), never an
+exception of another kind.
+
+With a fallback model (``AGENT_FALLBACK_MODEL``), a request whose route is ``fallback`` is planned by it.
 """
 
 from __future__ import annotations
@@ -33,12 +40,12 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessage
 
 from workflows.decisions import INVALID_PLAN
-from workflows.models import Plan, PlanStep, StepResult, StepStatus, ToolSpec
+from workflows.models import ModelToolCall, ModelTurn, Plan, PlanRepair, PlanStep, StepResult, StepStatus, ToolSpec
 from workflows.plan_validation import step_references
 
-from ..planning import PlanningRequest
+from ..planning import PlanningRequest, PlanRepairNeeded
 from ..tools import ToolRegistry
-from .calls import ChatModel, ModelCallLog
+from .calls import ChatModel, ModelCallLog, TokenCounter
 from .settings import ModelSettings
 from .tool_names import ToolNames, function_name
 
@@ -79,18 +86,25 @@ def _function(spec: ToolSpec, name: str) -> dict[str, Any]:
     }
 
 
-def _echo(message: ChatCompletionMessage) -> tuple[dict[str, Any], list[str]]:
-    """The model's answer as an assistant message to send back, and the id each of its calls goes by."""
-    calls, ids = [], []
+def model_turn(message: ChatCompletionMessage) -> ModelTurn:
+    """The model's answer as it was: its text and its calls, each with the id it goes by."""
+    calls = []
     for n, call in enumerate(message.tool_calls or ()):
-        call_id = call.id or f"call_{n}"
         if call.type == "function":
             name, arguments = call.function.name, call.function.arguments
         else:
             name, arguments = call.custom.name, call.custom.input
-        calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
-        ids.append(call_id)
-    return {"role": "assistant", "content": message.content, "tool_calls": calls}, ids
+        calls.append(ModelToolCall(id=call.id or f"call_{n}", name=name, arguments=arguments or ""))
+    return ModelTurn(content=message.content, tool_calls=calls)
+
+
+def _assistant(turn: ModelTurn) -> dict[str, Any]:
+    """A model's turn as the assistant message that replays it."""
+    calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in turn.tool_calls
+    ]
+    return {"role": "assistant", "content": turn.content, "tool_calls": calls}
 
 
 def _request_log(request: PlanningRequest) -> ModelCallLog:
@@ -109,6 +123,9 @@ class OpenAIPlanner:
         model: The model; by default ``settings.role_model("planner")``.
         client: An ``AsyncOpenAI`` client to share; by default one from ``settings`` (no client retries).
         system_prompt: How to plan with functions; the planning prompt itself is the user message.
+        fallback: The fallback model's settings; by default ``settings.fallback()`` (none without
+            ``AGENT_FALLBACK_MODEL``).
+        token_counter: Counts a prompt's tokens for the prompt budget; by default a conservative estimate.
 
     Raises:
         ValueError: two tools map to the same function name.
@@ -122,22 +139,45 @@ class OpenAIPlanner:
         model: str | None = None,
         client: AsyncOpenAI | None = None,
         system_prompt: str = PLANNER_SYSTEM_PROMPT,
+        fallback: ModelSettings | None = None,
+        token_counter: TokenCounter | None = None,
     ) -> None:
         model = model or settings.role_model("planner")
         self.name = f"openai:{model}"
         self.tools = tools
         self.names = ToolNames(tools.specs())
-        self.chat = ChatModel(settings, model, "planning", client)
+        self.chat = ChatModel(settings, model, "planning", client, token_counter=token_counter)
+        fallback = fallback or settings.fallback()
+        self.fallback: ChatModel | None = None
+        if fallback is not None and fallback.model:
+            self.fallback = ChatModel(
+                fallback, fallback.model, "planning", route="fallback", token_counter=token_counter
+            )
         self.system_prompt = system_prompt
 
+    @property
+    def fallback_model(self) -> str | None:
+        """The fallback model's name, when there is one."""
+        return f"openai:{self.fallback.model}" if self.fallback is not None else None
+
     async def aclose(self) -> None:
-        """Close the model's HTTP client, if this planner made it."""
+        """Close the models' HTTP clients, if this planner made them."""
         await self.chat.aclose()
+        if self.fallback is not None:
+            await self.fallback.aclose()
+
+    def _chat(self, route: str) -> ChatModel:
+        if route != "fallback":
+            return self.chat
+        if self.fallback is None:
+            raise ValueError("this planner has no fallback model (AGENT_FALLBACK_MODEL)")
+        return self.fallback
 
     async def plan(self, request: PlanningRequest, *, calls: ModelCallLog | None = None) -> Plan:
         """The plan of ``request.phase``. Every model call is appended to ``calls`` (by default the log the
         request carries), whose budget is checked before each call."""
         log = calls if calls is not None else _request_log(request)
+        chat = self._chat(request.route)
         names = self.names if all(spec.key in self.names for spec in request.tools) else ToolNames(request.tools)
         functions = [_function(spec, names.name(spec.key)) for spec in request.tools]
         prior = {result.step_id for result in request.prior_results}
@@ -146,25 +186,25 @@ class OpenAIPlanner:
             {"role": "user", "content": request.prompt},
             *self._history(request, names),
         ]
-        turn = await self.chat.complete(log, messages, tools=functions, phase=request.phase)
+        if request.repair is not None:
+            messages += self._repair(request.repair)
+        turn = await chat.complete(log, messages, tools=functions, phase=request.phase, turn=request.attempt + 1)
         steps, problems = self._steps(turn.message, names, prior)
-        if any(problems):
-            assistant, ids = _echo(turn.message)
-            messages.append(assistant)
-            messages += [
-                {"role": "tool", "tool_call_id": call_id, "content": self._repair_note(found)}
-                for call_id, found in zip(ids, problems, strict=True)
-            ]
-            turn = await self.chat.complete(log, messages, tools=functions, phase=request.phase, turn=2)
+        if any(problems) and not request.by_attempts:  # executions recorded before planning attempts
+            messages += self._repair(PlanRepair(turn=model_turn(turn.message), problems=problems))
+            turn = await chat.complete(log, messages, tools=functions, phase=request.phase, turn=2)
             steps, problems = self._steps(turn.message, names, prior)
-            if any(problems):
-                listed = [f"call {n + 1}: {problem}" for n, found in enumerate(problems) for problem in found][:10]
-                raise log.error(
-                    "the model's tool calls were still invalid after a repair turn: " + "; ".join(listed),
-                    INVALID_PLAN,
-                    problems=listed,
-                    model=self.chat.model,
-                )
+        if any(problems):
+            listed = [f"call {n + 1}: {problem}" for n, found in enumerate(problems) for problem in found][:10]
+            if request.by_attempts:
+                raise PlanRepairNeeded(PlanRepair(turn=model_turn(turn.message), problems=problems), listed)
+            raise log.error(
+                "the model's tool calls were still invalid after a repair turn: " + "; ".join(listed),
+                INVALID_PLAN,
+                problems=listed,
+                model=chat.model,
+            )
+        log.turn = model_turn(turn.message)
         return Plan(
             phase=request.phase,
             steps=steps,
@@ -172,14 +212,42 @@ class OpenAIPlanner:
             continue_after=bool(steps),
         )
 
+    def _repair(self, repair: PlanRepair) -> list[dict[str, Any]]:
+        """A malformed turn sent back: the turn as it was, and each call answered with what was wrong."""
+        notes = [
+            {"role": "tool", "tool_call_id": call.id, "content": self._repair_note(found)}
+            for call, found in zip(repair.turn.tool_calls, repair.problems, strict=False)
+        ]
+        return [_assistant(repair.turn), *notes]
+
+    @classmethod
+    def _history(cls, request: PlanningRequest, names: ToolNames) -> list[dict[str, Any]]:
+        """The earlier phases: the model's own turns as they were, each call answered by its id with its
+        step's result; then the steps no turn of the model called (a hook added them) as one more turn."""
+        results = {result.step_id: result for result in request.prior_results}
+        messages: list[dict[str, Any]] = []
+        answered: set[str] = set()
+        for prior in request.prior_turns:
+            if not prior.turn.tool_calls:
+                continue
+            messages.append(_assistant(prior.turn))
+            for call in prior.turn.tool_calls:
+                result = results.get(prior.step_ids.get(call.id, ""))
+                content = _result_text(result) if result else "Not run: the plan was changed before this call ran."
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+                if result is not None:
+                    answered.add(result.step_id)
+        rest = [result for result in request.prior_results if result.step_id not in answered]
+        return messages + cls._steps_turn(rest, request.tools, names)
+
     @staticmethod
-    def _history(request: PlanningRequest, names: ToolNames) -> list[dict[str, Any]]:
-        """The earlier phases' steps as one assistant turn calling them and their results."""
-        if not request.prior_results:
+    def _steps_turn(prior: list[StepResult], tools: list[ToolSpec], names: ToolNames) -> list[dict[str, Any]]:
+        """Steps as one assistant turn calling them (ids: the step ids) and their results."""
+        if not prior:
             return []
-        keys = {f"{spec.agent}/{spec.capability}": spec.key for spec in request.tools}
+        keys = {f"{spec.agent}/{spec.capability}": spec.key for spec in tools}
         calls, results = [], []
-        for result in request.prior_results:
+        for result in prior:
             key = keys.get(result.tool)
             name = names.name(key) if key is not None and key in names else function_name(result.tool)
             arguments = json.dumps(result.arguments or {}, ensure_ascii=False, sort_keys=True)

@@ -19,6 +19,8 @@ variable.
 | ``AGENT_MODEL_TOKEN_LIMIT_PARAMETER`` | ``max_tokens`` | or ``max_completion_tokens`` (OpenAI reasoning models) |
 | ``AGENT_MODEL_PROVIDER`` | ``openai`` | ``gen_ai.provider.name`` on spans and metrics |
 | ``AGENT_MODEL_CONTEXT_WINDOW`` | unknown | the model's context window in tokens (prompt budgets, memory caps) |
+| ``AGENT_FALLBACK_MODEL`` | none | called when the primary model is unavailable after its retries |
+| ``AGENT_FALLBACK_MODEL_BASE_URL`` / ``AGENT_FALLBACK_MODEL_API_KEY`` | the primary's | the fallback's endpoint and key |
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ class ModelSettings(BaseModel):
     provider: str = "openai"
     # The model's context window in tokens (None: unknown, so nothing is budgeted against it).
     context_window: int | None = Field(default=None, gt=0)
+    # The model a planning or synthesis step falls back to when the primary is unavailable after its
+    # retries, and its endpoint (by default the primary's).
+    fallback_model: str | None = None
+    fallback_base_url: str | None = None
+    fallback_api_key: SecretStr | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ModelSettings:
@@ -90,11 +97,19 @@ class ModelSettings(BaseModel):
             values["base_url"] = url
         if found := _first(env, "AGENT_MODEL_API_KEY", "OPENAI_API_KEY"):
             values["api_key"] = SecretStr(found[1])
+        if found := _first(env, "AGENT_FALLBACK_MODEL_BASE_URL"):
+            name, url = found
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{name} must be an http:// or https:// URL, not {url!r}")
+            values["fallback_base_url"] = url
+        if found := _first(env, "AGENT_FALLBACK_MODEL_API_KEY"):
+            values["fallback_api_key"] = SecretStr(found[1])
         for name, key in (
             ("AGENT_MODEL", "model"),
             ("AGENT_PLANNER_MODEL", "planner_model"),
             ("AGENT_SYNTHESIZER_MODEL", "synthesizer_model"),
             ("AGENT_MODEL_PROVIDER", "provider"),
+            ("AGENT_FALLBACK_MODEL", "fallback_model"),
         ):
             if found := _first(env, name):
                 values[key] = found[1]
@@ -133,6 +148,22 @@ class ModelSettings(BaseModel):
         if role is None:
             return bool(self.model or self.planner_model or self.synthesizer_model)
         return bool((self.planner_model if role == "planner" else self.synthesizer_model) or self.model)
+
+    def fallback(self) -> ModelSettings | None:
+        """The fallback model's settings (its endpoint and key, else the primary's; the same call options),
+        or None when no fallback model is set."""
+        if not self.fallback_model:
+            return None
+        return self.model_copy(
+            update={
+                "base_url": self.fallback_base_url or self.base_url,
+                "api_key": self.fallback_api_key or self.api_key,
+                "model": self.fallback_model,
+                "planner_model": None,
+                "synthesizer_model": None,
+                "fallback_model": None,
+            }
+        )
 
     def role_model(self, role: Literal["planner", "synthesizer"]) -> str:
         """The model of ``role``: its override, else ``model``."""

@@ -25,7 +25,7 @@ from workflows.models import StepStatus, SynthesizeInput, SynthesizeOutput
 from workflows.models._model_calls import ModelCall, ModelUsage
 
 from ..planning import context_sections
-from .calls import ChatModel, ChatStream, ModelCallLog
+from .calls import ChatModel, ChatStream, ModelCallLog, TokenCounter
 from .settings import ModelSettings
 
 SYNTHESIZER_SYSTEM_PROMPT = """\
@@ -84,6 +84,9 @@ class OpenAISynthesizer:
         client: An ``AsyncOpenAI`` client to share; by default one from ``settings`` (no client retries).
         system_prompt: How to answer.
         prompt_builder: The user message from the input; :func:`build_synthesis_prompt` by default.
+        fallback: The fallback model's settings (an input whose route is ``fallback`` is answered by it); by
+            default ``settings.fallback()``.
+        token_counter: Counts a prompt's tokens for the prompt budget; by default a conservative estimate.
     """
 
     def __init__(
@@ -94,16 +97,38 @@ class OpenAISynthesizer:
         client: AsyncOpenAI | None = None,
         system_prompt: str = SYNTHESIZER_SYSTEM_PROMPT,
         prompt_builder: Callable[[SynthesizeInput], str] = build_synthesis_prompt,
+        fallback: ModelSettings | None = None,
+        token_counter: TokenCounter | None = None,
     ) -> None:
         model = model or settings.role_model("synthesizer")
         self.name = f"openai:{model}"
-        self.chat = ChatModel(settings, model, "synthesis", client)
+        self.chat = ChatModel(settings, model, "synthesis", client, token_counter=token_counter)
+        fallback = fallback or settings.fallback()
+        self.fallback: ChatModel | None = None
+        if fallback is not None and fallback.model:
+            self.fallback = ChatModel(
+                fallback, fallback.model, "synthesis", route="fallback", token_counter=token_counter
+            )
         self.system_prompt = system_prompt
         self.prompt_builder = prompt_builder
 
+    @property
+    def fallback_model(self) -> str | None:
+        """The fallback model's name, when there is one."""
+        return f"openai:{self.fallback.model}" if self.fallback is not None else None
+
     async def aclose(self) -> None:
-        """Close the model's HTTP client, if this synthesizer made it."""
+        """Close the models' HTTP clients, if this synthesizer made them."""
         await self.chat.aclose()
+        if self.fallback is not None:
+            await self.fallback.aclose()
+
+    def _chat(self, input: SynthesizeInput) -> ChatModel:
+        if getattr(input, "route", "primary") != "fallback":
+            return self.chat
+        if self.fallback is None:
+            raise ValueError("this synthesizer has no fallback model (AGENT_FALLBACK_MODEL)")
+        return self.fallback
 
     def messages(self, input: SynthesizeInput) -> list[dict[str, Any]]:
         return [
@@ -114,13 +139,13 @@ class OpenAISynthesizer:
     async def synthesize(self, input: SynthesizeInput, *, calls: ModelCallLog | None = None) -> SynthesizeOutput:
         """The answer. The call is appended to ``calls`` (a fresh log with the input's budget by default)."""
         log = calls if calls is not None else _input_log(input)
-        turn = await self.chat.complete(log, self.messages(input))
+        turn = await self._chat(input).complete(log, self.messages(input))
         return _output(turn.message.content or "", input, log)
 
     def synthesize_stream(self, input: SynthesizeInput, *, calls: ModelCallLog | None = None) -> SynthesisStream:
         """The answer as it is written: iterate for text chunks; then ``output`` holds the whole answer."""
         log = calls if calls is not None else _input_log(input)
-        return SynthesisStream(self.chat.stream(log, self.messages(input)), input, log)
+        return SynthesisStream(self._chat(input).stream(log, self.messages(input)), input, log)
 
 
 class SynthesisStream:

@@ -8,6 +8,11 @@ import pytest
 import hooks
 from workflows.models import (
     AnswerView,
+    FallbackRequest,
+    MemoryExchange,
+    RecalledMemory,
+    RecallPatch,
+    RecallView,
     DecisionAction,
     ExecutionResult,
     FailurePolicy,
@@ -33,12 +38,25 @@ from workflows.models import (
 from workflows.stages import STAGE_PROTOCOLS, STAGES, Chaining, ResultRejected
 from workflows.stages.answer import AfterAnswerOutcome, AfterSynthesisOutcome, BeforeRememberOutcome
 from workflows.stages.execution import AfterToolOutcome, BeforeToolOutcome, ToolErrorOutcome
-from workflows.stages.planning import AfterPlanningOutcome
-from workflows.stages.run import BeforeRunOutcome
+from workflows.stages.planning import (
+    AfterPlanningOutcome,
+    BeforePlanOutcome,
+    PlanAttempt,
+    PlanAttemptPatch,
+    ToolDescriptor,
+)
+from workflows.stages.run import AfterRecallOutcome, BeforeFallbackOutcome, BeforeRunOutcome
 
 OK = HookDecision(failure_policy=FailurePolicy.FAIL_OPEN, action=DecisionAction.CONTINUE, reason="accepted")
 CALL = ToolCall(step_id="s1", namespace="n", agent="a", capability="c", arguments={"x": 1})
 PLAN = Plan(phase=1, steps=[PlanStep(step_id="s1", namespace="n", agent="a", capability="c")])
+RECALL = RecallView(conversation_id="c", memory=RecalledMemory(exchanges=[MemoryExchange(request="q", answer="a")]))
+ATTEMPT = PlanAttempt(
+    phase=1,
+    ask="q",
+    tools=[ToolDescriptor(key="n/a/read", writes=False), ToolDescriptor(key="n/a/write"), ToolDescriptor(key="n/b/c")],
+)
+FALLBACK = FallbackRequest(stage="planning", phase=1, ask="q", reason="unavailable")
 
 
 def test_the_table_holds_every_stage_once_in_lifecycle_order_with_its_own_activity():
@@ -55,6 +73,12 @@ def test_every_stage_protocol_is_part_of_the_hook_api():
 # One outcome per stage that lets the stage go on, and (where the stage has one) one that ends it.
 CONTINUING = {
     Stage.BEFORE_RUN: (CALL, BeforeRunOutcome(decision=OK)),
+    Stage.AFTER_RECALL: (RECALL, AfterRecallOutcome(patch=RecallPatch(memory=RecalledMemory()), decision=OK)),
+    Stage.BEFORE_PLAN: (ATTEMPT, BeforePlanOutcome(patch=PlanAttemptPatch(context_text="prefer reads"), decision=OK)),
+    Stage.BEFORE_FALLBACK: (
+        FALLBACK,
+        BeforeFallbackOutcome(request=FALLBACK.model_copy(update={"ask": "redacted"}), decision=OK),
+    ),
     Stage.AFTER_PLANNING: (
         PLAN,
         AfterPlanningOutcome(plan=PLAN.model_copy(update={"phase": 2}), changed=True, decision=OK),
@@ -74,6 +98,7 @@ CONTINUING = {
 }
 ENDING = {
     Stage.BEFORE_RUN: BeforeRunOutcome(stop=Stop(text="done"), decision=OK),
+    Stage.BEFORE_FALLBACK: BeforeFallbackOutcome(stop=Stop(text="no cloud"), decision=OK),
     Stage.BEFORE_TOOL: BeforeToolOutcome(verdict=ToolDecision.deny("no"), decision=OK),
     Stage.ON_TOOL_ERROR: ToolErrorOutcome(resolution=ToolErrorResolution(handled=True, result="r"), decision=OK),
     Stage.AFTER_ANSWER: AfterAnswerOutcome(text="stop", stop=Stop(text="stop"), decision=OK),
@@ -114,7 +139,7 @@ def test_an_observer_stage_changes_nothing_and_refuses_a_returned_value(stage):
     spec = STAGES[stage]
     subject = {
         Stage.AFTER_EXECUTION: ExecutionResult(),
-        Stage.ON_ERROR: RunErrorView(origin="hook", type="T", message="m"),
+        Stage.ON_ERROR: RunErrorView(origin="extension", type="T", message="m"),
         Stage.ON_FINISH: RunOutcomeView(status="completed"),
     }[stage]
     folded = spec.fold(subject, ObserveOutcome(decision=OK))
@@ -125,3 +150,38 @@ def test_an_observer_stage_changes_nothing_and_refuses_a_returned_value(stage):
         spec.judge(call, "a value", None, None)  # type: ignore[arg-type]
     reason = "observed" if spec.finalizer else "accepted"
     assert spec.judge(call, None, None, None).decision.reason == reason  # type: ignore[arg-type]
+
+
+def test_before_plan_filtering_intersects_so_a_later_hook_cannot_bring_a_tool_back():
+    spec = STAGES[Stage.BEFORE_PLAN]
+    first = spec.fold(ATTEMPT, BeforePlanOutcome(patch=PlanAttemptPatch(tools=["n/a/read", "a/write"]), decision=OK))
+    assert first.subject.tool_keys == ["n/a/read", "n/a/write"]  # by key, or by agent/capability
+    second = spec.fold(
+        first.subject, BeforePlanOutcome(patch=PlanAttemptPatch(tools=["n/b/c", "n/a/read"]), decision=OK)
+    )
+    assert second.subject.tool_keys == ["n/a/read"] and not second.ends
+    assert second.subject.context_text == "" and first.carries
+
+
+def test_after_planning_may_stop_the_run():
+    spec = STAGES[Stage.AFTER_PLANNING]
+    hook = HookEntry(name="gate", index=0, stages=[Stage.AFTER_PLANNING])
+    call = spec.build(hook, HookRequestView(request="q", request_id="r", workflow_id="w"), PLAN)
+    outcome = spec.judge(call, Stop(text="Not today.", reason="closed"), None, None)  # type: ignore[arg-type]
+    assert outcome.stop == Stop(text="Not today.", reason="closed") and outcome.decision.action is DecisionAction.STOP
+    folded = spec.fold(PLAN, outcome)
+    assert folded.ends and not folded.carries and folded.subject == PLAN
+    with pytest.raises(ResultRejected, match="empty answer"):
+        spec.judge(call, Stop(text="  "), None, None)  # type: ignore[arg-type]
+
+
+def test_before_fallback_keeps_what_describes_the_handoff_whatever_a_hook_returns():
+    spec = STAGES[Stage.BEFORE_FALLBACK]
+    hook = HookEntry(name="redact", index=0, stages=[Stage.BEFORE_FALLBACK])
+    call = spec.build(hook, HookRequestView(request="q", request_id="r", workflow_id="w"), FALLBACK)
+    forged = FALLBACK.model_copy(update={"ask": "[redacted]", "reason": "nothing happened", "stage": "synthesis"})
+    outcome = spec.judge(call, forged, None, None)  # type: ignore[arg-type]
+    assert outcome.request is not None and outcome.request.ask == "[redacted]"
+    assert (outcome.request.reason, outcome.request.stage) == ("unavailable", "planning")
+    with pytest.raises(ResultRejected, match="empty text"):
+        spec.judge(call, FALLBACK.model_copy(update={"ask": ""}), None, None)  # type: ignore[arg-type]

@@ -12,8 +12,13 @@ from ._common import ByReference
 from ._hook_calls import MemoryCandidate
 from ._model_calls import ModelCall
 from ._pipeline import DetachedWork, ManagedLease, PipelineHookEffect
-from ._plans import ExecutionResult, Plan, PlanStep, StepResult
+from ._plans import ExecutionResult, ModelTurn, Plan, PlanRepair, PlanStep, PriorTurn, StepResult
 from ._record import Checkpoint, ModelDraft
+
+
+class RecallInput(ByReference):
+    request_id: str
+    conversation_id: str
 
 
 class RememberInput(ByReference):
@@ -35,13 +40,28 @@ class PlanInput(ByReference):
     instructions: str = ""
     facts: dict[str, JsonValue] = Field(default_factory=dict)
     max_tokens_remaining: int | None = None  # the request's model token budget left (None: no budget)
+    # Each planning attempt is its own activity: a planner that can correct a malformed plan returns it
+    # with what was wrong (``PlanOutput.repair``) instead of correcting it within this activity.
+    by_attempts: bool = False
+    attempt: int = 0  # the phase's planning attempt: 0, then one more for each malformed plan retried
+    tools: list[str] | None = None  # the tool keys this attempt may use (None: every tool)
+    context_text: str = ""  # added to the planner's instructions for this attempt only
+    repair: PlanRepair | None = None  # the previous attempt's malformed turn, for the model to correct
+    prior_turns: list[PriorTurn] = Field(default_factory=list)  # the model's own turns of earlier phases
+    route: Literal["primary", "fallback"] = "primary"  # which model plans
 
 
 class PlanOutput(ByReference):
-    plan: Plan
+    """A valid plan; or, when the planner can correct itself, no plan and what the next attempt sends
+    back (``repair``, with ``problems``)."""
+
+    plan: Plan | None = None
     prompt: str
     planner: str
     model_calls: list[ModelCall] = Field(default_factory=list)  # every model call the planner made
+    model_turn: ModelTurn | None = None  # the model's own turn that produced the plan
+    problems: list[str] = Field(default_factory=list)
+    repair: PlanRepair | None = None
 
 
 class ToolStepInput(ByReference):
@@ -52,6 +72,10 @@ class ToolStepInput(ByReference):
 
 class ToolStepOutput(ByReference):
     output: JsonValue = None
+    # The result text the tool formatted from its output (None: the workflow renders the output as JSON),
+    # and why formatting failed when it did (the output is kept; the text says the tool completed).
+    text: str | None = None
+    format_error: str | None = None
 
 
 class SynthesizeInput(ByReference):
@@ -64,6 +88,7 @@ class SynthesizeInput(ByReference):
     facts: dict[str, JsonValue] = Field(default_factory=dict)
     max_tokens_remaining: int | None = None  # the request's model token budget left (None: no budget)
     stream: bool = False  # publish the answer to the request's answer stream while it is written
+    route: Literal["primary", "fallback"] = "primary"  # which model writes the answer
 
 
 class SynthesizeOutput(ByReference):

@@ -102,8 +102,11 @@ class Stage(StrEnum):
     synthesis), the tool-call stages and the run-level stages, in one registry (see ``workflows.stages``)."""
 
     BEFORE_RUN = "before_run"
+    AFTER_RECALL = "after_recall"
     BEFORE_PLANNING = "before_planning"
+    BEFORE_PLAN = "before_plan"
     AFTER_PLANNING = "after_planning"
+    BEFORE_FALLBACK = "before_fallback"
     BEFORE_TOOL = "before_tool"
     ON_TOOL_ERROR = "on_tool_error"
     AFTER_TOOL = "after_tool"

@@ -39,6 +39,65 @@ class Stop(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------------
+# after_recall: a transient view of the conversation's memory for this run
+# --------------------------------------------------------------------------------------------------
+
+
+class MemoryExchange(BaseModel):
+    """One remembered exchange of a conversation: what was asked and what was answered."""
+
+    request: str
+    answer: str
+
+
+class RecalledMemory(BaseModel):
+    """A conversation's memory as a run loads it: the summary of its older exchanges and its latest
+    exchanges, oldest first."""
+
+    summary: str = ""
+    exchanges: list[MemoryExchange] = Field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.summary and not self.exchanges
+
+
+class RecallView(BaseModel):
+    """What after_recall sees: the conversation and its memory as loaded (or as earlier hooks left it)."""
+
+    conversation_id: str
+    memory: RecalledMemory
+
+
+class RecallPatch(BaseModel):
+    """An after_recall rewrite: the memory this run plans with instead. It is a transient view — what the
+    run saves afterwards starts from the memory as loaded, never from this."""
+
+    memory: RecalledMemory
+
+
+# --------------------------------------------------------------------------------------------------
+# before_fallback: what the fallback model is asked, when the primary model failed
+# --------------------------------------------------------------------------------------------------
+
+
+class FallbackRequest(BaseModel):
+    """What before_fallback sees: a copy of what the fallback model will be asked. Return a changed copy
+    (redact the ask, drop facts) to replace what the fallback receives — the record, the steps and what
+    the run remembers keep the original — or ``Stop``. ``stage``, ``phase``, ``reason`` and the models
+    describe the handoff and cannot be replaced."""
+
+    stage: Literal["planning", "synthesis"]
+    phase: int | None = None
+    ask: str
+    instructions: str = ""
+    facts: dict[str, JsonValue] = Field(default_factory=dict)
+    reason: str  # why the primary model failed (its error), preserved whatever a hook returns
+    primary_model: str | None = None
+    fallback_model: str | None = None
+
+
+# --------------------------------------------------------------------------------------------------
 # Tool-call stages: before_tool (allow / modify / deny / stop), on_tool_error, after_tool
 # --------------------------------------------------------------------------------------------------
 
@@ -69,19 +128,32 @@ class ToolDecision(BaseModel):
         return cls(action="stop", message=text, reason=reason)
 
 
-class ToolOutcomeView(BaseModel):
-    """What an after_tool hook sees: ``executed`` (with the raw output), ``skipped`` (reason policy or
-    missing, and the hook that denied) or ``failed`` (the error); ``result`` is the current text. A tool
-    error an on_tool_error hook handled is ``executed`` with the substitute as its output, and
-    ``recovered_from`` says what failed."""
+# Why a step was skipped: a hook denied it (``policy``, with the hook as ``extension``), a reviewer declined
+# it (``confirmation``), an input it needed was missing (``missing``), or it repeats a write the request
+# already made (``duplicate``).
+SkipReason = Literal["policy", "confirmation", "missing", "duplicate"]
 
-    status: Literal["executed", "skipped", "failed"]
+
+class ToolOutcomeView(BaseModel):
+    """What an after_tool hook sees, one of:
+
+    - ``executed``: the tool ran; ``output`` is its raw output (seen only here, by hooks).
+    - ``cached``: the same read-only call with the same arguments already succeeded in this request;
+      ``from_step`` is that step, whose result this one reuses. No raw output exists.
+    - ``skipped``: not run; ``reason`` says why (``SkipReason``), ``extension`` names a denying hook.
+    - ``failed``: the tool raised; ``error`` says what, and the planner may plan around it.
+
+    ``result`` is the current text (what the model reads). A tool error an on_tool_error hook handled is
+    ``executed`` with the substitute as its output, and ``recovered_from`` says what failed."""
+
+    status: Literal["executed", "cached", "skipped", "failed"]
     output: JsonValue = None
-    reason: str | None = None
+    reason: SkipReason | None = None
     extension: str | None = None
     error: str | None = None
     result: str = ""
     recovered_from: str | None = None
+    from_step: str | None = None
 
 
 class ToolErrorResolution(BaseModel):
@@ -97,9 +169,14 @@ class ToolErrorResolution(BaseModel):
 
 
 class AnswerView(BaseModel):
+    """What after_answer sees: the answer, how it was reached (the pipeline, or a short-circuit), the
+    model that answered (``answered_by``: the primary, or the fallback after a handoff; None when no
+    model step ran) and the steps."""
+
     text: str
     handled_by: Literal["pipeline", "short_circuit"]
     steps: list[StepSummary] = Field(default_factory=list)
+    answered_by: Literal["primary", "fallback"] | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -127,14 +204,34 @@ class SkipMemory(BaseModel):
 # --------------------------------------------------------------------------------------------------
 
 
-class RunErrorView(BaseModel):
-    """What on_error sees: the original error and where it came from."""
+ErrorOrigin = Literal[
+    "extension",  # a hook failed where failing ends the run, or broke its stage's contract
+    "model",  # the planner or synthesizer (its model) failed
+    "memory",  # loading or saving the conversation's memory failed
+    "confirmation",  # a reviewer rejected a checkpoint, or it expired
+    "fallback",  # the fallback model failed after the primary had
+    "formatter",  # a tool's result could not be formatted (its output is kept)
+    "event",  # a declared hook of a gateway event failed
+    "config",  # the pipeline or a setting could not be used
+    "budget",  # a token or prompt budget would be exceeded
+    "tool",  # a tool failed and no on_tool_error hook handled it
+    "harness",  # the framework or its infrastructure (a lost worker, an oversized payload, ...)
+    "cancelled",  # the run was cancelled
+]
 
-    origin: str  # extension, planner, synthesizer, hook, confirmation, config, infrastructure, cancelled, harness
+
+class RunErrorView(BaseModel):
+    """What on_error sees: the original error and where it came from (``origin``). The error that ends a
+    run is observed once, before on_finish; an error the run recovered from (``recovered``: a failed
+    memory save, a tool failure the planner saw, a formatter or event failure) is observed too, and the run
+    goes on to complete."""
+
+    origin: ErrorOrigin
     type: str
     message: str
     details: dict[str, JsonValue] = Field(default_factory=dict)
     steps: list[StepSummary] = Field(default_factory=list)
+    recovered: bool = False
 
 
 # --------------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ class ModelCall(BaseModel):
     turn: int = 1
     model: str
     provider: str = "openai"
+    route: Literal["primary", "fallback"] = "primary"  # the fallback answers once a failing primary hands over
     streamed: bool = False
     started_at: datetime | None = None
     latency_ms: float = 0.0
@@ -59,7 +60,8 @@ class ModelCall(BaseModel):
     total_tokens: int | None = None
     tool_calls: int = 0
     status: int | None = None  # the HTTP status of a failed call, when the provider answered one
-    error_type: str | None = None  # ModelUnavailable, ModelRequestError, ModelRefusal, EmptyCompletion, ...
+    # ModelUnavailable, ModelRequestError, ModelRefusal, EmptyCompletion, PromptBudgetExceeded (never sent), ...
+    error_type: str | None = None
     error_message: str | None = Field(default=None, max_length=MAX_MODEL_ERROR_CHARS)
     prompt: ModelText | None = None
     response: ModelText | None = None

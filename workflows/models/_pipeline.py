@@ -108,6 +108,9 @@ class PipelineManifest(ByReference):
     payload_store: bool = False
     # The request's OpenTelemetry trace, as resolve_pipeline ran in it (None without tracing).
     trace_id: str | None = None
+    # The fallback model of each model stage that has one (``planning``, ``synthesis``: its name): called
+    # when the primary model is unavailable after its retries.
+    fallback: dict[str, str] = Field(default_factory=dict)
 
     def participants(self, stage: Stage) -> list[HookEntry]:
         return [h for h in self.hooks if h.implements(stage)]

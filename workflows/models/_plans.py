@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, JsonValue
 
 MAX_OBSERVED_ERROR_CHARS = 2_000  # of a step's error, in what after_execution hooks receive
+# Attempts at planning one phase: the first, and one retry of a malformed plan the planner may correct.
+MAX_PLAN_ATTEMPTS = 2
 
 
 class ToolSpec(BaseModel):
@@ -48,6 +50,37 @@ class PlanStep(BaseModel):
     @property
     def tool(self) -> str:
         return f"{self.agent}/{self.capability}"
+
+
+class ModelToolCall(BaseModel):
+    """One tool call as a model wrote it: its own id, the function it named, its arguments' raw text."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+
+class ModelTurn(BaseModel):
+    """A model's assistant turn as it was: its text and its tool calls with the model's own ids. When
+    earlier steps go back to the model, this turn is replayed and each call answered by its id."""
+
+    content: str | None = None
+    tool_calls: list[ModelToolCall] = Field(default_factory=list)
+
+
+class PriorTurn(BaseModel):
+    """A model's turn of an earlier planning phase, and the step that ran each of its calls (by call id)."""
+
+    turn: ModelTurn
+    step_ids: dict[str, str] = Field(default_factory=dict)
+
+
+class PlanRepair(BaseModel):
+    """A planning attempt's malformed turn, sent back to the model on the next attempt: the turn, and what
+    was wrong with each of its calls (in call order) — empty when the call was fine but not run."""
+
+    turn: ModelTurn
+    problems: list[list[str]] = Field(default_factory=list)
 
 
 class Plan(BaseModel):
@@ -96,7 +129,8 @@ class StepResult(BaseModel):
     # The error a handled step recovered from (the step then succeeded, with the substitute as its output).
     recovered_from: RecoveredError | None = None
     approved_in: str | None = None  # the checkpoint whose approval this call ran under
-    skip_reason: str | None = None  # policy | missing
+    skip_reason: str | None = None  # policy | confirmation | missing | duplicate
+    cached_from: str | None = None  # the earlier step of the request whose result this identical read reuses
     skip_detail: str | None = None
     skipped_by: str | None = None  # the hook that denied the call
     modified_by: list[str] = Field(default_factory=list)
@@ -136,6 +170,7 @@ class ToolMetrics(BaseModel):
     calls: int = 0
     failures: int = 0
     skipped: int = 0
+    cached: int = 0  # identical read-only calls answered from an earlier step
     total_duration_ms: float = 0.0
     max_duration_ms: float = 0.0
 

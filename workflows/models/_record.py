@@ -66,6 +66,9 @@ class Checkpoint(BaseModel):
     reviewer: str | None = None
     comment: str | None = None  # the approval comment or the rejection reason
     decided_at: datetime | None = None
+    # The calls (step ids) the reviewer declined while approving the others: each is skipped (reason
+    # ``confirmation``) and the planner may plan around it; the request goes on.
+    declined: list[str] = Field(default_factory=list)
 
 
 # Bounds on what a review brings into the record from outside.
@@ -74,6 +77,7 @@ MAX_REVIEW_COMMENT_CHARS = 2_000
 MAX_INBOUND_PAYLOAD_BYTES = 16 * 1024  # a larger signal or update payload is refused before decoding
 MAX_IGNORED_FIELD_CHARS = 200  # each text of an ignored message, as the record keeps it
 MAX_IGNORED_MESSAGES = 50  # ignored messages (and lost workers) the record lists; the rest are counted
+MAX_DECLINED_CALLS = 64  # calls one review may decline
 
 
 class ApproveSignal(BaseModel):
@@ -84,6 +88,7 @@ class ApproveSignal(BaseModel):
     checkpoint_id: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
     reviewer: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
     comment: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)
+    declined: list[str] = Field(default_factory=list, max_length=MAX_DECLINED_CALLS)  # step ids not to run
 
 
 class RejectSignal(BaseModel):
@@ -103,6 +108,9 @@ class ReviewRequest(BaseModel):
     reviewer: str = Field(max_length=MAX_REVIEW_ID_CHARS)
     decision: Literal["approve", "reject"]
     comment: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)  # approval comment, or rejection reason
+    # With ``approve``: the calls (step ids of the checkpoint) not to run; they are skipped with reason
+    # ``confirmation`` and the request goes on. Rejecting refuses every call and ends the request.
+    declined: list[str] = Field(default_factory=list, max_length=MAX_DECLINED_CALLS)
 
 
 class ReviewAck(BaseModel):
@@ -110,6 +118,7 @@ class ReviewAck(BaseModel):
     decision: Literal["approve", "reject"]
     reviewer: str
     accepted_at: datetime
+    declined: list[str] = Field(default_factory=list)
 
 
 class IgnoredReview(BaseModel):
@@ -157,6 +166,17 @@ class MemoryOutcome(BaseModel):
     reason: str = ""
 
 
+class RecallOutcome(BaseModel):
+    """What the run recalled of its conversation's memory, and which after_recall hooks changed the view it
+    planned with (the memory saved afterwards starts from what was loaded)."""
+
+    conversation_id: str
+    exchanges: int = 0  # as loaded
+    summary_chars: int = 0  # as loaded
+    changed_by: list[str] = Field(default_factory=list)
+    error: str | None = None  # loading failed: the run planned without the memory
+
+
 class LifecycleBoundary(StrEnum):
     ACCEPTED_PLAN = "accepted_plan"
     CHECKPOINT_OPENED = "checkpoint_opened"
@@ -201,6 +221,9 @@ class ExecutionRecord(BaseModel):
     steps: list[StepResult] = Field(default_factory=list)
     model_calls: list[ModelCall] = Field(default_factory=list)  # planning and synthesis, failed ones too
     model_draft: ModelDraft | None = None  # the synthesizer's answer before after_synthesis, by digest
+    # Which model answered: the primary, or the fallback once a failing primary handed the run over (None:
+    # no model step ran — a short-circuit, or a stop before planning).
+    handled_by: Literal["primary", "fallback"] | None = None
     final_response: str | None = None  # what the client received
     confidence: float | None = None
     short_circuit: ShortCircuitInfo | None = None
@@ -218,6 +241,7 @@ class ExecutionRecord(BaseModel):
     stopped: StopInfo | None = None
     diagnostics: list[Diagnostic] = Field(default_factory=list)
     tool_metrics: dict[str, ToolMetrics] = Field(default_factory=dict)
+    recall: RecallOutcome | None = None
     memory: MemoryOutcome | None = None
     error: RequestError | None = None
     lifecycle: RecordLifecycle | None = None

@@ -79,9 +79,19 @@ class Checks(Protocol):
     """What a stage's judge may ask of the worker that runs the hook: the checks that need its tools
     and its planner's rules, and where a short-circuit decision is reported."""
 
-    def plan_problems(self, plan: Plan, phase: int, prior_step_ids: Sequence[str]) -> list[str]: ...
+    def plan_problems(
+        self, plan: Plan, phase: int, prior_step_ids: Sequence[str], available: Sequence[str] | None = None
+    ) -> list[str]:
+        """Why ``plan`` is invalid (empty when it is valid); ``available``: the tool keys this planning
+        attempt may use (None: every tool)."""
+        ...
 
     def argument_problems(self, step: PlanStep) -> list[str]: ...
+
+    def tool_descriptions(self, keys: Sequence[str]) -> dict[str, str]:
+        """What each tool does, by key, as the worker's tools describe themselves (the workflow records
+        tools without their descriptions)."""
+        ...
 
     def short_circuit_judged(self, call: HookCall, proposal: ShortCircuitProposal, decision: HookDecision) -> None:
         """Report how a short-circuit was judged (metrics, the hook's span, a legacy contract's warning)."""
@@ -152,6 +162,11 @@ class StageSpec(Generic[CallT, OutcomeT]):
     def method(self, entry: HookEntry) -> str:
         """The hook method this invocation calls."""
         return self.methods[0]
+
+    def prepare(self, call: CallT, checks: Checks) -> CallT:
+        """The call as the hook receives it, completed with what only the worker knows (the default: as
+        the workflow built it)."""
+        return call
 
     def arguments(self, call: CallT, ctx: PipelineContext) -> tuple[Any, ...]:
         """What the method receives after ``ctx``: a private copy of the subject."""

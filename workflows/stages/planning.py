@@ -1,5 +1,6 @@
-"""The planning stages: before_planning (enrich the request, or answer it outright) and after_planning (the
-plan to run, copy-on-write, validated after each hook; the required gate)."""
+"""The planning stages: before_planning (enrich the request, or answer it outright), before_plan (narrow the
+tools and add context for one planning attempt) and after_planning (the plan to run, copy-on-write,
+validated after each hook; the required gate; or stop the run)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pydantic
-from pydantic import Field, JsonValue
+from pydantic import BaseModel, Field, JsonValue
 
-from ..decisions import HOOK_CONTRACT_ERROR, INVALID_PLAN, short_circuit_decision
+from ..decisions import HOOK_CONTRACT_ERROR, INVALID_PLAN, REASON_MODIFIED, REASON_STOPPED, short_circuit_decision
 from ..models import (
     MAX_ENRICHMENT_BYTES,
     DecisionAction,
@@ -27,6 +28,8 @@ from ..models import (
     ShortCircuitKind,
     ShortCircuitProposal,
     Stage,
+    StepSummary,
+    Stop,
     json_size,
 )
 from ._base import Chaining, Checks, Fold, ResultRejected, StageSpec, rejected, returned
@@ -34,7 +37,15 @@ from ._base import Chaining, Checks, Fold, ResultRejected, StageSpec, rejected, 
 if TYPE_CHECKING:
     from hooks.contracts import PipelineContext, PipelineGate
 
-__all__ = ["AfterPlanningHook", "BeforePlanningDecisionHook", "BeforePlanningHook"]
+__all__ = [
+    "AfterPlanningHook",
+    "BeforePlanHook",
+    "BeforePlanningDecisionHook",
+    "BeforePlanningHook",
+    "PlanAttempt",
+    "PlanAttemptPatch",
+    "ToolDescriptor",
+]
 
 # --------------------------------------------------------------------------------------------------
 # before_planning: enrich, or short-circuit (the first accepted one wins)
@@ -197,32 +208,141 @@ def _proposal(entry: HookEntry, value: Any) -> ShortCircuitProposal | None:
 
 
 # --------------------------------------------------------------------------------------------------
+# before_plan: narrow the tools and add context for one planning attempt
+# --------------------------------------------------------------------------------------------------
+
+MAX_CONTEXT_TEXT_CHARS = 16_000
+
+
+class ToolDescriptor(BaseModel):
+    """A tool as planning hooks see it (never the executable tool): its key, what it does, whether it
+    writes (``False`` for a read-only tool)."""
+
+    key: str
+    description: str = ""
+    writes: bool = True
+
+    def named(self, names: set[str]) -> bool:
+        """Whether ``names`` names this tool: by its key, or by ``agent/capability``."""
+        return self.key in names or self.key.split("/", 1)[-1] in names
+
+
+class PlanAttempt(BaseModel):
+    """What before_plan sees: one attempt at planning one phase. ``attempt`` is 0 for the phase's first
+    attempt and counts the retries after a malformed plan; ``tools`` are what the planner may still use;
+    ``context_text`` is added to the planner's instructions for this attempt only; ``steps`` are the
+    request's steps so far."""
+
+    phase: int
+    attempt: int = 0
+    ask: str
+    tools: list[ToolDescriptor] = Field(default_factory=list)
+    context_text: str = ""
+    steps: list[StepSummary] = Field(default_factory=list)
+
+    @property
+    def tool_keys(self) -> list[str]:
+        return [tool.key for tool in self.tools]
+
+
+class PlanAttemptPatch(BaseModel):
+    """A before_plan answer. ``tools``: keep only these (keys, or ``agent/capability``) — filtering
+    intersects, so a tool an earlier hook removed from this attempt cannot come back; ``context_text``:
+    replaces the attempt's context text. Fields left ``None`` are kept."""
+
+    tools: list[str] | None = None
+    context_text: str | None = None
+
+
+@runtime_checkable
+class BeforePlanHook(Protocol):
+    """before_plan: before every planning attempt (each phase, and again when a malformed plan is retried).
+    Return ``PlanAttemptPatch`` to narrow the tools the planner sees (a rule or model planner sees only the
+    remaining ones, and a plan using another is invalid) or to set context for this attempt, or ``None``.
+    When no tools remain, the phase is answered without a planner call. A failure ends the run with
+    ``ExtensionError``."""
+
+    name: str
+
+    def before_plan(self, ctx: PipelineContext, attempt: PlanAttempt) -> PlanAttemptPatch | None: ...
+
+
+class BeforePlanCall(HookCall):
+    attempt: PlanAttempt
+
+
+class BeforePlanOutcome(HookOutcome):
+    patch: PlanAttemptPatch | None = None
+
+
+class BeforePlanSpec(StageSpec[BeforePlanCall, BeforePlanOutcome]):
+    """Patches chain in order: tools intersect, the context text is replaced. The hook sees each tool's
+    description (filled in by the worker, which has the tools)."""
+
+    stage = Stage.BEFORE_PLAN
+    call = BeforePlanCall
+    outcome = BeforePlanOutcome
+    protocols = {"before_plan": BeforePlanHook}
+    failure_policy = FailurePolicy.FAIL_CLOSED
+    chaining = Chaining.CHAIN
+    subject_field = "attempt"
+
+    def prepare(self, call: BeforePlanCall, checks: Checks) -> BeforePlanCall:
+        described = checks.tool_descriptions(call.attempt.tool_keys)
+        tools = [t.model_copy(update={"description": described.get(t.key, t.description)}) for t in call.attempt.tools]
+        return call.model_copy(update={"attempt": call.attempt.model_copy(update={"tools": tools})})
+
+    def judge(self, call: BeforePlanCall, value: Any, ctx: PipelineContext, checks: Checks) -> BeforePlanOutcome:
+        patch = returned(value, "before_plan", PlanAttemptPatch)
+        if patch is not None and patch.context_text is not None and len(patch.context_text) > MAX_CONTEXT_TEXT_CHARS:
+            raise rejected(
+                f"before_plan context_text is {len(patch.context_text)} characters; the limit is {MAX_CONTEXT_TEXT_CHARS}"
+            )
+        return BeforePlanOutcome(patch=patch, decision=self.success(call.hook, REASON_MODIFIED if patch else None))
+
+    def fold(self, subject: PlanAttempt, outcome: BeforePlanOutcome) -> Fold:
+        patch = outcome.patch
+        if patch is None:
+            return Fold(subject)
+        update: dict[str, Any] = {}
+        if patch.tools is not None:
+            kept = set(patch.tools)
+            update["tools"] = [tool for tool in subject.tools if tool.named(kept)]
+        if patch.context_text is not None:
+            update["context_text"] = patch.context_text
+        return Fold(subject.model_copy(update=update))
+
+
+# --------------------------------------------------------------------------------------------------
 # after_planning: return the plan to run (copy-on-write, validated after each hook)
 # --------------------------------------------------------------------------------------------------
 
 
 @runtime_checkable
 class AfterPlanningHook(Protocol):
-    """after_planning: return the plan to run, possibly a modified copy.
+    """after_planning: return the plan to run, possibly a modified copy, or ``Stop`` to end the run with
+    your text (no step runs; answer transforms and memory are bypassed; finalizers run).
 
-    ``plan`` is already a private copy. The result must be a :class:`Plan` and passes the full plan
-    validation; hooks chain in registration order. An ordinary hook's error, wrong return type or
-    invalid plan is recorded and the last valid plan continues.
+    ``plan`` is already a private copy. A returned plan passes the full plan validation, against the
+    tools this planning attempt had; hooks chain in registration order. An ordinary hook's error, wrong
+    return type or invalid plan is recorded and the last valid plan continues.
     """
 
     name: str
 
-    def after_planning(self, ctx: PipelineContext, plan: Plan) -> Plan: ...
+    def after_planning(self, ctx: PipelineContext, plan: Plan) -> Plan | Stop: ...
 
 
 class AfterPlanningCall(HookCall):
     plan: Plan
     prior_step_ids: list[str] = Field(default_factory=list)  # steps of earlier phases, for implicit_deps
+    available_tools: list[str] | None = None  # the tool keys the planning attempt had (None: every tool)
 
 
 class AfterPlanningOutcome(HookOutcome):
     plan: Plan
     changed: bool
+    stop: Stop | None = None
 
 
 class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
@@ -242,19 +362,27 @@ class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
         return FailurePolicy.FAIL_CLOSED if hook.required else self.failure_policy
 
     def judge(self, call: AfterPlanningCall, value: Any, ctx: PipelineContext, checks: Checks) -> AfterPlanningOutcome:
-        returned(value, "after_planning", Plan, none=False, expected="a Plan")
+        returned(value, "after_planning", Plan, Stop, none=False, expected="a Plan or Stop")
+        if isinstance(value, Stop):
+            if not value.text.strip():
+                raise rejected("after_planning stopped the run with an empty answer")
+            decision = self.success(call.hook, REASON_STOPPED, DecisionAction.STOP)
+            return AfterPlanningOutcome(plan=call.plan, changed=False, stop=value, decision=decision)
         try:
             plan = Plan.model_validate(value.model_dump(mode="json"))
         except pydantic.ValidationError as err:
             raise rejected(f"returned plan is malformed: {err}") from None
-        problems = checks.plan_problems(plan, call.plan.phase, call.prior_step_ids)
+        problems = checks.plan_problems(plan, call.plan.phase, call.prior_step_ids, call.available_tools)
         if problems:
             raise ResultRejected(INVALID_PLAN, "invalid plan: " + "; ".join(problems))
         return AfterPlanningOutcome(plan=plan, changed=plan != call.plan, decision=self.success(call.hook))
 
     def fold(self, subject: Plan, outcome: AfterPlanningOutcome) -> Fold:
+        if outcome.stop is not None:
+            return Fold(subject, ends=True, carries=False)
         return Fold(outcome.plan)
 
 
 BEFORE_PLANNING = BeforePlanningSpec()
+BEFORE_PLAN = BeforePlanSpec()
 AFTER_PLANNING = AfterPlanningSpec()

@@ -1,5 +1,7 @@
 """The run-level stages: before_run (rewrite the ask, the instructions or the facts, or stop the run),
-and the finalizers on_error and on_finish, which run on every exit and never change its outcome."""
+after_recall (a transient view of the conversation's memory), before_fallback (what a fallback model is
+asked when the primary failed, or stop), and the finalizers on_error and on_finish, which run on every
+exit and never change its outcome."""
 
 from __future__ import annotations
 
@@ -7,24 +9,29 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..decisions import REASON_MODIFIED, REASON_STOPPED
 from ..models import (
+    MAX_ENRICHMENT_BYTES,
     DecisionAction,
     FailurePolicy,
+    FallbackRequest,
     HookCall,
     HookOutcome,
     ObserveOutcome,
+    RecallPatch,
+    RecallView,
     RunErrorView,
     RunOutcomeView,
     RunPatch,
     RunView,
     Stage,
     Stop,
+    json_size,
 )
 from ._base import CallT, Chaining, Checks, Fold, ObserverSpec, StageSpec, rejected, returned
 
 if TYPE_CHECKING:
     from hooks.contracts import PipelineContext
 
-__all__ = ["BeforeRunHook", "OnErrorHook", "OnFinishHook"]
+__all__ = ["AfterRecallHook", "BeforeFallbackHook", "BeforeRunHook", "OnErrorHook", "OnFinishHook"]
 
 # --------------------------------------------------------------------------------------------------
 # before_run: rewrite the ask, instructions or facts, or stop the run
@@ -92,15 +99,126 @@ class BeforeRunSpec(StageSpec[BeforeRunCall, BeforeRunOutcome]):
 
 
 # --------------------------------------------------------------------------------------------------
+# after_recall: a transient view of the conversation's memory
+# --------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class AfterRecallHook(Protocol):
+    """after_recall: once the conversation's memory is loaded, before planning. Return ``RecallPatch`` to
+    plan this run with other memory (drop an exchange, shorten the summary), or ``None``. The change is
+    transient: what the run saves starts from the memory as loaded. A failure ends the run with
+    ``ExtensionError``."""
+
+    name: str
+
+    def after_recall(self, ctx: PipelineContext, recall: RecallView) -> RecallPatch | None: ...
+
+
+class AfterRecallCall(HookCall):
+    recall: RecallView
+
+
+class AfterRecallOutcome(HookOutcome):
+    patch: RecallPatch | None = None
+
+
+class AfterRecallSpec(StageSpec[AfterRecallCall, AfterRecallOutcome]):
+    """Patches chain in order: each hook sees the memory the one before left."""
+
+    stage = Stage.AFTER_RECALL
+    call = AfterRecallCall
+    outcome = AfterRecallOutcome
+    protocols = {"after_recall": AfterRecallHook}
+    failure_policy = FailurePolicy.FAIL_CLOSED
+    chaining = Chaining.CHAIN
+    subject_field = "recall"
+
+    def judge(self, call: AfterRecallCall, value: Any, ctx: PipelineContext, checks: Checks) -> AfterRecallOutcome:
+        patch = returned(value, "after_recall", RecallPatch)
+        if patch is not None and (size := json_size(patch.memory.model_dump(mode="json"))) > MAX_ENRICHMENT_BYTES:
+            raise rejected(f"after_recall memory is {size} bytes of JSON; the limit is {MAX_ENRICHMENT_BYTES}")
+        return AfterRecallOutcome(patch=patch, decision=self.success(call.hook, REASON_MODIFIED if patch else None))
+
+    def fold(self, subject: RecallView, outcome: AfterRecallOutcome) -> Fold:
+        if outcome.patch is None:
+            return Fold(subject)
+        return Fold(subject.model_copy(update={"memory": outcome.patch.memory}))
+
+
+# --------------------------------------------------------------------------------------------------
+# before_fallback: what the fallback model is asked, or stop
+# --------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class BeforeFallbackHook(Protocol):
+    """before_fallback: the primary model failed (unavailable after its retries) in planning or synthesis
+    and a fallback model will be called. ``fallback`` is a copy of what it will be asked: return a changed
+    copy to replace that (redacting it changes neither the record nor what the run remembers), ``Stop`` to
+    end the run with your text instead, or ``None``. Never called for hook errors. A failure ends the run
+    with ``ExtensionError``."""
+
+    name: str
+
+    def before_fallback(self, ctx: PipelineContext, fallback: FallbackRequest) -> FallbackRequest | Stop | None: ...
+
+
+class BeforeFallbackCall(HookCall):
+    fallback: FallbackRequest
+
+
+class BeforeFallbackOutcome(HookOutcome):
+    request: FallbackRequest | None = None
+    stop: Stop | None = None
+
+
+class BeforeFallbackSpec(StageSpec[BeforeFallbackCall, BeforeFallbackOutcome]):
+    """Replacements apply in order (what describes the handoff is kept whatever a hook returns); a stop
+    ends the run."""
+
+    stage = Stage.BEFORE_FALLBACK
+    call = BeforeFallbackCall
+    outcome = BeforeFallbackOutcome
+    protocols = {"before_fallback": BeforeFallbackHook}
+    failure_policy = FailurePolicy.FAIL_CLOSED
+    chaining = Chaining.GATE
+    subject_field = "fallback"
+
+    def judge(
+        self, call: BeforeFallbackCall, value: Any, ctx: PipelineContext, checks: Checks
+    ) -> BeforeFallbackOutcome:
+        value = returned(value, "before_fallback", FallbackRequest, Stop)
+        if isinstance(value, Stop):
+            if not value.text.strip():
+                raise rejected("before_fallback stopped the run with an empty answer")
+            decision = self.success(call.hook, REASON_STOPPED, DecisionAction.STOP)
+            return BeforeFallbackOutcome(stop=value, decision=decision)
+        if value is None:
+            return BeforeFallbackOutcome(decision=self.success(call.hook))
+        if not value.ask.strip():
+            raise rejected("before_fallback replaced the ask with empty text")
+        kept = call.fallback.model_dump(include={"stage", "phase", "reason", "primary_model", "fallback_model"})
+        request = value.model_copy(update=kept)
+        return BeforeFallbackOutcome(request=request, decision=self.success(call.hook, REASON_MODIFIED))
+
+    def fold(self, subject: FallbackRequest, outcome: BeforeFallbackOutcome) -> Fold:
+        if outcome.stop is not None:
+            return Fold(subject, ends=True, carries=False)
+        return Fold(outcome.request or subject)
+
+
+# --------------------------------------------------------------------------------------------------
 # on_error and on_finish: observe the run's end
 # --------------------------------------------------------------------------------------------------
 
 
 @runtime_checkable
 class OnErrorHook(Protocol):
-    """on_error: observe a run's error and its origin (extension, planner, synthesizer, hook,
-    confirmation, cancelled, ...). Runs before on_finish. A failure is a diagnostic; it never replaces
-    the original error and never stops later observers."""
+    """on_error: observe an error and its origin (extension, model, memory, confirmation, fallback,
+    formatter, event, config, budget, tool, harness; or cancelled). The error that ends a run is observed
+    before on_finish; errors the run recovered from (``error.recovered``) are observed too. A failure is a
+    diagnostic; it never replaces the original error and never stops later observers."""
 
     name: str
 
@@ -149,5 +267,7 @@ class OnFinishSpec(_FinalizerSpec[OnFinishCall]):
 
 
 BEFORE_RUN = BeforeRunSpec()
+AFTER_RECALL = AfterRecallSpec()
+BEFORE_FALLBACK = BeforeFallbackSpec()
 ON_ERROR = OnErrorSpec()
 ON_FINISH = OnFinishSpec()
