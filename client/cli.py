@@ -423,16 +423,21 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from temporalio.service import RPCError
 
-    from .settings import Settings
+    from .settings import Settings, SettingsError
     from .telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 
     try:
-        configure_telemetry("agent-lifecycle-cli")
+        settings = Settings.from_env()
+    except SettingsError as err:
+        print(f"configuration error: {err}", file=sys.stderr)
+        return 2
+    try:
+        configure_telemetry("agent-lifecycle-cli", settings.telemetry)
     except TelemetryConfigError as err:
         print(f"telemetry configuration error: {err}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_run(args, Settings.from_env()))
+        return asyncio.run(_run(args, settings))
     except (ValueError, RuntimeError, RPCError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
