@@ -256,7 +256,7 @@ def _entry_options(activities, entry) -> str:
         "required" if entry.required else "",
         f"priority {hook_option(hook, 'priority')}" if hook_option(hook, "priority") else "",
         f"scope {hook_option(hook, 'scope')}" if hook_option(hook, "scope") != "global" else "",
-        f"matcher {entry.tool_matcher!r}" if entry.tool_matcher else "",
+        f"matcher {entry.tool_matcher!r} (on agent/capability)" if entry.tool_matcher else "",
         "sub-agent steps only" if entry.subagent_only else "",
     ]
     return "".join(f" {item}" for item in shown if item)

@@ -110,7 +110,14 @@ def tables(model: type[BaseModel] = Settings) -> str:
             assert nested is not None, f"{name} is not a section"
             fields = list(nested.model_fields.values())
         rows = [_row(info) for info in fields if variables(info)]
-        lines += [f"### {heading}", "", "| variable | type | default | meaning |", "| --- | --- | --- | --- |", *rows, ""]
+        lines += [
+            f"### {heading}",
+            "",
+            "| variable | type | default | meaning |",
+            "| --- | --- | --- | --- |",
+            *rows,
+            "",
+        ]
     missing = [name for name, info in model.model_fields.items() if section(info) and name not in dict(_TABLES)]
     assert not missing, f"sections without a table: {missing}"
     return "\n".join(lines).rstrip() + "\n"

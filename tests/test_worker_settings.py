@@ -227,7 +227,10 @@ def test_a_worker_without_a_pipeline_says_how_to_name_one(tmp_path):
     [
         (
             {"AGENT_MODEL_TIMEOUT_SECONDS": "soon", "AGENT_WORKER_THREADS": "0"},
-            ["AGENT_WORKER_THREADS: Input should be greater than or equal to 1 (got '0')", "AGENT_MODEL_TIMEOUT_SECONDS"],
+            [
+                "AGENT_WORKER_THREADS: Input should be greater than or equal to 1 (got '0')",
+                "AGENT_MODEL_TIMEOUT_SECONDS",
+            ],
         ),
         ({"AGENT_MEMORY_ACTIVITY_TTL_SECONDS": "-3"}, ["AGENT_MEMORY_ACTIVITY_TTL_SECONDS: Input should be greater"]),
         ({"AGENT_PROMETHEUS_BIND": "9464"}, ["AGENT_PROMETHEUS_BIND: not host:port"]),
@@ -253,4 +256,3 @@ def test_check_names_every_tool_by_its_full_key(tmp_path):
     tools = [line for line in proc.stdout.splitlines() if line.startswith(("tool:", "mcp tool:", "subagent:"))]
     assert tools and all(line.split(": ", 1)[1].split()[0].count("/") == 2 for line in tools), tools
     assert "tool: demo-tools/stock-service/stock_quote read_only" in tools
-
