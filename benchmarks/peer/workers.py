@@ -122,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     guard()
     if args.system == "lifecycle":
+        from client import Settings
         from client.telemetry import configure_telemetry, shutdown_telemetry
 
-        configure_telemetry("agent-lifecycle-bench-worker")
+        configure_telemetry("agent-lifecycle-bench-worker", Settings.from_env().telemetry)
         try:
             asyncio.run(serve_lifecycle(args.queue_prefix, args.model_url))
         finally:
