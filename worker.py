@@ -4,9 +4,10 @@
     python worker.py --dev      # first start the embedded dev server with its Web UI (port 8233)
     python worker.py --check    # validate the pipeline and exit
 
-The pipeline comes from ``AGENT_PIPELINE`` (``module:function``, default ``demo.pipeline:build_activities``)
-and is validated before anything connects: a misconfigured pipeline exits non-zero with the reason, and
-so does an MCP server of ``AGENT_MCP_SERVERS`` that cannot be listed (unless it is declared optional).
+The pipeline comes from ``AGENT_PIPELINE`` (``module:function``; there is no default) and is validated
+before anything connects: a bad setting, a misconfigured pipeline, or an MCP server of
+``AGENT_MCP_SERVERS`` that cannot be listed (unless it is declared optional) exits 2 with one line naming
+the reason.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from pydantic import ValidationError
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
@@ -34,6 +34,7 @@ from client import Settings, connect_when_reachable, database, exit_process
 from client.devserver import start_dev_server
 from client.pipeline import PipelineSettingsError, apply_settings
 from client.search import ensure_search_attributes
+from client.settings import SettingsError
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
@@ -85,8 +86,8 @@ def load_activities(settings: Settings) -> LifecycleActivities:
 
 
 # After a worker dies, the next workflow task of each of its requests first waits this long on the dead
-# worker's sticky queue before any worker may take it (Temporal's default is 10 s).
-STICKY_SCHEDULE_TO_START = timedelta(seconds=3)
+# worker's sticky queue before any worker may take it (Temporal's default is 10 s): the setting's default.
+STICKY_SCHEDULE_TO_START = timedelta(seconds=Settings.model_fields["worker_sticky_timeout_seconds"].default)
 # Heartbeats reach the server at most this often; a cancellation reaches a heartbeating activity only in
 # a heartbeat's reply, so this bounds how long stopping a lease keeper takes (the SDK's default: 80 % of
 # the heartbeat timeout, i.e. 4 s).
@@ -189,11 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
-    except ValidationError as err:
-        problems = "; ".join(
-            f"{Settings.variable(str(e['loc'][0]))}: {e['msg']}" for e in err.errors(include_url=False)
-        )
-        print(f"configuration error: {problems}", file=sys.stderr)
+    except SettingsError as err:
+        print(f"configuration error: {err}", file=sys.stderr)
         return 2
     try:
         activities = load_activities(settings)
@@ -209,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidPipelineConfigError as err:
         print(f"pipeline configuration error ({err.reason}): {err}", file=sys.stderr)
         return 2
-    except ValueError as err:  # a bad setting a pipeline factory read (e.g. AGENT_MODEL_TIMEOUT_SECONDS)
+    except ValueError as err:  # a part the factory built refused a value (e.g. two tools with one name)
         print(f"configuration error: {err}", file=sys.stderr)
         return 2
     if args.check:
@@ -233,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print("pipeline ok")
         return 0
     try:
-        configure_telemetry("agent-lifecycle-worker", temporal_metrics=True)
+        configure_telemetry("agent-lifecycle-worker", settings.telemetry, temporal_metrics=True)
     except TelemetryConfigError as err:
         print(f"telemetry configuration error: {err}", file=sys.stderr)
         return 2
@@ -258,7 +256,7 @@ def _entry_options(activities, entry) -> str:
         "required" if entry.required else "",
         f"priority {hook_option(hook, 'priority')}" if hook_option(hook, "priority") else "",
         f"scope {hook_option(hook, 'scope')}" if hook_option(hook, "scope") != "global" else "",
-        f"matcher {entry.tool_matcher!r}" if entry.tool_matcher else "",
+        f"matcher {entry.tool_matcher!r} (on agent/capability)" if entry.tool_matcher else "",
         "sub-agent steps only" if entry.subagent_only else "",
     ]
     return "".join(f" {item}" for item in shown if item)

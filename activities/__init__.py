@@ -1,10 +1,34 @@
-"""Side effects of the request lifecycle: hook invocation, planner, tools, synthesis, record store."""
+"""Side effects of the request lifecycle: hook invocation, planner, tools, synthesis, record store.
 
-from storage.executions import ExecutionStore, SQLiteExecutionStore
+The names below load on first use, so a process that needs one light module of the package (the settings
+read ``activities.models.settings``) does not import every activity.
+"""
 
-from .lifecycle import LifecycleActivities
-from .planning import Planner, PlanningRequest, PromptInput, Synthesizer, build_planning_prompt
-from .tools import Tool, ToolContext, ToolRegistry
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from storage.executions import ExecutionStore, SQLiteExecutionStore
+
+    from .lifecycle import LifecycleActivities
+    from .planning import Planner, PlanningRequest, PromptInput, Synthesizer, build_planning_prompt
+    from .tools import Tool, ToolContext, ToolRegistry
+
+_WHERE = {
+    "ExecutionStore": "storage.executions",
+    "SQLiteExecutionStore": "storage.executions",
+    "LifecycleActivities": ".lifecycle",
+    "Planner": ".planning",
+    "PlanningRequest": ".planning",
+    "PromptInput": ".planning",
+    "Synthesizer": ".planning",
+    "build_planning_prompt": ".planning",
+    "Tool": ".tools",
+    "ToolContext": ".tools",
+    "ToolRegistry": ".tools",
+}
 
 __all__ = [
     "ExecutionStore",
@@ -19,3 +43,11 @@ __all__ = [
     "ToolRegistry",
     "build_planning_prompt",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

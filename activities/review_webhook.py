@@ -106,15 +106,21 @@ def review_payload(input: ReviewNotificationInput) -> dict[str, Any]:
     checkpoint = input.checkpoint
     workflow_id = input.parent_workflow_id
     excerpt = _excerpt(input.request, REQUEST_EXCERPT_CHARS)
+    # Tools by their key (namespace/agent/capability), as everything a person reads names them; the
+    # checkpoint's own reasons and calls keep the agent/capability name hook matchers see.
+    keys = {step.step_id: step.tool_key for step in checkpoint.plan.steps}
     steps = [
-        {"step_id": step.step_id, "tool": step.tool, "arguments": _excerpt(step.arguments, ARGUMENTS_EXCERPT_CHARS)}
+        {"step_id": step.step_id, "tool": step.tool_key, "arguments": _excerpt(step.arguments, ARGUMENTS_EXCERPT_CHARS)}
         for step in checkpoint.plan.steps
     ]
-    reasons = [reason.model_dump(mode="json") for reason in checkpoint.reasons]
+    reasons = [
+        {**reason.model_dump(mode="json"), "tool": keys.get(reason.step_id, reason.tool)}
+        for reason in checkpoint.reasons
+    ]
     calls = [
         {
             "step_id": call.step_id,
-            "tool": call.tool,
+            "tool": keys.get(call.step_id, call.tool),
             "arguments": _excerpt(call.arguments, ARGUMENTS_EXCERPT_CHARS),
             "planned_arguments": (
                 _excerpt(call.planned_arguments, ARGUMENTS_EXCERPT_CHARS)
@@ -150,7 +156,7 @@ def review_payload(input: ReviewNotificationInput) -> dict[str, Any]:
             },
         },
     }
-    tools = ", ".join(dict.fromkeys(reason.tool for reason in checkpoint.reasons)) or "the plan"
+    tools = ", ".join(dict.fromkeys(reason["tool"] for reason in reasons)) or "the plan"
     text = (
         f"Review needed: request {input.request_id} waits at checkpoint {checkpoint.checkpoint_id} "
         f"(phase {checkpoint.phase}) for approval of {tools}; expires {checkpoint.expires_at.isoformat()}."
@@ -160,7 +166,7 @@ def review_payload(input: ReviewNotificationInput) -> dict[str, Any]:
     )
     why = "\n".join(f"• {_mrkdwn(r['tool'])}: {_mrkdwn(r['reason'])}" for r in reasons[:MAX_LISTED_STEPS])
     runs = "\n".join(
-        f"• `{_mrkdwn(c.tool)}` {_mrkdwn(_excerpt(c.arguments, ARGUMENTS_EXCERPT_CHARS))}"
+        f"• `{_mrkdwn(keys.get(c.step_id, c.tool))}` {_mrkdwn(_excerpt(c.arguments, ARGUMENTS_EXCERPT_CHARS))}"
         + (f" (rewritten by {_mrkdwn(', '.join(c.modified_by))})" if c.modified_by else "")
         for c in checkpoint.calls[:MAX_LISTED_STEPS]
     )

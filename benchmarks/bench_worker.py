@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue-prefix", required=True, help="task queue of pipeline P: <prefix>-<P>")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
-    configure_telemetry("agent-lifecycle-bench-worker")
+    configure_telemetry("agent-lifecycle-bench-worker", settings.telemetry)
     try:
         asyncio.run(serve(settings, args.queue_prefix))
     finally:

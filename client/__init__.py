@@ -10,9 +10,7 @@ import dataclasses
 import os
 import sys
 from datetime import timedelta
-from typing import TYPE_CHECKING, NoReturn
-
-from .settings import Settings
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -23,7 +21,17 @@ if TYPE_CHECKING:
     from storage.postgres import Database
     from storage.responses import ResponseCacheStore
 
+    from .settings import Settings
+
 __all__ = ["Settings", "connect", "connect_when_reachable", "exit_process"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Settings":  # loaded on first use: ``--help`` reads no settings
+        from .settings import Settings
+
+        return Settings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def exit_process(code: int) -> NoReturn:

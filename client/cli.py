@@ -38,7 +38,9 @@ from typing import TYPE_CHECKING, Any
 from . import exit_process
 
 if TYPE_CHECKING:
-    from workflows.models import Checkpoint, ExecutionRecord
+    from collections.abc import Callable, Iterable
+
+    from workflows.models import Checkpoint, ExecutionRecord, Plan
 
     from .api import AgentClient
     from .settings import Settings
@@ -48,8 +50,31 @@ if TYPE_CHECKING:
 # or follow a request).
 
 
+def tool_keys(plans: Iterable[Plan]) -> Callable[[str, str], str]:
+    """How a record names a step's tool for a reader: ``name(step_id, tool)`` is the tool's full key
+    ``namespace/agent/capability`` (its identity, as docs, errors and ``--check`` name it), found in the
+    plans, for the ``agent/capability`` name the record keeps (what hook matchers see); ``tool`` itself
+    where no plan says (a tool name two namespaces share)."""
+    by_step: dict[str, str] = {}
+    by_name: dict[str, set[str]] = {}
+    for plan in plans:
+        for step in plan.steps:
+            by_step[step.step_id] = step.tool_key
+            by_name.setdefault(step.tool, set()).add(step.tool_key)
+
+    def name(step_id: str, tool: str) -> str:
+        key = by_step.get(step_id)
+        if key is not None and key.endswith("/" + tool):
+            return key
+        keys = by_name.get(tool, set())
+        return next(iter(keys)) if len(keys) == 1 else tool
+
+    return name
+
+
 def format_record(record: ExecutionRecord) -> str:
     """A reading of the record for a terminal: outcome, hook invocations with decisions, effects, steps."""
+    tool = tool_keys(accepted.plan for accepted in record.plans)
     lines = [
         f"request {record.request_id}  workflow {record.workflow_id}  run {record.run_id}",
         f"status {record.status.value}  stage {record.lifecycle_stage}  revision {record.record_revision}"
@@ -121,7 +146,7 @@ def format_record(record: ExecutionRecord) -> str:
     if record.plans:
         lines.append("accepted plans:")
         for accepted in record.plans:
-            tools = ", ".join(f"{s.step_id}={s.tool}" for s in accepted.plan.steps) or "(no steps)"
+            tools = ", ".join(f"{s.step_id}={s.tool_key}" for s in accepted.plan.steps) or "(no steps)"
             lines.append(f"  phase {accepted.phase}: {tools}")
     if record.steps:
         lines.append("steps:")
@@ -134,12 +159,14 @@ def format_record(record: ExecutionRecord) -> str:
                 if step.error_handled_by
                 else ""
             )
-            lines.append(f"  {step.step_id:<14} {step.tool:<28} {step.status.value:<9} {detail[:100]}{by}")
+            lines.append(
+                f"  {step.step_id:<14} {tool(step.step_id, step.tool):<40} {step.status.value:<9} {detail[:100]}{by}"
+            )
     if record.tool_metrics:
         lines.append("tool metrics:")
-        for tool, m in sorted(record.tool_metrics.items()):
+        for name, m in sorted(record.tool_metrics.items()):
             lines.append(
-                f"  {tool:<28} calls {m.calls}  failures {m.failures}  skipped {m.skipped}  "
+                f"  {tool('', name):<40} calls {m.calls}  failures {m.failures}  skipped {m.skipped}  "
                 f"total {m.total_duration_ms:.0f} ms  max {m.max_duration_ms:.0f} ms"
             )
     if record.memory:
@@ -177,16 +204,19 @@ def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
     """A checkpoint as a reviewer reads it: the calls approval runs, exactly as they will run (after every
     rewrite), why each needs approval, and the rest of the plan for context."""
     scope = f"  step {checkpoint.step_id}" if checkpoint.step_id else ""
+    tool = tool_keys([checkpoint.plan])
     lines = [
         f"{workflow_id}  checkpoint {checkpoint.checkpoint_id}  phase {checkpoint.phase}{scope}  "
         f"requested {checkpoint.requested_at:%Y-%m-%d %H:%M:%S}  expires {checkpoint.expires_at:%Y-%m-%d %H:%M:%S} UTC",
         "  needs approval:",
-        *(f"    {r.step_id} ({r.tool}): {r.reason}" for r in checkpoint.reasons),
+        *(f"    {r.step_id} ({tool(r.step_id, r.tool)}): {r.reason}" for r in checkpoint.reasons),
     ]
     if checkpoint.calls:
         lines.append("  approving runs exactly:")
         for call in checkpoint.calls:
-            lines.append(f"    {call.step_id}: {call.tool} {json.dumps(call.arguments, ensure_ascii=False)}")
+            lines.append(
+                f"    {call.step_id}: {tool(call.step_id, call.tool)} {json.dumps(call.arguments, ensure_ascii=False)}"
+            )
             if call.planned_arguments is not None:
                 by = f" (rewritten by {', '.join(call.modified_by)})" if call.modified_by else ""
                 lines.append(f"      planned as {json.dumps(call.planned_arguments, ensure_ascii=False)}{by}")
@@ -194,7 +224,7 @@ def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
     for step in checkpoint.plan.steps:
         deps = step.depends_on + step.implicit_deps
         lines.append(
-            f"    {step.step_id}: {step.tool} {json.dumps(step.arguments, ensure_ascii=False)}"
+            f"    {step.step_id}: {step.tool_key} {json.dumps(step.arguments, ensure_ascii=False)}"
             + (f" after {', '.join(deps)}" if deps else "")
         )
     return "\n".join(lines)
@@ -423,16 +453,21 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from temporalio.service import RPCError
 
-    from .settings import Settings
+    from .settings import Settings, SettingsError
     from .telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 
     try:
-        configure_telemetry("agent-lifecycle-cli")
+        settings = Settings.from_env()
+    except SettingsError as err:
+        print(f"configuration error: {err}", file=sys.stderr)
+        return 2
+    try:
+        configure_telemetry("agent-lifecycle-cli", settings.telemetry)
     except TelemetryConfigError as err:
         print(f"telemetry configuration error: {err}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_run(args, Settings.from_env()))
+        return asyncio.run(_run(args, settings))
     except (ValueError, RuntimeError, RPCError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -109,13 +109,13 @@ def build_pipeline(
         reserved_metadata_dimensions: Request-metadata keys that are cache dimensions.
         mcp_servers: MCP servers of the pipeline's own, beside those of ``AGENT_MCP_SERVERS``.
         store: Where records are kept; default: the store the settings name.
-        model: The model endpoint; default: read from the ``AGENT_MODEL*`` variables.
+        model: The model endpoint; default: ``settings.model`` (the ``AGENT_MODEL*`` variables).
 
     Raises:
         DeclaredHookConfigError, McpStartupError, InvalidPipelineConfigError, ValueError: a part or a
             setting that cannot be used (the worker exits 2 with the reason).
     """
-    model = model or ModelSettings.from_env()
+    model = model or settings.model
     registry = ToolRegistry([*tools, *settings_mcp_tools(settings, mcp_servers)])
     if planner is None:
         planner = OpenAIPlanner(model, registry) if model.configured("planner") else NoPlanner()
@@ -159,7 +159,7 @@ def apply_settings(activities: LifecycleActivities, settings: Settings, model: M
     if not missing:
         return
     given = {Settings.variable(field) for field in settings.model_fields_set}
-    model = model or ModelSettings.from_env()
+    model = model or settings.model
     _apply_review(activities, settings, given)
     hooks, tools = list(activities.registry.hooks), []
     if settings.hooks_file is not None and not any(isinstance(h, DeclaredHook) for h in hooks):

@@ -1,140 +1,502 @@
-"""Process settings for the worker, the demo and the CLI, read from the environment."""
+"""The process settings: one typed model, read once from the environment.
+
+:meth:`Settings.from_env` reads every variable the worker, the CLI, the demo and a pipeline factory use,
+into :class:`Settings` and its sections — ``settings.model`` (:class:`~activities.models.ModelSettings`),
+``settings.memory`` (:class:`~hooks.builtin.MemoryOptions`), ``settings.telemetry``
+(:class:`TelemetrySettings`) — and every part reads its own section from it: no part reads the
+environment for a setting of its own.
+
+Each variable is declared once, as a pydantic field: its variable is the field's ``validation_alias``
+(an ``AliasChoices`` where an alternative is honoured, such as ``OPENAI_API_KEY``), its type and bounds
+are the field's, its default the field's (``json_schema_extra={"default": ...}`` says it in words where a
+value cannot), and its one-line meaning the field's ``description``. ``docs/configuration.md`` is
+generated from these declarations (``python -m client.settings --write docs/configuration.md``), and a
+unit test fails when the two differ. Adding a variable is one field in the class of the part that reads
+it, then regenerating that file.
+
+Reading: a variable set to blank counts as unset, except a list (blank: the empty list); a relative path
+is resolved against the working directory once, when the settings are read. A variable without a valid
+value is a :class:`SettingsError` that names it (and shows the value, unless it is a secret); the worker
+and the CLI print it on one line and exit 2.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
 
+from activities.models.settings import ModelSettings
+from hooks.builtin.memory import MemoryOptions
 from workflows.models import MAX_CHECKPOINT_EXPIRY_SECONDS
 
-_ENVIRONMENT = {
-    "TEMPORAL_ADDRESS": "temporal_address",
-    "TEMPORAL_NAMESPACE": "temporal_namespace",
-    "TEMPORAL_TASK_QUEUE": "task_queue",
-    "TEMPORAL_UI_PORT": "ui_port",
-    "AGENT_STATE_DIR": "state_dir",
-    "AGENT_EXECUTION_STORE": "execution_store",
-    "AGENT_PIPELINE": "pipeline_factory",
-    "AGENT_RECORD_RETENTION_DAYS": "record_retention_days",
-    "AGENT_ERROR_RETENTION_DAYS": "error_retention_days",
-    "AGENT_CACHE_TTL_SECONDS": "cache_ttl_seconds",
-    "AGENT_CHECKPOINT_EXPIRY_SECONDS": "checkpoint_expiry_seconds",
-    "AGENT_HOOKS_FILE": "hooks_file",
-    "AGENT_HOOK_STORE": "hook_store",
-    "AGENT_HOOK_SECRET_KEY": "hook_secret_key",
-    "AGENT_HOOK_ALLOW_LOOPBACK": "hook_allow_loopback",
-    "AGENT_PAYLOAD_STORE": "payload_store",
-    "AGENT_WORKFLOW_SANDBOX": "workflow_sandbox",
-    "AGENT_DATABASE_URL": "database_url",
-    "AGENT_DATABASE_POOL_SIZE": "database_pool_size",
-    "AGENT_REVIEW_WEBHOOK": "review_webhook",
-    "AGENT_MCP_SERVERS": "mcp_servers_file",
-    "AGENT_MCP_ALLOW_LOOPBACK": "mcp_allow_loopback",
-    "AGENT_TEMPORAL_WAIT_SECONDS": "temporal_wait_seconds",
-    "AGENT_STAGE_LISTING_DELAY_SECONDS": "stage_listing_delay_seconds",
-    "AGENT_WORKER_MAX_ACTIVITIES": "worker_max_activities",
-    "AGENT_WORKER_MAX_LOCAL_ACTIVITIES": "worker_max_local_activities",
-    "AGENT_WORKER_MAX_WORKFLOW_TASKS": "worker_max_workflow_tasks",
-    "AGENT_WORKER_WORKFLOW_POLLERS": "worker_workflow_pollers",
-    "AGENT_WORKER_ACTIVITY_POLLERS": "worker_activity_pollers",
-    "AGENT_WORKER_MAX_CACHED_WORKFLOWS": "worker_max_cached_workflows",
-    "AGENT_WORKER_STICKY_TIMEOUT_SECONDS": "worker_sticky_timeout_seconds",
-    "AGENT_WORKER_THREADS": "worker_threads",
-}
-_LIST_ENVIRONMENT = {
-    "AGENT_ALLOWED_OPERATIONS": "allowed_operations",
-    "AGENT_TOOL_ALLOW_LIST": "tool_allow_list",
-    "AGENT_REVIEWERS": "reviewers",
-}
+APP_NAME = "agent-lifecycle"
+
+
+def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where state lives unless ``AGENT_STATE_DIR`` says otherwise: ``$XDG_STATE_HOME/agent-lifecycle``,
+    else ``~/.local/state/agent-lifecycle`` (the XDG base directory convention for state)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME", "").strip()
+    if base and Path(base).is_absolute():  # the convention ignores a relative XDG_STATE_HOME
+        return Path(base) / APP_NAME
+    home = env.get("HOME", "").strip()
+    return (Path(home) if home else Path.home()) / ".local" / "state" / APP_NAME
+
+
+def _absolute(value: Path | None) -> Path | None:
+    """A path as given, made absolute once (against the working directory at load time)."""
+    if value is None:
+        return None
+    value = value.expanduser()
+    return value if value.is_absolute() else Path.cwd() / value
+
+
+def _comma_separated(value: Any) -> Any:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+# A list read from one variable, comma-separated (``a, b``: ``["a", "b"]``; blank: the empty list).
+CommaList = Annotated[list[str], BeforeValidator(_comma_separated)]
+
+EXPORTERS = ("otlp", "console", "none")
+OtlpProtocol = Literal["http/protobuf", "grpc"]
+
+
+def _lowercase(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+def _exporters(value: Any) -> Any:
+    names = [name.lower() for name in _comma_separated(value)] if isinstance(value, str) else value
+    if not isinstance(names, list):
+        return names
+    unknown = [name for name in names if name not in EXPORTERS]
+    if unknown:
+        hint = " (Temporal's metrics for Prometheus: AGENT_PROMETHEUS_BIND)" if unknown[0] == "prometheus" else ""
+        raise ValueError(f"unknown exporter {unknown[0]!r}; use {', '.join(EXPORTERS)}{hint}")
+    if "none" in names and len(names) > 1:
+        raise ValueError("'none' cannot be listed with other exporters")
+    return [name for name in names if name != "none"]
+
+
+Exporters = Annotated[list[Literal["otlp", "console"]], BeforeValidator(_exporters)]
+Protocol = Annotated[OtlpProtocol, BeforeValidator(_lowercase)]
+
+
+def parse_headers(text: str) -> dict[str, str]:
+    """OTLP headers: ``key=value`` pairs, comma-separated, URL-encoded (as OpenTelemetry specifies)."""
+    headers = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{item.strip()!r} is not key=value")
+        headers[unquote(name.strip()).lower()] = unquote(value.strip())
+    return headers
+
+
+class TelemetrySettings(BaseModel):
+    """Where traces and metrics go: OpenTelemetry's standard variables, and Temporal's SDK metrics.
+
+    The OTLP exporters also read OpenTelemetry's own TLS, timeout and compression variables
+    (``OTEL_EXPORTER_OTLP_CERTIFICATE``, ``…_TIMEOUT``, ``…_COMPRESSION`` and their per-signal forms), and
+    the resource ``OTEL_RESOURCE_ATTRIBUTES``, as the OpenTelemetry SDK documents them.
+    """
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
+
+    traces_exporter: Exporters = Field(
+        default_factory=list,
+        validation_alias="OTEL_TRACES_EXPORTER",
+        description="where spans go: a list of `otlp`, `console`, or `none`",
+        json_schema_extra={"default": "`none`"},
+    )
+    metrics_exporter: Exporters = Field(
+        default_factory=list,
+        validation_alias="OTEL_METRICS_EXPORTER",
+        description="where metrics go: a list of `otlp`, `console`, or `none` (Prometheus: `AGENT_PROMETHEUS_BIND`)",
+        json_schema_extra={"default": "`none`"},
+    )
+    otlp_protocol: Protocol = Field(
+        default="http/protobuf",
+        validation_alias="OTEL_EXPORTER_OTLP_PROTOCOL",
+        description="the OTLP protocol of both signals",
+    )
+    otlp_traces_protocol: Protocol | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        description="the OTLP protocol of traces, instead of the general one",
+        json_schema_extra={"default": "`OTEL_EXPORTER_OTLP_PROTOCOL`"},
+    )
+    otlp_metrics_protocol: Protocol | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+        description="the OTLP protocol of metrics, instead of the general one",
+        json_schema_extra={"default": "`OTEL_EXPORTER_OTLP_PROTOCOL`"},
+    )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT",
+        description="the collector's base URL (over HTTP `/v1/traces` and `/v1/metrics` are appended)",
+        json_schema_extra={"default": "`http://localhost:4318` (gRPC: `:4317`)"},
+    )
+    otlp_traces_endpoint: str | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        description="the traces endpoint, used as it is",
+    )
+    otlp_metrics_endpoint: str | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        description="the metrics endpoint, used as it is (also for Temporal's metrics)",
+    )
+    otlp_headers: SecretStr | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_HEADERS",
+        description="`key=value` pairs, comma-separated, URL-encoded, sent with every export",
+    )
+    otlp_traces_headers: SecretStr | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        description="the headers of trace exports, instead of the general ones",
+    )
+    otlp_metrics_headers: SecretStr | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        description="the headers of metric exports (also Temporal's), instead of the general ones",
+    )
+    metric_export_interval_ms: int = Field(
+        default=60_000,
+        gt=0,
+        validation_alias="OTEL_METRIC_EXPORT_INTERVAL",
+        description="milliseconds between metric exports (also of Temporal's metrics over OTLP)",
+    )
+    otlp_metrics_temporality: Annotated[Literal["cumulative", "delta", "lowmemory"], BeforeValidator(_lowercase)] = (
+        Field(
+            default="cumulative",
+            validation_alias="OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+            description="the temporality of exported metrics (Temporal's: `delta`, else cumulative)",
+        )
+    )
+    service_name: str | None = Field(
+        default=None,
+        validation_alias="OTEL_SERVICE_NAME",
+        description="`service.name` of the resource",
+        json_schema_extra={"default": "the process's own (`agent-lifecycle-worker`, …)"},
+    )
+    prometheus_bind: str | None = Field(
+        default=None,
+        validation_alias="AGENT_PROMETHEUS_BIND",
+        description="`host:port` where a worker serves Temporal's SDK metrics for Prometheus at `/metrics`",
+    )
+
+    @field_validator("otlp_endpoint", "otlp_traces_endpoint", "otlp_metrics_endpoint")
+    @classmethod
+    def _endpoint_url(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in ("http", "https"):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+    @field_validator("otlp_headers", "otlp_traces_headers", "otlp_metrics_headers")
+    @classmethod
+    def _headers(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            parse_headers(value.get_secret_value())
+        return value
+
+    @field_validator("prometheus_bind")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("not host:port (e.g. 0.0.0.0:9464)")
+        return value
+
+    def exporters(self, signal: Literal["traces", "metrics"]) -> list[Literal["otlp", "console"]]:
+        return self.traces_exporter if signal == "traces" else self.metrics_exporter
+
+    def protocol(self, signal: Literal["traces", "metrics"]) -> OtlpProtocol:
+        own = self.otlp_traces_protocol if signal == "traces" else self.otlp_metrics_protocol
+        return own or self.otlp_protocol
+
+    def endpoint(self, signal: Literal["traces", "metrics"]) -> str:
+        """Where OTLP exports of ``signal`` go, as the OpenTelemetry SDK reads it: the per-signal endpoint
+        as it is, else the base endpoint (over HTTP with ``/v1/<signal>`` appended), else the collector on
+        localhost."""
+        own = self.otlp_traces_endpoint if signal == "traces" else self.otlp_metrics_endpoint
+        if own:
+            return own
+        protocol = self.protocol(signal)
+        base = self.otlp_endpoint or (
+            "http://localhost:4318" if protocol == "http/protobuf" else "http://localhost:4317"
+        )
+        return base.rstrip("/") + f"/v1/{signal}" if protocol == "http/protobuf" else base
+
+    def headers(self, signal: Literal["traces", "metrics"]) -> dict[str, str]:
+        own = self.otlp_traces_headers if signal == "traces" else self.otlp_metrics_headers
+        chosen = own or self.otlp_headers
+        return parse_headers(chosen.get_secret_value()) if chosen else {}
 
 
 class Settings(BaseModel):
-    """Where to find Temporal, where state lives, and which pipeline the worker runs.
+    """Where to find Temporal, where state lives, which pipeline the worker runs and how it is sized, with
+    the sections of the parts that have settings of their own (``model``, ``memory``, ``telemetry``).
 
-    Environment: ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_TASK_QUEUE``, ``TEMPORAL_UI_PORT``,
-    ``AGENT_STATE_DIR``, ``AGENT_EXECUTION_STORE``, ``AGENT_PIPELINE`` (``module:function``),
-    ``AGENT_ALLOWED_OPERATIONS`` (comma-separated ``namespace/agent/capability``),
-    ``AGENT_RECORD_RETENTION_DAYS``, ``AGENT_ERROR_RETENTION_DAYS``, ``AGENT_CACHE_TTL_SECONDS``,
-    ``AGENT_REVIEWERS`` (comma-separated; empty: any named reviewer), ``AGENT_CHECKPOINT_EXPIRY_SECONDS``,
-    ``AGENT_TOOL_ALLOW_LIST`` (comma-separated ``agent/capability``: the allow-list plugin),
-    ``AGENT_HOOKS_FILE`` (declared hooks), ``AGENT_HOOK_STORE``, ``AGENT_HOOK_SECRET_KEY`` (base64, 32
-    bytes), ``AGENT_HOOK_ALLOW_LOOPBACK`` (tests only), ``AGENT_PAYLOAD_STORE`` (file, or ``off``),
-    ``AGENT_WORKFLOW_SANDBOX`` (``true``: run the workflows in Temporal's sandbox), ``AGENT_DATABASE_URL``
-    (``postgresql://…``: every store on PostgreSQL, shared by workers on several machines),
-    ``AGENT_DATABASE_POOL_SIZE``, ``AGENT_REVIEW_WEBHOOK`` (an ``http(s)://`` URL told of every checkpoint
-    that opens; Slack-compatible; loopback only with ``AGENT_HOOK_ALLOW_LOOPBACK``), ``AGENT_MCP_SERVERS``
-    (the MCP servers whose tools the worker offers), ``AGENT_MCP_ALLOW_LOOPBACK`` (tests only),
-    ``AGENT_TEMPORAL_WAIT_SECONDS``, ``AGENT_STAGE_LISTING_DELAY_SECONDS``, and the worker's capacity:
-    ``AGENT_WORKER_MAX_ACTIVITIES``, ``AGENT_WORKER_MAX_LOCAL_ACTIVITIES``, ``AGENT_WORKER_MAX_WORKFLOW_TASKS``,
-    ``AGENT_WORKER_WORKFLOW_POLLERS``, ``AGENT_WORKER_ACTIVITY_POLLERS``, ``AGENT_WORKER_MAX_CACHED_WORKFLOWS``,
-    ``AGENT_WORKER_STICKY_TIMEOUT_SECONDS``, ``AGENT_WORKER_THREADS``.
+    Read it with :meth:`from_env`; ``docs/configuration.md`` lists every variable.
     """
 
-    temporal_address: str = "localhost:7233"
-    temporal_namespace: str = "default"
-    task_queue: str = "agent-requests"
-    ui_port: int = 8233
-    state_dir: Path = Path(".agent-state")
-    execution_store: Path | None = None
-    # The pipeline factory ``module:function`` the worker loads; a worker without one refuses to start.
-    pipeline_factory: str | None = None
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
+
+    temporal_address: str = Field(
+        default="localhost:7233",
+        validation_alias="TEMPORAL_ADDRESS",
+        description="the Temporal server's `host:port` (`--dev` starts the embedded server there)",
+    )
+    temporal_namespace: str = Field(
+        default="default", validation_alias="TEMPORAL_NAMESPACE", description="the Temporal namespace"
+    )
+    task_queue: str = Field(
+        default="agent-requests",
+        validation_alias="TEMPORAL_TASK_QUEUE",
+        description="the task queue the worker polls and clients start requests on",
+    )
+    ui_port: int = Field(
+        default=8233,
+        ge=1,
+        le=65535,
+        validation_alias="TEMPORAL_UI_PORT",
+        description="the embedded dev server's UI port",
+    )
+    state_dir: Path = Field(
+        default_factory=default_state_dir,
+        validation_alias="AGENT_STATE_DIR",
+        description="the SQLite stores, payloads, audit files and the dev server's database (a relative path is "
+        "resolved against the directory the process starts in)",
+        json_schema_extra={"default": "`$XDG_STATE_HOME/agent-lifecycle`, else `~/.local/state/agent-lifecycle`"},
+    )
+    execution_store: Path | None = Field(
+        default=None,
+        validation_alias="AGENT_EXECUTION_STORE",
+        description="the execution records' SQLite file",
+        json_schema_extra={"default": "`$AGENT_STATE_DIR/executions.sqlite3`"},
+    )
+    pipeline_factory: str | None = Field(
+        default=None,
+        validation_alias="AGENT_PIPELINE",
+        description="the pipeline factory the worker runs, `module:function` (the demo's: `demo.pipeline:build_activities`)",
+        json_schema_extra={"default": "none: a worker without one refuses to start"},
+    )
     # Lists for a pipeline's allow-list hooks (None: the pipeline's own default; the demo's is its tools).
-    allowed_operations: list[str] | None = None
-    tool_allow_list: list[str] | None = None
-    record_retention_days: float = Field(default=7.0, gt=0)
-    error_retention_days: float = Field(default=30.0, gt=0)
-    cache_ttl_seconds: float = Field(default=300.0, gt=0)
-    reviewers: list[str] = Field(default_factory=list)
-    checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0, le=MAX_CHECKPOINT_EXPIRY_SECONDS)
-    # Declared hooks: the file, their store, the AES-256-GCM key, and the loopback switch.
-    hooks_file: Path | None = None
-    hook_store: Path | None = None
-    hook_secret_key: SecretStr | None = None
-    hook_allow_loopback: bool = False
+    allowed_operations: CommaList | None = Field(
+        default=None,
+        validation_alias="AGENT_ALLOWED_OPERATIONS",
+        description="tool keys (`namespace/agent/capability`) for a pipeline's `AllowedOperationsHook` (the demo's "
+        "required gate)",
+        json_schema_extra={"default": "the pipeline's own"},
+    )
+    tool_allow_list: CommaList | None = Field(
+        default=None,
+        validation_alias="AGENT_TOOL_ALLOW_LIST",
+        description="tools for a pipeline's `allow_list` plugin (the demo's): keys, or `agent/capability` names",
+        json_schema_extra={"default": "the pipeline's own"},
+    )
+    record_retention_days: float = Field(
+        default=7.0,
+        gt=0,
+        validation_alias="AGENT_RECORD_RETENTION_DAYS",
+        description="how long successful records are kept",
+    )
+    error_retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        validation_alias="AGENT_ERROR_RETENTION_DAYS",
+        description="how long failed records are kept",
+    )
+    cache_ttl_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        validation_alias="AGENT_CACHE_TTL_SECONDS",
+        description="how long a pipeline's `ResponseCacheHook` (the demo's) serves a cached answer",
+    )
+    reviewers: CommaList = Field(
+        default_factory=list,
+        validation_alias="AGENT_REVIEWERS",
+        description="who may decide checkpoints, comma-separated",
+        json_schema_extra={"default": "anyone named"},
+    )
+    checkpoint_expiry_seconds: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        le=MAX_CHECKPOINT_EXPIRY_SECONDS,
+        validation_alias="AGENT_CHECKPOINT_EXPIRY_SECONDS",
+        description="how long a checkpoint waits for a reviewer before it fails closed",
+    )
+    hooks_file: Path | None = Field(
+        default=None, validation_alias="AGENT_HOOKS_FILE", description="declared hooks (JSON or TOML)"
+    )
+    hook_store: Path | None = Field(
+        default=None,
+        validation_alias="AGENT_HOOK_STORE",
+        description="declared hooks' audit rows, breakers, prompt cache and budgets (ignored with a database)",
+        json_schema_extra={"default": "`$AGENT_STATE_DIR/hooks.sqlite3`"},
+    )
+    hook_secret_key: SecretStr | None = Field(
+        default=None,
+        validation_alias="AGENT_HOOK_SECRET_KEY",
+        description="base64 32-byte AES-256-GCM key: header secrets of hooks and MCP servers, audit error details",
+    )
+    hook_allow_loopback: bool = Field(
+        default=False,
+        validation_alias="AGENT_HOOK_ALLOW_LOOPBACK",
+        description="let HTTP and prompt hooks and the reviewers' webhook reach loopback (tests only)",
+    )
     # Large payloads by reference (see storage.payloads): the store file, or "off" (with database_url the
     # store is in the database).
-    payload_store: str | None = None
+    payload_store: str | None = Field(
+        default=None,
+        validation_alias="AGENT_PAYLOAD_STORE",
+        description="where large activity payloads are kept by reference (a file); `off` keeps them inline",
+        json_schema_extra={"default": "`$AGENT_STATE_DIR/payloads.sqlite3`"},
+    )
     # Run the workflows in Temporal's sandbox (see worker.build_worker for why the default is not to).
-    workflow_sandbox: bool = False
-    # PostgreSQL for the stores workers on several machines share (see storage); unset: SQLite files.
-    database_url: SecretStr | None = None
-    database_pool_size: int = Field(default=10, ge=1, le=1000)
-    # The reviewers' webhook (a secret: a Slack webhook URL is its own credential); unset: nobody is told.
-    review_webhook: SecretStr | None = None
-    # MCP servers whose tools the worker offers (see activities.mcp), and the loopback switch of their
-    # SSRF check (their encrypted headers use hook_secret_key).
-    mcp_servers_file: Path | None = None
-    mcp_allow_loopback: bool = False
-    # How long a starting worker waits for an unreachable Temporal server (one restarting, one started
-    # after the worker) before it gives up with an error.
-    temporal_wait_seconds: float = Field(default=60.0, ge=0, le=3600)
-    # How long a request waits in a stage before AgentLifecycleStage lists it (its first stage, a
-    # checkpoint and its end are listed at once); 0 lists every stage it waits in at once, at the cost
-    # of a visibility write per stage.
-    stage_listing_delay_seconds: float = Field(default=2.0, ge=0, le=3600)
+    workflow_sandbox: bool = Field(
+        default=False, validation_alias="AGENT_WORKFLOW_SANDBOX", description="run the workflows in Temporal's sandbox"
+    )
+    database_url: SecretStr | None = Field(
+        default=None,
+        validation_alias="AGENT_DATABASE_URL",
+        description="`postgresql://…`: every store on PostgreSQL, shared by workers on several machines",
+        json_schema_extra={"default": "none: SQLite files"},
+    )
+    database_pool_size: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        validation_alias="AGENT_DATABASE_POOL_SIZE",
+        description="connections per worker process",
+    )
+    # A secret: a Slack webhook URL is its own credential.
+    review_webhook: SecretStr | None = Field(
+        default=None,
+        validation_alias="AGENT_REVIEW_WEBHOOK",
+        description="an `http(s)://` URL told of every checkpoint that opens (Slack-compatible)",
+        json_schema_extra={"default": "none: nobody is told"},
+    )
+    mcp_servers_file: Path | None = Field(
+        default=None,
+        validation_alias="AGENT_MCP_SERVERS",
+        description="the MCP servers whose tools the worker offers (JSON or TOML)",
+    )
+    mcp_allow_loopback: bool = Field(
+        default=False,
+        validation_alias="AGENT_MCP_ALLOW_LOOPBACK",
+        description="let streamable-HTTP MCP servers be on loopback (tests only)",
+    )
+    temporal_wait_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        validation_alias="AGENT_TEMPORAL_WAIT_SECONDS",
+        description="how long a starting process waits for a Temporal server it cannot reach yet",
+    )
+    stage_listing_delay_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=3600,
+        validation_alias="AGENT_STAGE_LISTING_DELAY_SECONDS",
+        description="how long a request waits in a stage before `AgentLifecycleStage` lists it (`0`: at once, "
+        "a visibility write per stage; its first stage, a checkpoint and its end are always listed at once)",
+    )
     # One worker's capacity. Nothing holds a slot for a request's whole life (waiting is timers, signals and
-    # updates), so requests beyond these numbers queue on the server and are served as slots free up:
-    # activities (hooks run as activities, tools, planning, synthesis), local activities (in-process hooks,
-    # the record), workflow tasks, the pollers of each queue, and the workflows kept in memory between
-    # their tasks (one evicted is replayed from its history when it next runs).
-    worker_max_activities: int = Field(default=100, ge=1, le=10_000)
-    worker_max_local_activities: int = Field(default=100, ge=1, le=10_000)
-    worker_max_workflow_tasks: int = Field(default=100, ge=2, le=10_000)
-    worker_workflow_pollers: int = Field(default=5, ge=2, le=100)
-    worker_activity_pollers: int = Field(default=5, ge=1, le=100)
-    worker_max_cached_workflows: int = Field(default=2000, ge=0, le=100_000)
-    # How long a workflow task waits for this worker (the one that has the workflow cached) before any
-    # worker may take it: after a crash, a dead worker's requests are picked up that much later.
-    worker_sticky_timeout_seconds: float = Field(default=3.0, gt=0, le=60)
-    # Threads for blocking work: plain ``def`` hook methods, the SQLite stores, the PostgreSQL stores'
-    # synchronous side (Python's own default is the CPU count + 4, a queue under load).
-    worker_threads: int = Field(default=64, ge=1, le=1024)
+    # updates), so requests beyond these numbers queue on the server and are served as slots free up.
+    worker_max_activities: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        validation_alias="AGENT_WORKER_MAX_ACTIVITIES",
+        description="activities running at once (hooks run as activities, tools, planning, synthesis)",
+    )
+    worker_max_local_activities: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        validation_alias="AGENT_WORKER_MAX_LOCAL_ACTIVITIES",
+        description="local activities running at once (in-process hooks, the record)",
+    )
+    worker_max_workflow_tasks: int = Field(
+        default=100,
+        ge=2,
+        le=10_000,
+        validation_alias="AGENT_WORKER_MAX_WORKFLOW_TASKS",
+        description="workflow tasks at once",
+    )
+    worker_workflow_pollers: int = Field(
+        default=5,
+        ge=2,
+        le=100,
+        validation_alias="AGENT_WORKER_WORKFLOW_POLLERS",
+        description="pollers of workflow tasks",
+    )
+    worker_activity_pollers: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        validation_alias="AGENT_WORKER_ACTIVITY_POLLERS",
+        description="pollers of activity tasks",
+    )
+    worker_max_cached_workflows: int = Field(
+        default=2000,
+        ge=0,
+        le=100_000,
+        validation_alias="AGENT_WORKER_MAX_CACHED_WORKFLOWS",
+        description="workflows kept in memory between their tasks (one evicted is replayed when it next runs)",
+    )
+    worker_sticky_timeout_seconds: float = Field(
+        default=3.0,
+        gt=0,
+        le=60,
+        validation_alias="AGENT_WORKER_STICKY_TIMEOUT_SECONDS",
+        description="how long a workflow task waits for the worker that has it cached before any worker may "
+        "take it (after a crash, the dead worker's requests resume that much later)",
+    )
+    worker_threads: int = Field(
+        default=64,
+        ge=1,
+        le=1024,
+        validation_alias="AGENT_WORKER_THREADS",
+        description="threads for blocking work: plain `def` hook methods and the stores' synchronous side",
+    )
+    model: ModelSettings = Field(default_factory=ModelSettings, description="the model (`ModelSettings`)")
+    memory: MemoryOptions = Field(default_factory=MemoryOptions, description="the memory hooks (`MemoryOptions`)")
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings, description="traces and metrics")
+
+    @field_validator("state_dir", "execution_store", "hook_store", "hooks_file", "mcp_servers_file")
+    @classmethod
+    def _resolved(cls, value: Path | None) -> Path | None:
+        return _absolute(value)
 
     @field_validator("database_url")
     @classmethod
@@ -156,6 +518,30 @@ class Settings(BaseModel):
         except ValueError as err:
             raise ValueError(f"bad port: {err}") from None
         return SecretStr(value.get_secret_value().strip())
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """The settings ``env`` (the process environment by default) holds, with ``overrides`` (by field
+        name) on top.
+
+        Raises:
+            SettingsError: variables without a valid value, each named (secrets are never shown).
+        """
+        env = os.environ if env is None else env
+        values = environment_values(cls, env)
+        if "AGENT_STATE_DIR" not in values and "state_dir" not in overrides:
+            values["state_dir"] = default_state_dir(env)
+        for name in overrides:  # an override replaces what the environment says of its field
+            info = cls.model_fields.get(name)
+            for variable in variables(info) if info is not None else ():
+                values.pop(variable, None)
+        try:
+            settings = cls.model_validate({**values, **overrides})
+        except ValidationError as err:
+            raise SettingsError.from_validation(cls, err, env) from None
+        if "AGENT_STATE_DIR" not in values and "state_dir" not in overrides:
+            settings.__pydantic_fields_set__.discard("state_dir")  # the default, not a choice
+        return settings
 
     def worker_options(self) -> dict[str, Any]:
         """The ``temporalio.worker.Worker`` options these settings size."""
@@ -179,7 +565,7 @@ class Settings(BaseModel):
     def payload_store_path(self) -> Path | None:
         if self.payload_store == "off":
             return None
-        return Path(self.payload_store) if self.payload_store else self.state_dir / "payloads.sqlite3"
+        return _absolute(Path(self.payload_store)) if self.payload_store else self.state_dir / "payloads.sqlite3"
 
     @property
     def execution_store_path(self) -> Path:
@@ -191,17 +577,124 @@ class Settings(BaseModel):
         return f"http://{host}:{self.ui_port}/namespaces/{self.temporal_namespace}"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> Settings:
-        env = os.environ if env is None else env
-        values: dict = {field: env[name] for name, field in _ENVIRONMENT.items() if env.get(name)}
-        for name, field in _LIST_ENVIRONMENT.items():
-            if env.get(name) is not None:
-                values[field] = [item.strip() for item in env[name].split(",") if item.strip()]
-        values.update(overrides)
-        return cls.model_validate(values)
-
-    @staticmethod
-    def variable(field: str) -> str:
+    def variable(cls, field: str) -> str:
         """The environment variable that sets ``field`` (for error messages)."""
-        found = [name for name, f in {**_ENVIRONMENT, **_LIST_ENVIRONMENT}.items() if f == field]
-        return found[0] if found else field
+        info = cls.model_fields.get(field)
+        names = variables(info) if info is not None else []
+        return names[0] if names else field
+
+
+# --------------------------------------------------------------------------------------------------
+# The loader: every declared variable, read once
+# --------------------------------------------------------------------------------------------------
+
+
+class SettingsError(ValueError):
+    """Variables that hold no valid value. ``problems`` pairs each variable (or, for a rule over several
+    variables, an empty string) with what is wrong; the message is one line naming each."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{variable}: {problem}" if variable else problem for variable, problem in problems))
+
+    @property
+    def variables(self) -> list[str]:
+        return [variable for variable, _ in self.problems if variable]
+
+    @classmethod
+    def from_validation(cls, model: type[BaseModel], err: ValidationError, env: Mapping[str, str]) -> SettingsError:
+        problems = []
+        for error in err.errors(include_url=False):
+            variable, secret = _variable_at(model, error["loc"])
+            message = error["msg"].removeprefix("Value error, ")
+            value = env.get(variable) if variable and not secret else None
+            if isinstance(value, str) and repr(value.strip()) not in message:
+                message += f" (got {value.strip()!r})"
+            problems.append((variable, message))
+        return cls(problems)
+
+
+def _variable_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[str, bool]:
+    """The variable an error's location names (its first variable where the location is a field name),
+    and whether it holds a secret; ("", False) for a rule over a whole model."""
+    for part in loc:
+        for name, info in model.model_fields.items():
+            if part != name and part not in variables(info):
+                continue
+            nested = section(info)
+            if nested is not None:
+                model = nested
+                break
+            names = variables(info)
+            return (str(part) if part in names else names[0] if names else name), _is_secret(info.annotation)
+        else:
+            break
+    return "", False
+
+
+def variables(info: FieldInfo) -> list[str]:
+    """The environment variables of a field, in the order they are honoured (none: not read from the
+    environment)."""
+    alias = info.validation_alias
+    if isinstance(alias, str):
+        return [alias]
+    if isinstance(alias, AliasChoices):
+        return [choice for choice in alias.choices if isinstance(choice, str)]
+    return []
+
+
+def section(info: FieldInfo) -> type[BaseModel] | None:
+    """The model of a settings section (a field holding a model of its own variables), or None."""
+    annotation = info.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def declared(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
+    """Every variable ``model`` and its sections declare, with its field, in declaration order."""
+    for info in model.model_fields.values():
+        nested = section(info)
+        if nested is not None:
+            yield from declared(nested)
+            continue
+        for variable in variables(info):
+            yield variable, info
+
+
+def environment_values(model: type[BaseModel], env: Mapping[str, str]) -> dict[str, Any]:
+    """What ``env`` sets of ``model``'s variables, keyed by variable (by field for a section), ready for
+    ``model_validate``. A blank variable is unset, except a list (the empty list); of a field's
+    alternatives the first set one wins."""
+    values: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        nested = section(info)
+        if nested is not None:
+            found = environment_values(nested, env)
+            if found:
+                values[name] = found
+            continue
+        for variable in variables(info):
+            raw = env.get(variable)
+            if raw is not None and (raw.strip() or _is_list(info.annotation)):
+                values[variable] = raw.strip()
+                break
+    return values
+
+
+def _parts(annotation: Any) -> Iterator[Any]:
+    yield annotation
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        yield from _parts(typing.get_args(annotation)[0])
+    elif origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            yield from _parts(arg)
+
+
+def _is_list(annotation: Any) -> bool:
+    return any(typing.get_origin(part) is list for part in _parts(annotation))
+
+
+def _is_secret(annotation: Any) -> bool:
+    return any(part is SecretStr for part in _parts(annotation))

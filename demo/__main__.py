@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
 
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -36,6 +37,7 @@ from client import Settings, connect, exit_process
 from client.api import describe_failure, pending_checkpoint, review, start_request
 from client.cli import format_checkpoint, format_record
 from client.devserver import start_dev_server
+from client.settings import SettingsError
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 from demo.pipeline import DEMO_PIPELINE, demo_settings
 from worker import build_worker, load_activities, prepare
@@ -129,6 +131,11 @@ def _show(title: str, settings: Settings, workflow_id: str, result, failure, rec
     print(f"UI: {settings.ui_url}/workflows/{workflow_id}")
 
 
+def _shown_path(path: Path) -> Path:
+    """``path`` as a command typed here would name it: relative to the working directory when inside it."""
+    return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+
+
 async def main(hold: bool) -> int:
     # SIGTERM and SIGINT end the demo the same way: its dev server, worker and clients are shut down.
     running = asyncio.current_task()
@@ -137,7 +144,9 @@ async def main(hold: bool) -> int:
         asyncio.get_running_loop().add_signal_handler(stop, running.cancel)
     settings = demo_settings()
     spans = InMemorySpanExporter()  # the demo prints each request's hook spans; OTEL_* may export them too
-    configure_telemetry("agent-lifecycle-demo", span_processors=[SimpleSpanProcessor(spans)], temporal_metrics=True)
+    configure_telemetry(
+        "agent-lifecycle-demo", settings.telemetry, span_processors=[SimpleSpanProcessor(spans)], temporal_metrics=True
+    )
 
     activities = load_activities(settings)
     print(f"starting the embedded Temporal dev server on {settings.temporal_address} (UI port {settings.ui_port}) ...")
@@ -218,7 +227,8 @@ async def main(hold: bool) -> int:
                 print(f"[{'ok' if ok else 'FAILED'}] {name}")
             print(f"\nTemporal UI: {settings.ui_url}/workflows  (workflow type {'RequestLifecycle'})")
             print("Each hook invocation is an activity labelled '<stage> · <hook>' in the event history.")
-            print(f"Stored records: agent-lifecycle record <request id>  (store: {settings.execution_store_path})")
+            state = _shown_path(settings.state_dir)
+            print(f"Stored records: AGENT_STATE_DIR={state} agent-lifecycle record <request id>  (or list)")
             if hold:
                 print("holding: the server, UI and worker stay up until Ctrl-C or SIGTERM", flush=True)
                 try:
@@ -227,8 +237,9 @@ async def main(hold: bool) -> int:
                     pass
             else:
                 print(
-                    "The dev server's database persists in the state directory: "
-                    f"`AGENT_PIPELINE={DEMO_PIPELINE} python worker.py --dev` brings these executions back in the UI."
+                    f"The dev server's database persists in the state directory ({state}): "
+                    f"`AGENT_STATE_DIR={state} AGENT_PIPELINE={DEMO_PIPELINE} .venv/bin/python worker.py --dev` "
+                    "brings these executions back in the UI."
                 )
             return 0 if all(checks.values()) else 1
     finally:
@@ -242,6 +253,9 @@ if __name__ == "__main__":
     parser.add_argument("--hold", action="store_true", help="keep the server, UI and worker running afterwards")
     try:
         exit_process(asyncio.run(main(parser.parse_args().hold)))
+    except SettingsError as err:
+        print(f"configuration error: {err}", file=sys.stderr)
+        exit_process(2)
     except TelemetryConfigError as err:
         print(f"telemetry configuration error: {err}", file=sys.stderr)
         exit_process(2)

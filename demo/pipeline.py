@@ -1,4 +1,5 @@
-"""The demo's pipeline factory: what ``worker.py`` runs unless ``AGENT_PIPELINE`` names another.
+"""The demo's pipeline factory, ``demo.pipeline:build_activities`` (what ``python -m demo``, the tests and the
+compose file name in ``AGENT_PIPELINE``), and the demo's own settings.
 
 A pipeline factory takes the process :class:`~client.settings.Settings` and returns the
 :class:`~activities.LifecycleActivities` the worker registers. Hook order is execution order.
@@ -10,7 +11,6 @@ from pathlib import Path
 
 from activities import LifecycleActivities
 from activities.memory import MemoryStore
-from activities.models import ModelSettings
 from client import database, response_cache_store
 from client.pipeline import build_pipeline
 from client.settings import Settings
@@ -20,7 +20,6 @@ from hooks.builtin import (
     AuditHook,
     JsonlAuditWriter,
     KnowledgeContextHook,
-    MemoryOptions,
     ResponseCacheHook,
     SecretRedactionHook,
     build_memory_hooks,
@@ -32,6 +31,9 @@ from .agent import RulePlanner, TemplateSynthesizer
 from .tools import demo_mcp_servers, demo_tools
 
 KNOWLEDGE_FILE = Path(__file__).with_name("knowledge.json")
+# The demo keeps its state in the repository (its dev server's database included), wherever it is started
+# from, so ``worker.py --dev`` with the same AGENT_STATE_DIR shows the demo's executions again.
+DEMO_STATE_DIR = Path(__file__).resolve().parent.parent / ".agent-state"
 AGENT_DOMAIN = "demo-agent"
 # The factory ``python -m demo``, the tests and the compose file run (the framework has no default).
 DEMO_PIPELINE = "demo.pipeline:build_activities"
@@ -50,9 +52,15 @@ DEMO_ALLOWED_OPERATIONS = [
 
 
 def demo_settings(settings: Settings | None = None) -> Settings:
-    """``settings`` (from the environment by default), running the demo's pipeline unless one is named."""
+    """``settings`` (from the environment by default) with the demo's own defaults where they name none: the
+    demo's pipeline, and the repository's ``.agent-state`` as the state directory."""
     settings = settings or Settings.from_env()
-    return settings if settings.pipeline_factory else settings.model_copy(update={"pipeline_factory": DEMO_PIPELINE})
+    update: dict = {}
+    if not settings.pipeline_factory:
+        update["pipeline_factory"] = DEMO_PIPELINE
+    if "state_dir" not in settings.model_fields_set:
+        update["state_dir"] = DEMO_STATE_DIR
+    return settings.model_copy(update=update) if update else settings
 
 
 def demo_memory(settings: Settings) -> MemoryStore:
@@ -78,7 +86,7 @@ def demo_hooks(settings: Settings, memory: MemoryStore | None = None) -> list:
     if memory is not None:
         memory_hooks, _ = build_memory_hooks(
             MemoryBackends(episodic=memory, knowledge=memory, coordinator=memory),
-            options=MemoryOptions.from_env(agent_domain=AGENT_DOMAIN),
+            options=settings.memory.model_copy(update={"agent_domain": AGENT_DOMAIN}),
         )
     return [
         allow_list(settings.tool_allow_list if settings.tool_allow_list is not None else DEMO_TOOL_ALLOW_LIST),
@@ -99,7 +107,7 @@ def build_activities(settings: Settings) -> LifecycleActivities:
     (declared hooks, MCP servers, the model, reviewers, expiry, the reviewers' webhook, the stores)."""
     memory = demo_memory(settings)
     # A model where AGENT_MODEL (or a per-role model) is set; the rule planner and template otherwise.
-    model = ModelSettings.from_env()
+    model = settings.model
     return build_pipeline(
         settings,
         name="demo",
@@ -112,5 +120,4 @@ def build_activities(settings: Settings) -> LifecycleActivities:
         # secret-redaction protects the answer after synthesis: a streamed draft would bypass it.
         stage_settings=StageSettings(answer_streaming=False),
         memory=memory,
-        model=model,
     )

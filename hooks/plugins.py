@@ -78,7 +78,7 @@ def allow_list(tools: Iterable[str], *, name: str = "allow-list", message: str |
         if call.tool in allowed or call.tool_key in allowed:
             return None
         return ToolDecision.deny(
-            message or f"The tool {call.tool} is not available in this deployment.", reason="not on the allow-list"
+            message or f"The tool {call.tool_key} is not available in this deployment.", reason="not on the allow-list"
         )
 
     return Plugin(name, before_tool=before_tool)
@@ -96,7 +96,7 @@ def redact(patterns: dict[str, re.Pattern[str]] | None = None, *, name: str = "r
             return None
         ctx.report_effect(
             f"redaction:{call.step_id}",
-            name=f"Redaction of {call.tool} result",
+            name=f"Redaction of {call.tool_key} result",
             data={"redactions": sum(counts.values()), "by_pattern": counts},
             summary=f"{sum(counts.values())} value(s) masked as {MASK}",
         )
@@ -112,7 +112,7 @@ def retry_on_error(*, name: str = "retry-on-error") -> Plugin:
     def on_tool_error(ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> ToolErrorResolution:
         return ToolErrorResolution(
             handled=True,
-            result=f"The tool {call.tool} failed: {outcome.error}. Try another approach or tell the user.",
+            result=f"The tool {call.tool_key} failed: {outcome.error}. Try another approach or tell the user.",
         )
 
     return Plugin(name, on_tool_error=on_tool_error)

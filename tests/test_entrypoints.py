@@ -328,7 +328,7 @@ def test_the_cli_exports_its_spans_over_otlp_http_and_a_bad_exporter_is_a_startu
     finally:
         server.shutdown()
     bad = _cli({**dev_worker, "OTEL_TRACES_EXPORTER": "jaeger"}, "list")
-    assert bad.returncode == 2 and "telemetry configuration error: OTEL_TRACES_EXPORTER" in bad.stderr
+    assert bad.returncode == 2 and "configuration error: OTEL_TRACES_EXPORTER: unknown exporter 'jaeger'" in bad.stderr
     worker = subprocess.run(
         [sys.executable, "worker.py"], cwd=ROOT, env={**dev_worker, "OTEL_METRICS_EXPORTER": "prometheus"},
         capture_output=True, text=True, timeout=60,

@@ -37,7 +37,7 @@ from .harness import Harness, Outcome
 SK = "sk-test1234567890abcdefABCDEF"
 AKIA = "AKIAIOSFODNN7EXAMPLE"
 ACME = f"ACME is trading at {quote_price('ACME')} USD."
-NOT_AVAILABLE = "The tool stock-service/execute_trade is not available in this deployment."
+NOT_AVAILABLE = "The tool demo-tools/stock-service/execute_trade is not available in this deployment."
 
 # --------------------------------------------------------------------------------------------------
 # Test tools and helpers
@@ -354,7 +354,7 @@ async def test_retry_on_error_reports_a_tool_failure_as_a_readable_result(client
         out = await h.run("place the order")
 
     assert out.failure is None, out.failure
-    readable = "The tool broker/place_order failed: broker offline. Try another approach or tell the user."
+    readable = "The tool test-tools/broker/place_order failed: broker offline. Try another approach or tell the user."
     order = steps_by_id(out)["order"]
     # Handled: the step succeeds with the readable result, so the plan can go on; the error is kept.
     assert (order.status, order.error, order.error_handled_by) == (StepStatus.SUCCEEDED, None, "retry-on-error")

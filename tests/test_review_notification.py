@@ -146,7 +146,9 @@ async def test_an_opening_checkpoint_posts_one_slack_compatible_notification(cli
         "section",
         "context",
     ]
-    assert body["blocks"][4]["text"]["text"].startswith("*Approving runs exactly*\n• `notify-service/send_message`")
+    assert body["blocks"][4]["text"]["text"].startswith(
+        "*Approving runs exactly*\n• `demo-tools/notify-service/send_message`"
+    )
     review_fields = body["review"]
     request = review_fields["request"]
     assert request["request_id"] == "launch-42" and request["workflow_id"] == handle.id
@@ -156,17 +158,22 @@ async def test_an_opening_checkpoint_posts_one_slack_compatible_notification(cli
     assert review_fields["checkpoint"] == {
         "checkpoint_id": checkpoint.checkpoint_id,
         "phase": 1,
-        "reasons": [r.model_dump(mode="json") for r in checkpoint.reasons],
+        # each tool by its key, as a person reads it (the checkpoint keeps the matchers' agent/capability)
+        "reasons": [{**r.model_dump(mode="json"), "tool": f"demo-tools/{r.tool}"} for r in checkpoint.reasons],
         "step_id": None,
         "requested_at": checkpoint.requested_at.isoformat(),
         "expires_at": checkpoint.expires_at.isoformat(),
     }
     # The call approval runs, exactly as it will run (masked like every excerpt).
     [call] = review_fields["calls"]
-    assert (call["step_id"], call["tool"], call["modified_by"]) == ("notify", "notify-service/send_message", [])
+    assert (call["step_id"], call["tool"], call["modified_by"]) == (
+        "notify",
+        "demo-tools/notify-service/send_message",
+        [],
+    )
     assert '"to": "bob"' in call["arguments"] and call["planned_arguments"] is None
     [step] = review_fields["plan"]["steps"]
-    assert step["step_id"] == "notify" and step["tool"] == "notify-service/send_message"
+    assert step["step_id"] == "notify" and step["tool"] == "demo-tools/notify-service/send_message"
     assert '"to": "bob"' in step["arguments"] and "launch moved, use " in step["arguments"]
     assert review_fields["reviewers"] == ["alice", "carol"]
     decide = review_fields["decide"]

@@ -215,3 +215,44 @@ def test_a_worker_without_a_pipeline_says_how_to_name_one(tmp_path):
         timeout=60,
     )
     refused(proc, "AGENT_PIPELINE is not set", "module:function")
+
+
+# --------------------------------------------------------------------------------------------------
+# The one settings model, as the worker and the CLI read it
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, fragments",
+    [
+        (
+            {"AGENT_MODEL_TIMEOUT_SECONDS": "soon", "AGENT_WORKER_THREADS": "0"},
+            [
+                "AGENT_WORKER_THREADS: Input should be greater than or equal to 1 (got '0')",
+                "AGENT_MODEL_TIMEOUT_SECONDS",
+            ],
+        ),
+        ({"AGENT_MEMORY_ACTIVITY_TTL_SECONDS": "-3"}, ["AGENT_MEMORY_ACTIVITY_TTL_SECONDS: Input should be greater"]),
+        ({"AGENT_PROMETHEUS_BIND": "9464"}, ["AGENT_PROMETHEUS_BIND: not host:port"]),
+        ({"AGENT_DATABASE_URL": "mysql://agent:hunter2@db/a"}, ["AGENT_DATABASE_URL: must be a postgresql:// URL"]),
+    ],
+    ids=["model-and-worker", "memory", "telemetry", "secret"],
+)
+def test_a_bad_setting_of_any_section_stops_the_worker_and_the_cli_on_one_line(tmp_path, env, fragments):
+    proc = worker(tmp_path, "hand_built", **env)
+    refused(proc, "configuration error: ", *fragments)
+    assert "hunter2" not in proc.stderr
+    cli_env = {**{k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}, **env}
+    cli = subprocess.run(
+        [sys.executable, "-m", "client.cli", "list"], cwd=ROOT, env=cli_env, capture_output=True, text=True, timeout=60
+    )
+    refused(cli, "configuration error: ", *fragments)
+
+
+def test_check_names_every_tool_by_its_full_key(tmp_path):
+    """Docs, errors and ``--check`` name a tool ``namespace/agent/capability``: its identity."""
+    proc = worker(tmp_path, "hand_built")
+    assert proc.returncode == 0, proc.stderr
+    tools = [line for line in proc.stdout.splitlines() if line.startswith(("tool:", "mcp tool:", "subagent:"))]
+    assert tools and all(line.split(": ", 1)[1].split()[0].count("/") == 2 for line in tools), tools
+    assert "tool: demo-tools/stock-service/stock_quote read_only" in tools

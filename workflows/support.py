@@ -232,13 +232,14 @@ def cache_verdict(
     if record.phase_cap_reached:
         reasons.append("the planning phase cap was reached")
     read_only = {f"{t.agent}/{t.capability}": t.read_only for t in tools}
+    keys = {f"{t.agent}/{t.capability}": t.key for t in tools}  # a reader meets a tool by its full key
     for step in record.steps:
         if step.status is not StepStatus.SUCCEEDED:
             reasons.append(f"step {step.step_id} {step.status.value}")
         elif step.recovered_from is not None:
             reasons.append(f"step {step.step_id} recovered from an error ({step.recovered_from.handled_by})")
         elif not read_only.get(step.tool, False):
-            reasons.append(f"step {step.step_id} calls {step.tool}, which is not read_only")
+            reasons.append(f"step {step.step_id} calls {keys.get(step.tool, step.tool)}, which is not read_only")
     for invocation in record.pipeline_hooks:
         if invocation.outcome is not InvocationOutcome.SUCCEEDED:
             reasons.append(f"hook {invocation.hook} {invocation.outcome.value} at {invocation.stage.value}")

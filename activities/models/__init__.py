@@ -1,26 +1,54 @@
 """A planner and a synthesizer for any OpenAI-compatible Chat Completions endpoint (OpenAI, Azure OpenAI,
 vLLM, Ollama, the llama.cpp server, a LiteLLM proxy), on the ``openai`` package's async client.
 
-``ModelSettings.from_env()`` reads the endpoint and model; ``OpenAIPlanner`` and ``OpenAISynthesizer``
-implement the framework's Planner and Synthesizer. Each invocation's model calls go to a
-``ModelCallLog`` of its own — recorded as ``ModelCall`` whatever their outcome, spanned and measured in
-the OpenTelemetry GenAI conventions — and provider failures become typed Temporal activity errors
-(``ModelUnavailable`` retried, with the provider's Retry-After; the others not).
+``ModelSettings`` (``settings.model`` of the process settings) names the endpoint and model;
+``OpenAIPlanner`` and ``OpenAISynthesizer`` implement the framework's Planner and Synthesizer. Each
+invocation's model calls go to a ``ModelCallLog`` of its own — recorded as ``ModelCall`` whatever their
+outcome, spanned and measured in the OpenTelemetry GenAI conventions — and provider failures become typed
+Temporal activity errors (``ModelUnavailable`` retried, with the provider's Retry-After; the others not).
+
+The names below load on first use: reading the settings imports ``ModelSettings`` without the ``openai``
+package.
 """
 
-from .calls import (
-    EMPTY_COMPLETION,
-    MODEL_REFUSAL,
-    MODEL_REQUEST_ERROR,
-    MODEL_UNAVAILABLE,
-    TOKEN_BUDGET_EXCEEDED,
-    ChatModel,
-    ModelCallLog,
-)
-from .planner import PLANNER_SYSTEM_PROMPT, OpenAIPlanner
-from .settings import ModelSettings
-from .synthesizer import SYNTHESIZER_SYSTEM_PROMPT, OpenAISynthesizer, SynthesisStream, build_synthesis_prompt
-from .tool_names import ToolNames, function_name
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .calls import (
+        EMPTY_COMPLETION,
+        MODEL_REFUSAL,
+        MODEL_REQUEST_ERROR,
+        MODEL_UNAVAILABLE,
+        TOKEN_BUDGET_EXCEEDED,
+        ChatModel,
+        ModelCallLog,
+    )
+    from .planner import PLANNER_SYSTEM_PROMPT, OpenAIPlanner
+    from .settings import ModelSettings
+    from .synthesizer import SYNTHESIZER_SYSTEM_PROMPT, OpenAISynthesizer, SynthesisStream, build_synthesis_prompt
+    from .tool_names import ToolNames, function_name
+
+_WHERE = {
+    "EMPTY_COMPLETION": ".calls",
+    "MODEL_REFUSAL": ".calls",
+    "MODEL_REQUEST_ERROR": ".calls",
+    "MODEL_UNAVAILABLE": ".calls",
+    "TOKEN_BUDGET_EXCEEDED": ".calls",
+    "ChatModel": ".calls",
+    "ModelCallLog": ".calls",
+    "PLANNER_SYSTEM_PROMPT": ".planner",
+    "OpenAIPlanner": ".planner",
+    "ModelSettings": ".settings",
+    "SYNTHESIZER_SYSTEM_PROMPT": ".synthesizer",
+    "OpenAISynthesizer": ".synthesizer",
+    "SynthesisStream": ".synthesizer",
+    "build_synthesis_prompt": ".synthesizer",
+    "ToolNames": ".tool_names",
+    "function_name": ".tool_names",
+}
 
 __all__ = [
     "EMPTY_COMPLETION",
@@ -40,3 +68,11 @@ __all__ = [
     "build_synthesis_prompt",
     "function_name",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,150 +1,159 @@
-"""Which OpenAI-compatible model to call, and how, read from the environment.
+"""Which OpenAI-compatible model to call, and how: ``settings.model`` of the process settings.
 
 Any Chat Completions endpoint works: OpenAI, Azure OpenAI (its ``/openai/v1/`` base URL), vLLM, Ollama,
 the llama.cpp server, a LiteLLM proxy. Without ``AGENT_MODEL`` (or a per-role model) nothing is
-configured and the rule planner stays the default. The API key is a ``SecretStr``: it never appears in a
-repr, a log line or an error message. A bad value fails at start-up with a ``ValueError`` naming its
-variable.
+configured: a pipeline built with ``client.pipeline.build_pipeline`` then needs a planner of its own. The
+API key is a ``SecretStr``: it never appears in a repr, a log line or an error message.
 
-| variable | default | meaning |
-| --- | --- | --- |
-| ``AGENT_MODEL_BASE_URL`` (else ``OPENAI_BASE_URL``) | the OpenAI API | the endpoint, up to ``/v1`` |
-| ``AGENT_MODEL_API_KEY`` (else ``OPENAI_API_KEY``) | none | required for the OpenAI API itself |
-| ``AGENT_MODEL`` | none | the model of both roles |
-| ``AGENT_PLANNER_MODEL`` / ``AGENT_SYNTHESIZER_MODEL`` | ``AGENT_MODEL`` | per-role overrides |
-| ``AGENT_MODEL_TIMEOUT_SECONDS`` | 25 | one HTTP call, connection included |
-| ``AGENT_MODEL_MAX_OUTPUT_TOKENS`` | 1024 | per call |
-| ``AGENT_MODEL_TEMPERATURE`` | not sent | 0–2 (some reasoning models refuse any value) |
-| ``AGENT_MODEL_MAX_TOKENS_PER_REQUEST`` | no budget | tokens one request may spend on models |
-| ``AGENT_MODEL_TOKEN_LIMIT_PARAMETER`` | ``max_tokens`` | or ``max_completion_tokens`` (OpenAI reasoning models) |
-| ``AGENT_MODEL_PROVIDER`` | ``openai`` | ``gen_ai.provider.name`` on spans and metrics |
-| ``AGENT_MODEL_CONTEXT_WINDOW`` | unknown | the model's context window in tokens (prompt budgets, memory caps) |
-| ``AGENT_FALLBACK_MODEL`` | none | called when the primary model is unavailable after its retries |
-| ``AGENT_FALLBACK_MODEL_BASE_URL`` / ``AGENT_FALLBACK_MODEL_API_KEY`` | the primary's | the fallback's endpoint and key |
+Each field declares its environment variable (``validation_alias``), its default, its bounds and its
+meaning (``description``); ``client.settings.Settings.from_env`` reads them with every other setting,
+and ``docs/configuration.md`` lists them from these declarations. This module imports nothing heavy (the
+``openai`` client is imported when a client is made), so reading the settings stays fast.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal, Self
 
-from openai import AsyncOpenAI
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 # Servers that ignore authentication (most local ones) still receive a bearer token: the client needs one.
 PLACEHOLDER_API_KEY = "no-key"
 
 
-def _first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
-    """(variable, value) of the first of ``names`` set to a non-blank value."""
-    for name in names:
-        value = env.get(name, "").strip()
-        if value:
-            return name, value
-    return None
-
-
-def _parsed(
-    env: Mapping[str, str], name: str, parse: Callable[[str], T], check: Callable[[T], bool], expected: str
-) -> T | None:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = parse(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be {expected}, not {raw!r}") from None
-    if not check(value):
-        raise ValueError(f"{name} must be {expected}, not {raw!r}")
-    return value
-
-
 class ModelSettings(BaseModel):
     """The model endpoint and call options shared by the planner and the synthesizer."""
 
-    base_url: str | None = None
-    api_key: SecretStr | None = None
-    model: str | None = None
-    planner_model: str | None = None
-    synthesizer_model: str | None = None
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
+
+    base_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("AGENT_MODEL_BASE_URL", "OPENAI_BASE_URL"),
+        description="the OpenAI-compatible endpoint, up to `/v1`",
+        json_schema_extra={"default": "the OpenAI API"},
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("AGENT_MODEL_API_KEY", "OPENAI_API_KEY"),
+        description="required for the OpenAI API itself; never logged or recorded",
+    )
+    model: str | None = Field(
+        default=None,
+        validation_alias="AGENT_MODEL",
+        description="the model of the planner and the synthesizer (unset: no model)",
+    )
+    planner_model: str | None = Field(
+        default=None,
+        validation_alias="AGENT_PLANNER_MODEL",
+        description="the planner's model, instead of `AGENT_MODEL`",
+        json_schema_extra={"default": "`AGENT_MODEL`"},
+    )
+    synthesizer_model: str | None = Field(
+        default=None,
+        validation_alias="AGENT_SYNTHESIZER_MODEL",
+        description="the synthesizer's model, instead of `AGENT_MODEL`",
+        json_schema_extra={"default": "`AGENT_MODEL`"},
+    )
     # Two planning turns (a call and its repair) fit in the plan activity's default 60-s timeout; raise the
     # stage timeouts with this one.
-    timeout_seconds: float = Field(default=25.0, gt=0)
-    max_output_tokens: int = Field(default=1024, gt=0)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    max_tokens_per_request: int | None = Field(default=None, gt=0)
-    token_limit_parameter: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
-    provider: str = "openai"
-    # The model's context window in tokens (None: unknown, so nothing is budgeted against it).
-    context_window: int | None = Field(default=None, gt=0)
-    # The model a planning or synthesis step falls back to when the primary is unavailable after its
-    # retries, and its endpoint (by default the primary's).
-    fallback_model: str | None = None
-    fallback_base_url: str | None = None
-    fallback_api_key: SecretStr | None = None
+    timeout_seconds: float = Field(
+        default=25.0,
+        gt=0,
+        lt=3600,
+        validation_alias="AGENT_MODEL_TIMEOUT_SECONDS",
+        description="one HTTP call to the model, connection included",
+    )
+    max_output_tokens: int = Field(
+        default=1024,
+        gt=0,
+        validation_alias="AGENT_MODEL_MAX_OUTPUT_TOKENS",
+        description="tokens per call (capped by what the request's budget has left)",
+    )
+    temperature: float | None = Field(
+        default=None,
+        ge=0,
+        le=2,
+        validation_alias="AGENT_MODEL_TEMPERATURE",
+        description="the sampling temperature (some reasoning models refuse any value)",
+        json_schema_extra={"default": "not sent"},
+    )
+    max_tokens_per_request: int | None = Field(
+        default=None,
+        gt=0,
+        validation_alias="AGENT_MODEL_MAX_TOKENS_PER_REQUEST",
+        description="tokens one request may spend on model calls",
+        json_schema_extra={"default": "no budget"},
+    )
+    token_limit_parameter: Literal["max_tokens", "max_completion_tokens"] = Field(
+        default="max_tokens",
+        validation_alias="AGENT_MODEL_TOKEN_LIMIT_PARAMETER",
+        description="the request parameter that caps the output (`max_completion_tokens` for OpenAI's reasoning models)",
+    )
+    provider: str = Field(
+        default="openai",
+        validation_alias="AGENT_MODEL_PROVIDER",
+        description="`gen_ai.provider.name` on spans and metrics",
+    )
+    context_window: int | None = Field(
+        default=None,
+        ge=256,
+        le=100_000_000,
+        validation_alias="AGENT_MODEL_CONTEXT_WINDOW",
+        description="the model's context window in tokens, for prompt budgets and memory caps",
+        json_schema_extra={"default": "unknown: nothing is budgeted against it"},
+    )
+    fallback_model: str | None = Field(
+        default=None,
+        validation_alias="AGENT_FALLBACK_MODEL",
+        description="the model planning and synthesis fall back to when the primary is unavailable after its retries",
+        json_schema_extra={"default": "none: no fallback"},
+    )
+    fallback_base_url: str | None = Field(
+        default=None,
+        validation_alias="AGENT_FALLBACK_MODEL_BASE_URL",
+        description="the fallback model's endpoint, up to `/v1`",
+        json_schema_extra={"default": "the primary's"},
+    )
+    fallback_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias="AGENT_FALLBACK_MODEL_API_KEY",
+        description="the fallback model's key; never logged or recorded",
+        json_schema_extra={"default": "the primary's"},
+    )
 
+    @field_validator("base_url", "fallback_base_url")
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ModelSettings:
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        if found := _first(env, "AGENT_MODEL_BASE_URL", "OPENAI_BASE_URL"):
-            name, url = found
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{name} must be an http:// or https:// URL, not {url!r}")
-            values["base_url"] = url
-        if found := _first(env, "AGENT_MODEL_API_KEY", "OPENAI_API_KEY"):
-            values["api_key"] = SecretStr(found[1])
-        if found := _first(env, "AGENT_FALLBACK_MODEL_BASE_URL"):
-            name, url = found
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{name} must be an http:// or https:// URL, not {url!r}")
-            values["fallback_base_url"] = url
-        if found := _first(env, "AGENT_FALLBACK_MODEL_API_KEY"):
-            values["fallback_api_key"] = SecretStr(found[1])
-        for name, key in (
-            ("AGENT_MODEL", "model"),
-            ("AGENT_PLANNER_MODEL", "planner_model"),
-            ("AGENT_SYNTHESIZER_MODEL", "synthesizer_model"),
-            ("AGENT_MODEL_PROVIDER", "provider"),
-            ("AGENT_FALLBACK_MODEL", "fallback_model"),
-        ):
-            if found := _first(env, name):
-                values[key] = found[1]
-        numbers = {
-            "timeout_seconds": _parsed(
-                env, "AGENT_MODEL_TIMEOUT_SECONDS", float, lambda v: 0 < v < 3600, "seconds in (0, 3600)"
-            ),
-            "max_output_tokens": _parsed(
-                env, "AGENT_MODEL_MAX_OUTPUT_TOKENS", int, lambda v: v > 0, "a positive integer"
-            ),
-            "temperature": _parsed(env, "AGENT_MODEL_TEMPERATURE", float, lambda v: 0 <= v <= 2, "a number in [0, 2]"),
-            "max_tokens_per_request": _parsed(
-                env, "AGENT_MODEL_MAX_TOKENS_PER_REQUEST", int, lambda v: v > 0, "a positive integer"
-            ),
-            "context_window": _parsed(
-                env, "AGENT_MODEL_CONTEXT_WINDOW", int, lambda v: 256 <= v <= 100_000_000, "tokens, 256 or more"
-            ),
-        }
-        values.update({key: value for key, value in numbers.items() if value is not None})
-        if found := _first(env, "AGENT_MODEL_TOKEN_LIMIT_PARAMETER"):
-            if found[1] not in ("max_tokens", "max_completion_tokens"):
-                raise ValueError(
-                    f"AGENT_MODEL_TOKEN_LIMIT_PARAMETER must be max_tokens or max_completion_tokens, not {found[1]!r}"
-                )
-            values["token_limit_parameter"] = found[1]
-        settings = cls(**values)
-        if settings.configured() and settings.base_url is None and settings.api_key is None:
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _key_for_the_openai_api(self) -> Self:
+        if self.configured() and self.base_url is None and self.api_key is None:
             raise ValueError(
                 "AGENT_MODEL_API_KEY (or OPENAI_API_KEY) is required for the OpenAI API; set it, or AGENT_MODEL_BASE_URL"
             )
-        return settings
+        return self
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ModelSettings:
+        """The model settings of the environment: ``Settings.from_env(env).model`` (kept for compatibility;
+        a pipeline factory reads ``settings.model``).
+
+        Raises:
+            client.settings.SettingsError: a variable without a valid value (the message names it).
+        """
+        from client.settings import Settings  # the one loader; imported here, the layer above this one
+
+        return Settings.from_env(env).model
 
     def configured(self, role: Literal["planner", "synthesizer"] | None = None) -> bool:
-        """Whether a model is set for ``role`` (by default: for either role). Where none is, the rule planner
-        and the template synthesizer stay in place."""
+        """Whether a model is set for ``role`` (by default: for either role)."""
         if role is None:
             return bool(self.model or self.planner_model or self.synthesizer_model)
         return bool((self.planner_model if role == "planner" else self.synthesizer_model) or self.model)
@@ -175,6 +184,8 @@ class ModelSettings(BaseModel):
 
     def client(self) -> AsyncOpenAI:
         """A client for this endpoint. Its own retries are off: the activity's retry policy owns retries."""
+        from openai import AsyncOpenAI
+
         return AsyncOpenAI(
             api_key=self.api_key.get_secret_value() if self.api_key else PLACEHOLDER_API_KEY,
             base_url=self.base_url,

@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from workflows.models import (
     ENRICHMENT_RAG_CONTEXT,
@@ -56,9 +56,11 @@ VIEW_FORMAT = "event-lines/v1"
 _IMPORTANCE = {StepStatus.FAILED: 0.8, StepStatus.SUCCEEDED: 0.5, StepStatus.SKIPPED: 0.3}
 
 
-@dataclass
-class MemoryOptions:
-    """The builders' behavioural knobs.
+class MemoryOptions(BaseModel):
+    """The builders' behavioural knobs: ``settings.memory`` of the process settings, where the two the
+    environment sets are read (``AGENT_MEMORY_SUMMARIZER_TIMEOUT_SECONDS``,
+    ``AGENT_MEMORY_ACTIVITY_TTL_SECONDS``); a pipeline passes ``settings.memory`` with its own domain:
+    ``settings.memory.model_copy(update={"agent_domain": "my-agent"})``.
 
     Attributes:
         agent_domain: The episodic-memory domain this agent reads and writes (and its coordination name).
@@ -66,48 +68,50 @@ class MemoryOptions:
         query_limit: At most this many events are read per request.
         byte_budget: The injected memory text (scope notice included) stays within this many UTF-8 bytes.
         summarizer_timeout_seconds: Bound on the recorder's one summarizer call; on timeout it falls back
-            to heuristic summaries (default 2 min; ``AGENT_MEMORY_SUMMARIZER_TIMEOUT_SECONDS``).
+            to heuristic summaries.
         extraction_timeout_seconds: Bound on the knowledge-extraction model call (in detached work).
         max_fragments: Knowledge fragments kept per request: from none up to this many (3 by default).
-        activity_ttl_seconds / activity_renew_interval_seconds: The coordination signal's TTL and renewal.
+        activity_ttl_seconds / activity_renew_interval_seconds: The coordination signal's TTL and renewal
+            (by default every third of the TTL).
         managed_activity: The request owner renews and cleans up the signal (see activity_coordination).
         entity_extractor: Finds entities in a text.
     """
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
 
     agent_domain: str = "agent"
     lookback_seconds: float = 7 * 24 * 3600.0
     query_limit: int = 20
     byte_budget: int = 4096
-    summarizer_timeout_seconds: float = DEFAULT_SUMMARIZER_TIMEOUT_SECONDS
+    summarizer_timeout_seconds: float = Field(
+        default=DEFAULT_SUMMARIZER_TIMEOUT_SECONDS,
+        gt=0,
+        validation_alias=SUMMARIZER_TIMEOUT_ENV,
+        description="bound on the memory recorder's one summarizer call (then heuristic summaries)",
+    )
     extraction_timeout_seconds: float = 60.0
     max_fragments: int = 3
-    activity_ttl_seconds: float = 120.0
+    activity_ttl_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        validation_alias=ACTIVITY_TTL_ENV,
+        description="how long an activity-coordination signal lives unrenewed (renewed every third of it)",
+    )
     activity_renew_interval_seconds: float | None = None
     managed_activity: bool = True
     entity_extractor: Callable[[str], list[str]] = extract_entities
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> MemoryOptions:
-        """Options with the summarizer timeout from ``AGENT_MEMORY_SUMMARIZER_TIMEOUT_SECONDS`` and the
-        coordination signal's TTL from ``AGENT_MEMORY_ACTIVITY_TTL_SECONDS`` (renewed every third of it),
-        where set. A value that is not a positive number is a ``ValueError`` naming its variable."""
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for variable, field in (
-            (SUMMARIZER_TIMEOUT_ENV, "summarizer_timeout_seconds"),
-            (ACTIVITY_TTL_ENV, "activity_ttl_seconds"),
-        ):
-            raw = env.get(variable, "").strip()
-            if not raw:
-                continue
-            try:
-                value = float(raw)
-            except ValueError:
-                value = 0.0
-            if not value > 0:
-                raise ValueError(f"{variable} must be a positive number of seconds, not {raw!r}")
-            values[field] = value
-        return cls(**{**values, **overrides})
+        """``Settings.from_env(env).memory`` with ``overrides`` (kept for compatibility; a pipeline factory
+        reads ``settings.memory``).
+
+        Raises:
+            client.settings.SettingsError: a variable without a valid value (the message names it).
+        """
+        from client.settings import Settings  # the one loader; imported here, the layer above this one
+
+        return Settings.from_env(env).memory.model_copy(update=overrides)
 
 
 # How the memory section of ``rag_context`` opens: its scope notice comes first, before any memory text.

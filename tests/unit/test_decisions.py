@@ -1,9 +1,10 @@
-"""Guards the decision table of the README: what the framework decides for every hook invocation.
+"""Guards the decision table of the hooks reference (``docs/hooks.md``): what the framework decides for
+every hook invocation.
 
-Each case below names the README row it checks (the ``situation`` text, verbatim) and computes the
+Each case below names the table row it checks (the ``situation`` text, verbatim) and computes the
 decision the way the hook activities and the workflow do, with ``workflows.decisions``. A second test
-reads the README table itself, so a row added, removed or changed there without the matching change
-here (or in the code) fails.
+reads the table itself, so a row added, removed or changed there without the matching change here (or in
+the code) fails.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from workflows.models import (
 )
 from workflows.stages import STAGES
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"  # where the decision table is
 
 OPEN, CLOSED = FailurePolicy.FAIL_OPEN, FailurePolicy.FAIL_CLOSED
 CONTINUE, TERMINATE = DecisionAction.CONTINUE, DecisionAction.TERMINATE
