@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
@@ -29,6 +29,8 @@ _ENVIRONMENT = {
     "AGENT_HOOK_STORE": "hook_store",
     "AGENT_HOOK_SECRET_KEY": "hook_secret_key",
     "AGENT_HOOK_ALLOW_LOOPBACK": "hook_allow_loopback",
+    "AGENT_HOOK_EDITION": "hook_edition",
+    "AGENT_HOOK_CHAIN_BUDGET_SECONDS": "hook_chain_budget_seconds",
     "AGENT_PAYLOAD_STORE": "payload_store",
     "AGENT_WORKFLOW_SANDBOX": "workflow_sandbox",
     "AGENT_DATABASE_URL": "database_url",
@@ -64,7 +66,9 @@ class Settings(BaseModel):
     ``AGENT_REVIEWERS`` (comma-separated; empty: any named reviewer), ``AGENT_CHECKPOINT_EXPIRY_SECONDS``,
     ``AGENT_TOOL_ALLOW_LIST`` (comma-separated ``agent/capability``: the allow-list plugin),
     ``AGENT_HOOKS_FILE`` (declared hooks), ``AGENT_HOOK_STORE``, ``AGENT_HOOK_SECRET_KEY`` (base64, 32
-    bytes), ``AGENT_HOOK_ALLOW_LOOPBACK`` (tests only), ``AGENT_PAYLOAD_STORE`` (file, or ``off``),
+    bytes), ``AGENT_HOOK_ALLOW_LOOPBACK`` (tests only), ``AGENT_HOOK_EDITION`` (``lite``: every handler type;
+    ``standard``: no ``command`` handlers), ``AGENT_HOOK_CHAIN_BUDGET_SECONDS`` (what the declared hooks of
+    one event share per occurrence, at most 10), ``AGENT_PAYLOAD_STORE`` (file, or ``off``),
     ``AGENT_WORKFLOW_SANDBOX`` (``true``: run the workflows in Temporal's sandbox), ``AGENT_DATABASE_URL``
     (``postgresql://…``: every store on PostgreSQL, shared by workers on several machines),
     ``AGENT_DATABASE_POOL_SIZE``, ``AGENT_REVIEW_WEBHOOK`` (an ``http(s)://`` URL told of every checkpoint
@@ -97,6 +101,10 @@ class Settings(BaseModel):
     hook_store: Path | None = None
     hook_secret_key: SecretStr | None = None
     hook_allow_loopback: bool = False
+    # The declared hooks' edition (``standard`` refuses command handlers at load and at dispatch) and the
+    # time the declared hooks of one event share at each occurrence (never above 10 s).
+    hook_edition: Literal["lite", "standard"] = "lite"
+    hook_chain_budget_seconds: float = Field(default=10.0, gt=0, le=10.0)
     # Large payloads by reference (see storage.payloads): the store file, or "off" (with database_url the
     # store is in the database).
     payload_store: str | None = None
