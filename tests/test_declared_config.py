@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from client import Settings
 from client.pipeline import PipelineSettingsError, build_pipeline
@@ -550,26 +551,28 @@ def test_a_standard_worker_refuses_a_command_hook_at_start_up(tmp_path, args):
     assert "Traceback" not in run.stderr
 
 
-def test_a_standard_worker_starts_with_http_hooks_and_lite_allows_commands(tmp_path):
+def test_a_standard_worker_starts_with_http_hooks(tmp_path):
+    """(lite, the default, allowing a command hook: ``test_the_worker_refuses_to_start_with_a_bad_hooks_file``.)"""
     standard = worker_check(tmp_path, [http("web")], "--check", AGENT_HOOK_EDITION="standard")
     assert standard.returncode == 0, standard.stderr
-    lite = worker_check(tmp_path, [http("web"), command("local-guard")], "--check")
-    assert lite.returncode == 0, lite.stderr
-    assert "local-guard [before_tool]" in lite.stdout
+    assert "web [before_tool]" in standard.stdout
 
 
-@pytest.mark.parametrize(
-    "variable, value, fragment, args",
-    [
-        ("AGENT_HOOK_EDITION", "enterprise", "Input should be 'lite' or 'standard'", ()),
-        ("AGENT_HOOK_CHAIN_BUDGET_SECONDS", "11", "Input should be less than or equal to 10", ("--check",)),
-        ("AGENT_HOOK_CHAIN_BUDGET_SECONDS", "0", "Input should be greater than 0", ()),
-    ],
-)
-def test_a_bad_edition_or_chain_budget_stops_the_worker_naming_the_variable(tmp_path, variable, value, fragment, args):
-    run = worker_check(tmp_path, [http("web")], *args, **{variable: value})
+def test_a_bad_edition_or_chain_budget_is_refused_naming_the_variable(tmp_path):
+    run = worker_check(tmp_path, [http("web")], AGENT_HOOK_EDITION="enterprise")
     assert run.returncode == 2, run.stdout + run.stderr
-    assert f"configuration error: {variable}: {fragment}" in run.stderr
+    assert "configuration error: AGENT_HOOK_EDITION: Input should be 'lite' or 'standard'" in run.stderr
+    # The worker reports any settings error this way (variable: message); the budget's bounds:
+    for value, fragment in (("11", "less than or equal to 10"), ("0", "greater than 0"), ("10", None)):
+        try:
+            settings = Settings.from_env({"AGENT_HOOK_CHAIN_BUDGET_SECONDS": value})
+        except ValidationError as err:
+            [problem] = err.errors(include_url=False)
+            assert Settings.variable(str(problem["loc"][0])) == "AGENT_HOOK_CHAIN_BUDGET_SECONDS"
+            assert fragment is not None and fragment in problem["msg"]
+        else:
+            assert fragment is None and settings.hook_chain_budget_seconds == 10.0
+    assert Settings.from_env({}).hook_edition == "lite"
 
 
 def test_the_settings_hold_a_pipelines_own_declared_hooks_to_the_edition_and_budget(tmp_path):
