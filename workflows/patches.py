@@ -50,7 +50,9 @@ class Behaviour:
     - ``stage_upserts``: ``listing.StageListing.legacy_upsert`` and ``ending.RunEnding._terminal``;
     - ``approval_after_rewrites``: ``reviews.Reviews.wait_for_plan``, chosen in ``lifecycle._run_phases``;
     - ``handled_tool_error_succeeds``: ``steps.StepExecutor._on_tool_error`` (the step stays failed);
-    - ``lease_renewal_by_timer``: ``leases.ManagedLeases._keep_by_activity``.
+    - ``lease_renewal_by_timer``: ``leases.ManagedLeases._keep_by_activity``;
+    - ``hook_chain_budget``: ``invocation.HookRunner.run`` (every hook invoked on its own timeout alone:
+      no chain budget, no schedule-to-close timeout).
     """
 
     local_bookkeeping: bool = True
@@ -59,6 +61,8 @@ class Behaviour:
     approval_after_rewrites: bool = True
     handled_tool_error_succeeds: bool = True
     lease_renewal_by_timer: bool = True
+    # The hooks of one chain (the declared hooks of one blocking event) share a time budget per occurrence.
+    hook_chain_budget: bool = True
 
 
 def detect() -> Behaviour:
@@ -66,8 +70,13 @@ def detect() -> Behaviour:
     if workflow.patched(LIFECYCLE_2027_01):
         return Behaviour()
     if workflow.patched(LIFECYCLE_2026_12_B):
-        return Behaviour()
-    earlier = Behaviour(approval_after_rewrites=False, handled_tool_error_succeeds=False, lease_renewal_by_timer=False)
+        return Behaviour(hook_chain_budget=False)
+    earlier = Behaviour(
+        approval_after_rewrites=False,
+        handled_tool_error_succeeds=False,
+        lease_renewal_by_timer=False,
+        hook_chain_budget=False,
+    )
     if workflow.patched(LIFECYCLE_2026_12):
         return earlier
     in_process = workflow.patched(IN_PROCESS_PATCH)
@@ -79,4 +88,5 @@ def detect() -> Behaviour:
         approval_after_rewrites=False,
         handled_tool_error_succeeds=False,
         lease_renewal_by_timer=False,
+        hook_chain_budget=False,
     )
