@@ -21,7 +21,7 @@ Every method that names a request takes its request id or its workflow id (``req
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -209,21 +209,33 @@ class AgentClient:
         reviewer: str,
         comment: str = "",
         checkpoint_id: str | None = None,
+        declined: Sequence[str] = (),
     ) -> ReviewAck:
         """Decide a checkpoint (the oldest pending one unless named) through the validated ``review``
-        update; a review the request refuses raises :class:`ReviewRefused` and changes nothing."""
+        update; an approval may decline some of its calls (their step ids: each is skipped, reason
+        ``confirmation``, and the others run). A review the request refuses raises :class:`ReviewRefused`
+        and changes nothing."""
         workflow_id = await self.workflow_id(request)
         try:
-            return await review(self.temporal, workflow_id, decision, reviewer, comment, checkpoint_id)
+            return await review(self.temporal, workflow_id, decision, reviewer, comment, checkpoint_id, declined)
         except NoPendingCheckpoint as err:
             raise ReviewRefused(str(err)) from None
         except WorkflowUpdateFailedError as err:
             raise ReviewRefused(str(getattr(err.cause, "message", err.cause))) from None
 
     async def approve(
-        self, request: str, *, reviewer: str, comment: str = "", checkpoint_id: str | None = None
+        self,
+        request: str,
+        *,
+        reviewer: str,
+        comment: str = "",
+        checkpoint_id: str | None = None,
+        decline: Sequence[str] = (),
     ) -> ReviewAck:
-        return await self.review(request, "approve", reviewer=reviewer, comment=comment, checkpoint_id=checkpoint_id)
+        """Approve a checkpoint; ``decline`` names calls (step ids) of it not to run."""
+        return await self.review(
+            request, "approve", reviewer=reviewer, comment=comment, checkpoint_id=checkpoint_id, declined=decline
+        )
 
     async def reject(
         self, request: str, *, reviewer: str, reason: str = "", checkpoint_id: str | None = None
@@ -318,16 +330,19 @@ async def review(
     reviewer: str,
     comment: str = "",
     checkpoint_id: str | None = None,
+    declined: Sequence[str] = (),
 ) -> ReviewAck:
     """Decide a checkpoint through the ``review`` update (validated, acknowledged): the one named, or the
-    oldest pending. A refused review raises ``WorkflowUpdateFailedError``; no pending checkpoint,
-    :class:`NoPendingCheckpoint`."""
+    oldest pending; an approval may decline some of its calls. A refused review raises
+    ``WorkflowUpdateFailedError``; no pending checkpoint, :class:`NoPendingCheckpoint`."""
     if checkpoint_id is None:
         checkpoint = await pending_checkpoint(client, workflow_id)
         if checkpoint is None:
             raise NoPendingCheckpoint(f"{workflow_id} has no pending checkpoint")
         checkpoint_id = checkpoint.checkpoint_id
-    request = ReviewRequest(checkpoint_id=checkpoint_id, reviewer=reviewer, decision=decision, comment=comment)
+    request = ReviewRequest(
+        checkpoint_id=checkpoint_id, reviewer=reviewer, decision=decision, comment=comment, declined=list(declined)
+    )
     return await client.get_workflow_handle(workflow_id).execute_update("review", request, result_type=ReviewAck)
 
 

@@ -15,6 +15,7 @@ A reviewer's inbox:
     agent-lifecycle inbox                                     # requests awaiting review
     agent-lifecycle show 1a2b3c                               # the pending checkpoint: plan and reasons
     agent-lifecycle approve 1a2b3c --reviewer alice --comment "ok"
+    agent-lifecycle approve 1a2b3c --reviewer alice --decline send_message-2   # run the rest, skip this call
     agent-lifecycle reject 1a2b3c --reviewer alice --reason "wrong recipient"
 
 A request is named by its request id or its workflow id (``request-<request id>``) everywhere.
@@ -220,6 +221,8 @@ def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
             if call.planned_arguments is not None:
                 by = f" (rewritten by {', '.join(call.modified_by)})" if call.modified_by else ""
                 lines.append(f"      planned as {json.dumps(call.planned_arguments, ensure_ascii=False)}{by}")
+        if len(checkpoint.calls) > 1:
+            lines.append("  (approve --decline <step id> skips that call and runs the others)")
     lines.append("  plan:")
     for step in checkpoint.plan.steps:
         deps = step.depends_on + step.implicit_deps
@@ -348,7 +351,12 @@ async def _command(agents: AgentClient, args: argparse.Namespace) -> int:
     if args.command in ("approve", "reject"):
         text = args.comment if args.command == "approve" else args.reason
         ack = await agents.review(
-            args.request, args.command, reviewer=args.reviewer, comment=text, checkpoint_id=args.checkpoint
+            args.request,
+            args.command,
+            reviewer=args.reviewer,
+            comment=text,
+            checkpoint_id=args.checkpoint,
+            declined=getattr(args, "decline", None) or (),
         )
         print(ack.model_dump_json(indent=2))
         return 0
@@ -414,6 +422,13 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--reviewer", required=True)
         sub.add_argument(text_flag, default="")
         sub.add_argument("--checkpoint", help="checkpoint id (default: the oldest pending one)")
+        if name == "approve":
+            sub.add_argument(
+                "--decline",
+                action="append",
+                metavar="STEP",
+                help="a call (step id) of the checkpoint not to run: it is skipped and the others run (repeatable)",
+            )
     _add_hooks_parser(commands)
     sub = commands.add_parser("list", help="recent stored execution records, one line each")
     sub.add_argument("--limit", type=int, default=10)

@@ -33,6 +33,8 @@ def hook_runtime(settings: Settings) -> DeclaredHookRuntime:
         store=HookStore(database(settings) or settings.hook_store_path, secrets=secrets),
         secrets=secrets,
         allow_loopback=settings.hook_allow_loopback,
+        edition=settings.hook_edition,
+        chain_budget_seconds=settings.hook_chain_budget_seconds,
     )
 
 

@@ -26,7 +26,7 @@ from activities.memory import ConversationMemory
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer
 from activities.planning import Planner, PromptBuilder, ReadableSynthesizer, Synthesizer, build_planning_prompt
 from hooks import HookRegistry
-from hooks.declarative import DeclaredHook
+from hooks.declarative import DeclaredHook, check_edition
 from storage.executions import ExecutionStore, PostgresExecutionStore, SQLiteExecutionStore
 from workflows.models import ReviewSettings, StageSettings
 
@@ -126,6 +126,7 @@ def build_pipeline(
         stage_settings = stage_settings.model_copy(
             update={"max_model_tokens_per_request": model.max_tokens_per_request}
         )
+    _check_declared_hooks(hooks, settings)
     activities = LifecycleActivities(
         registry=HookRegistry([*hooks, *settings_declared_hooks(settings)], pipeline=name),
         tools=registry,
@@ -161,6 +162,7 @@ def apply_settings(activities: LifecycleActivities, settings: Settings, model: M
     given = {Settings.variable(field) for field in settings.model_fields_set}
     model = model or settings.model
     _apply_review(activities, settings, given)
+    _check_declared_hooks(activities.registry.hooks, settings)
     hooks, tools = list(activities.registry.hooks), []
     if settings.hooks_file is not None and not any(isinstance(h, DeclaredHook) for h in hooks):
         hooks += settings_declared_hooks(settings)
@@ -178,6 +180,22 @@ def apply_settings(activities: LifecycleActivities, settings: Settings, model: M
         registry=HookRegistry(hooks, pipeline=activities.registry.pipeline) if grown else None, add_tools=tools
     )
     activities.applied_settings = frozenset(PIPELINE_VARIABLES)
+
+
+def _check_declared_hooks(hooks: Sequence[Any], settings: Settings) -> None:
+    """Hold declared hooks a pipeline built with a runtime of its own to the worker's declared-hook
+    settings: its edition (a refused handler stops the worker) and its chain budget."""
+    declared = [hook for hook in hooks if isinstance(hook, DeclaredHook)]
+    check_edition([hook.spec for hook in declared], settings.hook_edition, source="the pipeline's declared hooks")
+    budget = settings.hook_chain_budget_seconds
+    if "hook_chain_budget_seconds" in settings.model_fields_set:
+        for hook in declared:
+            if hook.runtime.chain_budget_seconds != budget:
+                raise PipelineSettingsError(
+                    "AGENT_HOOK_CHAIN_BUDGET_SECONDS",
+                    f"the pipeline's declared hook {hook.name!r} has a chain budget of its own "
+                    f"({hook.runtime.chain_budget_seconds:g} s), not {budget:g} s",
+                )
 
 
 def _apply_review(activities: LifecycleActivities, settings: Settings, given: set[str]) -> None:

@@ -373,6 +373,18 @@ class Settings(BaseModel):
         validation_alias="AGENT_HOOK_ALLOW_LOOPBACK",
         description="let HTTP and prompt hooks and the reviewers' webhook reach loopback (tests only)",
     )
+    hook_edition: Literal["lite", "standard"] = Field(
+        default="lite",
+        validation_alias="AGENT_HOOK_EDITION",
+        description="the declared hooks' edition: `lite` allows every handler; `standard` refuses `command` handlers at load and at dispatch",
+    )
+    hook_chain_budget_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=10.0,
+        validation_alias="AGENT_HOOK_CHAIN_BUDGET_SECONDS",
+        description="the time the declared hooks of one blocking event share at each occurrence (at most 10 s)",
+    )
     # Large payloads by reference (see storage.payloads): the store file, or "off" (with database_url the
     # store is in the database).
     payload_store: str | None = Field(

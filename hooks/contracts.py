@@ -28,6 +28,7 @@ from workflows.models import (
     EffectStatus,
     FailurePolicy,
     GateState,
+    HookChain,
     LeaseObservation,
     ManagedLease,
     PipelineHookEffect,
@@ -360,6 +361,9 @@ class PipelineHook:
             every stage but after_planning and the observers: ``FAIL_CLOSED`` for a hook whose job is
             protection (a redaction at after_synthesis ends the request rather than send an unredacted
             answer), ``FAIL_OPEN`` for an optional one at a stage that fails closed by default.
+        chain: ``None``, or a ``HookChain``: the hooks of one chain share its time budget at each run of
+            their stage, and a hook whose chain has run out decides as ``on_exhausted`` says without
+            running (declared hooks of a blocking event set it).
     """
 
     name: str = ""
@@ -373,6 +377,7 @@ class PipelineHook:
     tenant_id: str | None = None
     agent_id: str | None = None
     failure_policy: FailurePolicy | None = None
+    chain: HookChain | None = None
 
 
 class RequiredAfterPlanningHook:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from workflows.models import FailurePolicy, HookEntry, RunMode, Stage
+from workflows.models import FailurePolicy, HookChain, HookEntry, RunMode, Stage
 from workflows.stages import OWN_POLICY_STAGES, STAGE_METHODS, STAGE_PROTOCOLS, TOOL_STAGES
 
 from .contracts import hook_option
@@ -336,6 +336,14 @@ class HookRegistry:
             contract = "legacy"
         matcher, subagent_only = _tool_filter(hook, index, name, stages)
         policy = _failure_policy(hook, index, name, stages)
+        chain = hook_option(hook, "chain")
+        if chain is not None and not isinstance(chain, HookChain):
+            raise InvalidPipelineConfigError(
+                f"hook {name!r} (index {index}): chain must be a HookChain or None, got {type(chain).__name__}",
+                reason="invalid_option",
+                index=index,
+                hook=name,
+            )
         return HookEntry(
             name=name,
             index=index,
@@ -348,6 +356,7 @@ class HookRegistry:
             tool_matcher=matcher,
             subagent_only=subagent_only,
             failure_policy=policy,
+            chain=chain,
         )
 
     @staticmethod

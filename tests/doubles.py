@@ -9,13 +9,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHistory
 
 from activities.tools import Tool, ToolContext
 from demo.agent import RulePlanner
 from workflows import data_converter
-from workflows.models import HookInvocation, Plan, PlanStep
+from workflows.detached import detached_workflow_id
+from workflows.models import EffectStatus, ExecutionRecord, HookInvocation, PipelineHookEffect, Plan, PlanStep
 
-from .harness import Outcome
+from .harness import Harness, Outcome
 
 NS = "demo-tools"
 
@@ -145,3 +147,28 @@ def span_decision(span) -> tuple[str, str, str]:
         attrs["pipeline.hook.decision.action"],
         attrs["pipeline.hook.decision.reason"],
     )
+
+
+async def stored_effects(out: Outcome, *effect_ids: str) -> ExecutionRecord:
+    """The stored record once every named effect is terminal there (a detached effect that finishes after
+    the request is merged into the stored record)."""
+
+    async def terminal() -> ExecutionRecord | None:
+        record = await out.stored()
+        if record is None:
+            return None
+        done = all((e := record.effect(i)) is not None and e.status is not EffectStatus.PENDING for i in effect_ids)
+        return record if done else None
+
+    return await eventually(terminal, timeout=30, what=f"effects {effect_ids} terminal in the stored record")
+
+
+async def effect_child(h: Harness, client: Client, out: Outcome, effect_id: str) -> WorkflowHistory:
+    """The finished history of an effect's ``DetachedEffect`` child (replayed with the harness's)."""
+    handle = client.get_workflow_handle(
+        detached_workflow_id(out.workflow_id, effect_id), result_type=PipelineHookEffect
+    )
+    await handle.result()
+    history = await handle.fetch_history()
+    h.histories.append(history)
+    return history

@@ -12,8 +12,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
-from hooks import HookRegistry, PipelineHook
+from client import Settings
+from client.pipeline import PipelineSettingsError, build_pipeline
+from demo.agent import RulePlanner
+from hooks import HookRegistry, InvalidPipelineConfigError, PipelineHook
 from hooks.declarative import (
     BlockedAddress,
     DeclaredHookConfigError,
@@ -22,12 +26,14 @@ from hooks.declarative import (
     HookStore,
     SecretBox,
     address_problem,
+    declared_hook,
     declared_hooks,
     dry_run,
     parse_hooks,
     resolve_target,
 )
 from hooks.declarative.handlers import HandlerError, post_json
+from workflows.models import HookChain
 
 from .hook_servers import Reply, Webhook
 
@@ -445,3 +451,140 @@ async def test_dry_run_shows_updated_input_and_leaves_the_store_untouched(tmp_pa
         assert store.executions() == []
     finally:
         server.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Editions and the chain budget: refused at start-up
+# --------------------------------------------------------------------------------------------------
+
+
+def http(id: str, **fields) -> dict:
+    return {
+        "id": id,
+        "event": "pre_tool_use",
+        "handler_type": "http",
+        "config": {"url": "https://hooks.example/x"},
+        **fields,
+    }
+
+
+def test_the_standard_edition_refuses_command_handlers_when_the_hooks_are_built(tmp_path):
+    standard = DeclaredHookRuntime(store=HookStore(tmp_path / "h.sqlite3"), edition="standard")
+    specs = parse_hooks({"hooks": [http("web"), command("local", enabled=False)]})
+    with pytest.raises(DeclaredHookConfigError) as caught:
+        declared_hooks(specs, standard, source="hooks.json")
+    err = caught.value
+    assert (err.index, err.hook, err.field) == (1, "local", "handler_type")
+    assert (
+        "hooks.json: entry 1 ('local'): field handler_type: command handlers are not available in the standard edition"
+        in str(err)
+    )
+    # One hook on its own is held to the edition too; http and prompt handlers are allowed.
+    with pytest.raises(DeclaredHookConfigError, match="standard edition"):
+        declared_hook(specs[1], standard)
+    assert [h.name for h in declared_hooks(specs[:1], standard)] == ["web"]
+    # lite (the default) allows every handler type.
+    lite = DeclaredHookRuntime(store=HookStore(tmp_path / "h.sqlite3"))
+    assert lite.edition == "lite" and [
+        h.name for h in declared_hooks(specs[:1] + [parse_hooks({"hooks": [command("c")]})[0]], lite)
+    ] == ["web", "c"]
+
+
+def test_a_runtime_refuses_an_unknown_edition_or_a_budget_over_ten_seconds(tmp_path):
+    store = HookStore(tmp_path / "h.sqlite3")
+    with pytest.raises(ValueError, match="edition must be one of lite, standard"):
+        DeclaredHookRuntime(store=store, edition="enterprise")  # type: ignore[arg-type]
+    for budget in (10.5, 0.0):
+        with pytest.raises(ValueError, match=r"chain_budget_seconds must be in \(0, 10\]"):
+            DeclaredHookRuntime(store=store, chain_budget_seconds=budget)
+
+
+def test_blocking_hooks_join_their_events_chain_and_observers_join_none(tmp_path):
+    runtime = DeclaredHookRuntime(store=HookStore(tmp_path / "h.sqlite3"), chain_budget_seconds=4)
+    hooks = declared_hooks(
+        parse_hooks(
+            {
+                "hooks": [
+                    command("strict"),
+                    command("lenient", on_timeout="allow"),
+                    command("prompt-gate", event="user_prompt_submit"),
+                    command("audit", event="post_tool_use"),
+                    command("bye", event="stop"),
+                ]
+            }
+        ),
+        runtime,
+    )
+    chains = {e.name: e.chain for e in HookRegistry(hooks).entries}
+    assert chains["strict"] == HookChain(event="pre_tool_use", budget_seconds=4, on_exhausted="block")
+    assert chains["lenient"] == HookChain(event="pre_tool_use", budget_seconds=4, on_exhausted="allow")
+    assert chains["prompt-gate"] == HookChain(event="user_prompt_submit", budget_seconds=4, on_exhausted="block")
+    assert chains["audit"] is None and chains["bye"] is None
+    with pytest.raises(InvalidPipelineConfigError, match="chain must be a HookChain or None"):
+        HookRegistry([PyTool("odd", chain={"event": "x"})])
+
+
+def worker_check(tmp_path: Path, hooks: list[dict], *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    file = tmp_path / "hooks.json"
+    file.write_text(json.dumps({"hooks": hooks}))
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AGENT_HOOK")},
+        "AGENT_STATE_DIR": str(tmp_path / "state"),
+        "AGENT_HOOKS_FILE": str(file),
+        "TEMPORAL_ADDRESS": "127.0.0.1:9",  # never reached: the configuration is refused first
+        "AGENT_TEMPORAL_WAIT_SECONDS": "0",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "worker.py", *args], cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("args", [("--check",), ()], ids=["check", "start"])
+def test_a_standard_worker_refuses_a_command_hook_at_start_up(tmp_path, args):
+    run = worker_check(tmp_path, [http("web"), command("local-guard")], *args, AGENT_HOOK_EDITION="standard")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert (
+        "entry 1 ('local-guard'): field handler_type: command handlers are not available in the standard edition"
+        in (run.stderr)
+    )
+    assert "Traceback" not in run.stderr
+
+
+def test_a_standard_worker_starts_with_http_hooks(tmp_path):
+    """(lite, the default, allowing a command hook: ``test_the_worker_refuses_to_start_with_a_bad_hooks_file``.)"""
+    standard = worker_check(tmp_path, [http("web")], "--check", AGENT_HOOK_EDITION="standard")
+    assert standard.returncode == 0, standard.stderr
+    assert "web [before_tool]" in standard.stdout
+
+
+def test_a_bad_edition_or_chain_budget_is_refused_naming_the_variable(tmp_path):
+    run = worker_check(tmp_path, [http("web")], AGENT_HOOK_EDITION="enterprise")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "configuration error: AGENT_HOOK_EDITION: Input should be 'lite' or 'standard'" in run.stderr
+    # The worker reports any settings error this way (variable: message); the budget's bounds:
+    for value, fragment in (("11", "less than or equal to 10"), ("0", "greater than 0"), ("10", None)):
+        try:
+            settings = Settings.from_env({"AGENT_HOOK_CHAIN_BUDGET_SECONDS": value})
+        except ValidationError as err:
+            [problem] = err.errors(include_url=False)
+            assert Settings.variable(str(problem["loc"][0])) == "AGENT_HOOK_CHAIN_BUDGET_SECONDS"
+            assert fragment is not None and fragment in problem["msg"]
+        else:
+            assert fragment is None and settings.hook_chain_budget_seconds == 10.0
+    assert Settings.from_env({}).hook_edition == "lite"
+
+
+def test_the_settings_hold_a_pipelines_own_declared_hooks_to_the_edition_and_budget(tmp_path):
+    own = declared_hooks(
+        parse_hooks({"hooks": [command("own-guard")]}), DeclaredHookRuntime(store=HookStore(tmp_path / "h.sqlite3"))
+    )
+    settings = Settings.from_env({"AGENT_STATE_DIR": str(tmp_path / "state"), "AGENT_HOOK_EDITION": "standard"})
+    with pytest.raises(DeclaredHookConfigError, match="'own-guard'.*standard edition"):
+        build_pipeline(settings, hooks=own, planner=RulePlanner())
+    budget = Settings.from_env({"AGENT_STATE_DIR": str(tmp_path / "state"), "AGENT_HOOK_CHAIN_BUDGET_SECONDS": "5"})
+    with pytest.raises(PipelineSettingsError, match="AGENT_HOOK_CHAIN_BUDGET_SECONDS.*own-guard.*10 s"):
+        build_pipeline(budget, hooks=own, planner=RulePlanner())
+    assert build_pipeline(
+        Settings.from_env({"AGENT_STATE_DIR": str(tmp_path / "state")}), hooks=own, planner=RulePlanner()
+    )

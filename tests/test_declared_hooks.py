@@ -20,7 +20,7 @@ from hooks import PipelineHook, Stage
 from hooks.declarative import DeclaredHookRuntime, HookStore, SecretBox, declared_hooks, parse_hooks
 from workflows.models import PlanStep, RequestStatus, StepStatus
 
-from .doubles import FixedPlanner, started_attempts
+from .doubles import FixedPlanner, effect_child, started_attempts, stored_effects
 from .harness import Harness, Outcome
 from .hook_servers import ChatCompletions, Reply, Webhook, decide_reply, free_text_reply
 
@@ -323,7 +323,7 @@ async def test_http_hook_response_contract(client, tmp_path, replies, expected, 
     assert r.metadata.get("http_status") == last_status
 
 
-async def test_http_hooks_rewrite_input_add_context_and_send_decrypted_secrets(client, tmp_path):
+async def test_http_hooks_rewrite_input_observe_the_result_and_send_decrypted_secrets(client, tmp_path):
     box = SecretBox.from_base64(KEY)
     pre = Webhook(Reply(body={"decision": "allow", "updatedInput": {"cmd": "ls -la"}}))
     post = Webhook(Reply(body={"additionalContext": "note: listing is safe"}))
@@ -341,6 +341,8 @@ async def test_http_hooks_rewrite_input_add_context_and_send_decrypted_secrets(c
         tool = Shell()
         async with harness(client, tmp_path, hooks, shell("s1", "ls"), tools=[tool, Echo()]) as h:
             out = await h.run("list files")
+            await effect_child(h, client, out, "hook.annotate.post_tool_use.s1")
+            stored = await stored_effects(out, "hook.annotate.post_tool_use.s1")
     finally:
         pre.close()
         post.close()
@@ -349,8 +351,12 @@ async def test_http_hooks_rewrite_input_add_context_and_send_decrypted_secrets(c
     assert (
         pre.received[0].headers["authorization"] == "Bearer hook-secret" and pre.received[0].headers["x-plain"] == "1"
     )
-    assert steps(out)["s1"].result == "ran ls -la\nnote: listing is safe"
+    # post_tool_use observes: its context is recorded as ignored, never appended to the result.
+    assert steps(out)["s1"].result == "ran ls -la"
     assert post.received[0].body["event"] == "post_tool_use" and post.received[0].body["tool_result"] == "ran ls -la"
+    effect = stored.effect("hook.annotate.post_tool_use.s1")
+    assert effect.data["ignored"] == {"additionalContext": "note: listing is safe"}
+    assert rows(rt, "annotate")[0].metadata["ignored"] == ["additionalContext"]
 
 
 async def test_an_http_hook_to_loopback_without_the_switch_fails_closed(client, tmp_path):
@@ -398,18 +404,27 @@ async def test_user_prompt_submit_blocks_or_rewrites_and_session_start_and_stop_
         async with harness(client, tmp_path, hooks, echo("e", "hello")) as h:
             rewritten = await h.run("say hello")
             blocked = await h.run("insult someone")
+            # The block ended before_run before session_start's turn: the stopped run only has a stop effect.
+            for out, effect_id in [
+                (rewritten, "hook.session.session_start"),
+                (rewritten, "hook.on-stop.stop"),
+                (blocked, "hook.on-stop.stop"),
+            ]:
+                await effect_child(h, client, out, effect_id)
     finally:
         for server in (gate, context, stop):
             server.close()
 
     assert rewritten.failure is None and rewritten.record.ask == "say hello politely"
-    assert rewritten.record.instructions == "The user prefers French."
+    # session_start observes: its context never reaches the instructions.
+    assert rewritten.record.instructions == ""
     assert gate.received[0].body["prompt"] == "say hello"
     assert blocked.result.stopped.extension == "prompt-gate" and blocked.result.stopped.reason == "abusive prompt"
     assert blocked.result.response == "blocked by hook prompt-gate: abusive prompt"
     assert blocked.record.status is RequestStatus.STOPPED and "plan" not in blocked.activity_types()
-    assert [r.body["status"] for r in stop.received] == ["completed", "stopped"]
+    assert sorted(r.body["status"] for r in stop.received) == ["completed", "stopped"]
     assert [r.decision for r in rows(rt, "prompt-gate")] == ["allow", "block"]
+    assert [r.metadata.get("ignored") for r in rows(rt, "session")] == [["additionalContext"]]
 
 
 # --------------------------------------------------------------------------------------------------

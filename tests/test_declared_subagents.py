@@ -8,6 +8,7 @@ from temporalio.service import RPCError
 
 from activities.tools import SubAgentTool
 from hooks.declarative import DeclaredHookRuntime, HookStore, declared_hooks, parse_hooks
+from workflows.detached import detached_workflow_id
 from workflows.models import LOOP_DEPTH_EXCEEDED, ExecutionRecord, PlanStep, RequestResult, StepStatus
 
 from .doubles import FixedPlanner
@@ -102,6 +103,11 @@ async def test_subagent_hooks_fire_on_sub_agent_steps_only_and_see_depth(client,
     planner = FixedPlanner(delegate(), echo("e", "hi"))
     async with Harness(client, tmp_path, hooks=hooks, tools=[Delegate(), Echo()], planner=planner) as h:
         out = await h.run("recurse")
+        # subagent_stop observes in a detached effect, for the root's sub-agent step and for the child's.
+        for workflow_id in (out.workflow_id, f"{out.workflow_id}/subagent/d"):
+            handle = client.get_workflow_handle(detached_workflow_id(workflow_id, "hook.child-done.subagent_stop.d"))
+            await handle.result()
+            h.histories.append(await handle.fetch_history())
 
     assert out.failure is None, out.failure
     level1 = await child_record(h, f"{out.workflow_id}/subagent/d")

@@ -6,6 +6,11 @@ on_error observes comes from."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,13 +18,15 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from activities.memory import ConversationMemoryStore
-from activities.models import ModelSettings, OpenAIPlanner, function_name
+from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
 from activities.tools import Tool, ToolContext, ToolRegistry
 from client.pipeline import NoPlanner
 from demo.agent import RulePlanner
 from demo.tools import QuoteArguments, demo_tools, quote_price
 from hooks import PlanAttempt, PlanAttemptPatch, RecallPatch, RecallView, Stop, ToolDecision
 from workflows.models import (
+    AnswerView,
+    FallbackRequest,
     MemoryCandidate,
     Plan,
     PlanStep,
@@ -39,6 +46,7 @@ from . import openai_server as ai
 from .doubles import NS, FixedPlanner, quote
 from .harness import Harness, Outcome
 
+ROOT = Path(__file__).resolve().parent.parent
 QUOTE = function_name("demo-tools/stock-service/stock_quote")
 QUOTE_KEY = f"{NS}/stock-service/stock_quote"
 TRADE_KEY = f"{NS}/stock-service/execute_trade"
@@ -98,6 +106,15 @@ class Observer:
 
     async def on_finish(self, ctx, outcome: RunOutcomeView) -> None:
         self.finished.append(outcome)
+
+
+async def cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """``agent-lifecycle`` as a reviewer runs it: exit code, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "client.cli", *args, cwd=ROOT, env=env, stdout=-1, stderr=-1
+    )
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, stdout.decode(), stderr.decode()
 
 
 def executed_steps(out: Outcome) -> list[str]:
@@ -474,16 +491,20 @@ async def test_a_reviewer_may_decline_one_call_and_the_planner_sees_it_skipped(c
         ):
             with pytest.raises(WorkflowUpdateFailedError):
                 await handle.execute_update("review", bad)
-        ack = await handle.execute_update(
-            "review",
-            ReviewRequest(
-                checkpoint_id=checkpoint.checkpoint_id,
-                reviewer="ops",
-                decision="approve",
-                comment="not bob",
-                declined=["msg-bob"],
-            ),
+        # The reviewer reads the calls in their inbox and approves one, declining the other, from the CLI.
+        env = {
+            **os.environ,
+            "TEMPORAL_ADDRESS": client.service_client.config.target_host,
+            "AGENT_STATE_DIR": str(tmp_path / "cli-state"),
+        }
+        code, shown, err = await cli(env, "show", handle.id)
+        assert code == 0, err
+        assert "approve --decline <step id> skips that call" in shown
+        code, acked, err = await cli(
+            env, "approve", handle.id, "--reviewer", "ops", "--comment", "not bob", "--decline", "msg-bob"
         )
+        assert code == 0, err
+        assert json.loads(acked)["declined"] == ["msg-bob"]
         out = await h.finish(handle)
 
     assert out.failure is None, out.failure
@@ -495,7 +516,6 @@ async def test_a_reviewer_may_decline_one_call_and_the_planner_sees_it_skipped(c
     # The next phase's planner read the declined call as skipped for confirmation, and could plan around it.
     prior = {r.step_id: (r.status, r.skip_reason) for r in planner.requests[1].prior_results}
     assert prior == {"msg-alice": (StepStatus.SUCCEEDED, None), "msg-bob": (StepStatus.SKIPPED, "confirmation")}
-    assert ack is not None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -530,7 +550,15 @@ class Huge:
         return "x" * (2 * 1024 * 1024)
 
 
-ORIGIN_CASES = ["memory", "tool", "formatter", "config", "harness"]
+ORIGIN_CASES = ["memory", "tool", "formatter", "config", "harness", "event"]
+
+
+def failing_gateway_hook(tmp_path: Path) -> Any:
+    """A declared pre_tool_use command hook whose handler crashes (exit 1): a blocking event fails closed."""
+    runtime = DeclaredHookRuntime(store=HookStore(tmp_path / "hooks.sqlite3"), environ={"PATH": os.environ["PATH"]})
+    entry = {"id": "broken-gate", "event": "pre_tool_use", "handler_type": "command", "config": {"command": "false"}}
+    [hook] = declared_hooks(parse_hooks({"hooks": [entry]}), runtime)
+    return hook
 
 
 @pytest.mark.parametrize("case", ORIGIN_CASES)
@@ -548,6 +576,8 @@ async def test_on_error_observes_each_error_with_the_origin_where_it_arose(clien
         options["planner"] = NoPlanner()
     elif case == "harness":
         hooks.insert(0, Huge())
+    elif case == "event":
+        hooks.insert(0, failing_gateway_hook(tmp_path))
     async with Harness(client, tmp_path, hooks=hooks, **options) as h:
         out = await h.run("What is the price of ACME?")
 
@@ -557,6 +587,7 @@ async def test_on_error_observes_each_error_with_the_origin_where_it_arose(clien
         "formatter": ("formatter", "FormatterError", True),
         "config": ("config", "PlanningFailed", False),
         "harness": ("harness", "PayloadTooLarge", False),
+        "event": ("event", "EventHookFailed", True),
     }[case]
     [error] = observer.errors
     assert (error.origin, error.type, error.recovered) == expected
@@ -571,3 +602,188 @@ async def test_on_error_observes_each_error_with_the_origin_where_it_arose(clien
         assert out.record.diagnostics[0].error_type == "FormatterError"
     if case == "tool":
         assert error.details == {"step_id": "quote-acme", "tool": QUOTE_KEY}
+    if case == "event":  # the call was blocked (fail closed) and the run answered without it
+        assert error.details["hook"] == "broken-gate" and error.details["event"] == "pre_tool_use"
+        assert out.tool_activities == [] and out.record.steps[0].skip_reason == "policy"
+
+
+# --------------------------------------------------------------------------------------------------
+# The fallback model
+# --------------------------------------------------------------------------------------------------
+
+UNAVAILABLE = {"retry-after-ms": "10"}  # the activity's retries come at once
+
+
+def unavailable() -> ai.Reply:
+    return ai.error(503, "overloaded", headers=UNAVAILABLE, kind="server_error")
+
+
+class RedactForFallback:
+    """before_fallback: the fallback never reads the ticker; keeps what it was shown."""
+
+    name = "redact-for-fallback"
+
+    def __init__(self, stop: bool = False) -> None:
+        self.stop = stop
+        self.seen: list[FallbackRequest] = []
+
+    def before_fallback(self, ctx, fallback: FallbackRequest) -> FallbackRequest | Stop:
+        self.seen.append(fallback)
+        if self.stop:
+            return Stop(text="The assistant is unavailable; try again later.", reason="no-fallback")
+        return fallback.model_copy(update={"ask": fallback.ask.replace("ACME", "[company]")})
+
+
+class AnsweredBy:
+    name = "answered-by"
+
+    def __init__(self) -> None:
+        self.seen: list[AnswerView] = []
+
+    def after_answer(self, ctx, answer: AnswerView) -> None:
+        self.seen.append(answer)
+
+
+def fallback_harness(client, tmp_path, primary: ai.OpenAIServer, fallback: ai.OpenAIServer, hooks: list[Any]):
+    model = ModelSettings(
+        base_url=primary.base_url, api_key=None, model="primary-m", timeout_seconds=5, fallback_model="fallback-m"
+    )
+    model = model.model_copy(update={"fallback_base_url": fallback.base_url})
+    tools = ToolRegistry(demo_tools(tmp_path))
+    return Harness(
+        client, tmp_path, hooks=hooks, planner=OpenAIPlanner(model, tools), synthesizer=OpenAISynthesizer(model)
+    )
+
+
+async def test_an_unavailable_primary_hands_the_run_to_the_fallback_after_before_fallback(client, tmp_path, server):
+    redact, answered = RedactForFallback(), AnsweredBy()
+    server.push(unavailable(), unavailable(), unavailable())
+    async with ai.OpenAIServer() as fallback:
+        fallback.push(
+            ai.tool_calls((QUOTE, {"symbol": "ACME"}, "call_q")), ai.answer("Done."), ai.answer("It costs a lot.")
+        )
+        async with fallback_harness(client, tmp_path, server, fallback, [redact, answered]) as h:
+            out = await h.run("What is the price of ACME?")
+
+    assert out.failure is None, out.failure
+    assert out.result is not None and out.result.response == "It costs a lot."
+    [seen] = redact.seen
+    assert (seen.stage, seen.phase, seen.fallback_model) == ("planning", 1, "openai:fallback-m")
+    assert "overloaded" in seen.reason and seen.ask == "What is the price of ACME?"
+    # The fallback was asked the redacted request, for planning and for the answer; the record keeps the
+    # original, and says who answered.
+    prompts = [r.messages[1]["content"] for r in fallback.requests]
+    assert all("[company]" in p and "ACME?" not in p for p in prompts)
+    assert out.record.request == "What is the price of ACME?" and out.record.ask is None
+    assert out.record.handled_by == "fallback" and answered.seen[0].answered_by == "fallback"
+    routes = [(c.route, c.model, c.error_type) for c in out.record.model_calls]
+    assert routes[:3] == [("primary", "primary-m", "ModelUnavailable")] * 3
+    assert {(r, m) for r, m, _ in routes[3:]} == {("fallback", "fallback-m")} and len(routes) == 6
+    assert "plan · phase 1 · fallback" in out.summaries and "before_fallback · redact-for-fallback" in out.summaries
+
+
+async def test_before_fallback_may_stop_the_run_instead(client, tmp_path, server):
+    server.push(unavailable(), unavailable(), unavailable())
+    async with ai.OpenAIServer() as fallback:
+        async with fallback_harness(client, tmp_path, server, fallback, [RedactForFallback(stop=True)]) as h:
+            out = await h.run("What is the price of ACME?")
+    assert fallback.requests == []
+    assert out.result is not None and out.result.response == "The assistant is unavailable; try again later."
+    assert out.result.stopped == StopInfo(
+        extension="redact-for-fallback", phase="before_fallback", reason="no-fallback"
+    )
+
+
+async def test_a_failing_fallback_ends_the_request_with_fallback_failed(client, tmp_path, server):
+    observer = Observer()
+    server.push(unavailable(), unavailable(), unavailable())
+    async with ai.OpenAIServer() as fallback:
+        fallback.push(ai.error(401, "bad key"))
+        async with fallback_harness(client, tmp_path, server, fallback, [observer]) as h:
+            out = await h.run("What is the price of ACME?")
+    assert isinstance(out.failure, ApplicationError) and out.failure.type == "FallbackFailed"
+    assert out.failure_details()["cause_type"] == "ModelRequestError"
+    [error] = observer.errors
+    assert (error.origin, error.type, error.recovered) == ("fallback", "FallbackFailed", False)
+
+
+class RefuseAtStart:
+    name = "refuse-at-start"
+
+    def before_run(self, ctx, run):
+        raise RuntimeError("refused")
+
+
+async def test_neither_a_hook_error_nor_a_refused_request_hands_the_run_over(client, tmp_path, server):
+    redact = RedactForFallback()
+    server.push(ai.error(400, "bad request"))
+    async with ai.OpenAIServer() as fallback:
+        async with fallback_harness(client, tmp_path, server, fallback, [redact]) as h:
+            refused = await h.run("What is the price of ACME?")
+        async with fallback_harness(client, tmp_path, server, fallback, [RefuseAtStart(), redact]) as h:
+            hook_failed = await h.run("What is the price of ACME?")
+    assert refused.failure is not None and refused.failure.type == "ModelRequestError"
+    assert hook_failed.failure is not None and hook_failed.failure.type == "ExtensionError"
+    assert fallback.requests == [] and redact.seen == []
+
+
+# --------------------------------------------------------------------------------------------------
+# The prompt budget, and the model's own turns
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_a_prompt_that_would_not_fit_the_window_fails_before_the_call(client, tmp_path, server):
+    observer = Observer()
+    model = ModelSettings(base_url=server.base_url, api_key=None, model="m", timeout_seconds=5, context_window=1200)
+    planner = OpenAIPlanner(model, ToolRegistry(demo_tools(tmp_path)))
+    async with Harness(client, tmp_path, hooks=[observer], planner=planner) as h:
+        out = await h.run("What is the price of ACME?")
+
+    assert server.requests == []
+    assert isinstance(out.failure, ApplicationError) and out.failure.type == "PromptBudgetExceeded"
+    assert "window may be prompt" in out.failure.message
+    [call] = out.record.model_calls
+    assert (call.error_type, call.latency_ms, call.response) == ("PromptBudgetExceeded", 0.0, None)
+    [error] = observer.errors
+    assert (error.origin, error.type) == ("budget", "PromptBudgetExceeded")
+
+
+async def test_a_pipeline_token_counter_decides_the_prompt_budget(client, tmp_path, server):
+    counted: list[int] = []
+
+    def counter(messages, tools) -> int:
+        counted.append(len(messages))
+        return 10
+
+    model = ModelSettings(base_url=server.base_url, api_key=None, model="m", timeout_seconds=5, context_window=1200)
+    planner = OpenAIPlanner(model, ToolRegistry(demo_tools(tmp_path)), token_counter=counter)
+    server.push(ai.answer("Nothing to do."))
+    async with Harness(client, tmp_path, planner=planner) as h:
+        out = await h.run("What is the price of ACME?")
+    assert out.failure is None and counted == [2]
+
+
+async def test_later_phases_replay_the_models_own_turn_and_answer_each_call_by_its_id(client, tmp_path, server):
+    model = ModelSettings(base_url=server.base_url, api_key=None, model="m", timeout_seconds=5)
+    planner = OpenAIPlanner(model, ToolRegistry(demo_tools(tmp_path)))
+    turn = ai.completion(
+        {
+            "content": "Let me look both up.",
+            "tool_calls": [
+                {"id": "call_Xy1", "type": "function", "function": {"name": QUOTE, "arguments": '{"symbol": "ACME"}'}},
+                {"id": "call_Zq2", "type": "function", "function": {"name": QUOTE, "arguments": '{"symbol":"BOLT"}'}},
+            ],
+        },
+        finish_reason="tool_calls",
+    )
+    server.push(turn, ai.answer("That is all."))
+    async with Harness(client, tmp_path, planner=planner) as h:
+        out = await h.run("Prices of ACME and BOLT?")
+
+    assert out.failure is None, out.failure
+    replayed = server.requests[1].messages[2:]
+    assert replayed[0]["role"] == "assistant" and replayed[0]["content"] == "Let me look both up."
+    assert [c["id"] for c in replayed[0]["tool_calls"]] == ["call_Xy1", "call_Zq2"]
+    assert replayed[0]["tool_calls"][1]["function"]["arguments"] == '{"symbol":"BOLT"}'  # as the model wrote it
+    assert [(m["role"], m["tool_call_id"]) for m in replayed[1:]] == [("tool", "call_Xy1"), ("tool", "call_Zq2")]
+    assert str(quote_price("BOLT")) in replayed[2]["content"]

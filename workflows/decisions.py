@@ -48,6 +48,7 @@ HOOK_ERROR = "HookError"  # the hook raised
 INVALID_HOOK_RESULT = "InvalidHookResult"  # the hook returned the wrong type or an oversized value
 INVALID_PLAN = "InvalidPlan"  # an after_planning mutation failed plan validation
 HOOK_TIMEOUT = "HookTimeout"  # the invocation did not finish within its timeout
+CHAIN_BUDGET_EXHAUSTED = "ChainBudgetExhausted"  # its chain's time budget ran out before or while it ran
 
 # Decision reasons.
 REASON_ACCEPTED = "accepted"
@@ -71,6 +72,7 @@ REASON_MEMORY_REPLACED = "memory_replaced"
 REASON_OBSERVED = "observed"
 REASON_WORKER_LOST = "worker_lost"
 REASON_PAYLOAD_TOO_LARGE = "payload_too_large"
+REASON_CHAIN_BUDGET_EXHAUSTED = "chain_budget_exhausted"
 
 _FAILURE_REASONS = {
     HOOK_ERROR: REASON_HOOK_ERROR,

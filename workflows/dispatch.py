@@ -16,7 +16,7 @@ worker it runs on — ends after ``max_worker_losses`` dispatches in the infrast
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -55,15 +55,21 @@ async def execute(
     heartbeat_ceiling: timedelta = DEFAULT_HEARTBEAT_CEILING,
     max_worker_losses: int = DEFAULT_MAX_WORKER_LOSSES,
     on_worker_lost: Callable[[int], None] | None = None,
+    deadline: datetime | None = None,
     **options: Any,
 ) -> T:
     """``workflow.execute_activity`` that dispatches the call again when its worker was lost.
 
-    ``on_worker_lost(n)`` is told of the n-th lost dispatch (to record it). Raises the activity's own
-    failure, or ``ApplicationError(type="WorkerLost")`` once ``max_worker_losses`` dispatches were lost.
+    ``on_worker_lost(n)`` is told of the n-th lost dispatch (to record it). With a ``deadline`` (workflow
+    time) every dispatch's schedule-to-close timeout is what is left until it, so neither retries nor a
+    dispatch after a lost worker outlast it; a worker lost at the deadline raises its timeout. Raises the
+    activity's own failure, or ``ApplicationError(type="WorkerLost")`` once ``max_worker_losses``
+    dispatches were lost.
     """
     lost = 0
     while True:
+        if deadline is not None:
+            options["schedule_to_close_timeout"] = deadline - workflow.now()
         try:
             return await workflow.execute_activity(
                 activity,
@@ -76,7 +82,7 @@ async def execute(
                 **options,
             )
         except ActivityError as err:
-            if not lost_worker(err):
+            if not lost_worker(err) or (deadline is not None and workflow.now() >= deadline):
                 raise
             lost += 1
             if on_worker_lost is not None:

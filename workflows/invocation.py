@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from .effects import elapsed_ms, record_effects
     from .listing import StageListing
     from .models import (
+        MIN_CHAIN_START_SECONDS,
         DecisionAction,
         DetachedEffectInput,
         DetachedWork,
@@ -36,6 +37,8 @@ with workflow.unsafe.imports_passed_through():
         HookBatchCall,
         HookBatchOutcome,
         HookCall,
+        HookChain,
+        HookDecision,
         HookEntry,
         HookInvocation,
         HookOutcome,
@@ -86,6 +89,20 @@ class StageRun:
         return self.ended_by is not None
 
 
+@dataclass
+class ChainClock:
+    """The time each chain has spent in one run of a stage (one occurrence of its event), in workflow time:
+    a worker that crashes mid-chain resumes with what the history says was spent."""
+
+    spent: dict[str, timedelta] = field(default_factory=dict)
+
+    def left(self, chain: HookChain) -> float:
+        return chain.budget_seconds - self.spent.get(chain.event, timedelta()).total_seconds()
+
+    def spend(self, chain: HookChain, since: datetime) -> None:
+        self.spent[chain.event] = self.spent.get(chain.event, timedelta()) + (workflow.now() - since)
+
+
 class HookRunner:
     """Runs a stage's hooks for the request workflow (see the module docstring)."""
 
@@ -116,6 +133,7 @@ class HookRunner:
         state = self._state
         participants = state.manifest.participants(spec.stage) if hooks is None else hooks
         done = 0
+        chains = ChainClock() if state.behaviour.hook_chain_budget else None
 
         def call_for(hook: HookEntry) -> HookCall:
             nonlocal subject
@@ -128,6 +146,11 @@ class HookRunner:
             try:
                 if len(batch) > 1:
                     results = await self._invoke_batch(spec, batch, done + 1, call_for, plan_phase, step)
+                elif chains is not None and participants[done].chain is not None:
+                    hook = participants[done]
+                    results = [
+                        (hook, *await self._invoke_chained(spec, hook, done + 1, call_for, plan_phase, step, chains))
+                    ]
                 else:
                     hook = participants[done]
                     results = [(hook, *await self._invoke(spec, hook, done + 1, call_for(hook), plan_phase, step))]
@@ -169,12 +192,13 @@ class HookRunner:
         run = hooks[start : start + 1]
         if (
             hooks[start].run_mode is not RunMode.LOCAL_ACTIVITY
+            or hooks[start].chain is not None
             or not self._state.manifest.settings.batch_local_hooks
             or not self._state.behaviour.hook_batches
         ):
             return run
         for hook in hooks[start + 1 :]:
-            if hook.run_mode is not RunMode.LOCAL_ACTIVITY:
+            if hook.run_mode is not RunMode.LOCAL_ACTIVITY or hook.chain is not None:
                 break
             run.append(hook)
         return run
@@ -202,11 +226,15 @@ class HookRunner:
         call: HookCall,
         plan_phase: int | None,
         step: PlanStep | None,
-    ) -> tuple[Any, None] | tuple[None, InvocationFailure]:
+        *,
+        deadline: datetime | None = None,
+    ) -> tuple[Any, None] | tuple[None, InvocationFailure | None]:
         """Run one hook invocation as an activity (or a local activity) and record it, its decision and
         its effects, whatever its outcome; start the work it detached once it has succeeded. A lost worker
         dispatches the invocation again (its attempts stay the hook's own); workers lost on every dispatch
-        end the request with ``WorkerLost``, recorded as such, never as the hook's verdict."""
+        end the request with ``WorkerLost``, recorded as such, never as the hook's verdict. A ``deadline``
+        (its chain's) bounds the invocation with all its retries; one that times out there leaves its
+        chain's decision to :meth:`_chain_exhausted`."""
         summary = f"{spec.stage.value} · {hook.name}" + (f" · {step.step_id}" if step else "")
         retry = RetryPolicy(
             initial_interval=HOOK_RETRY_INITIAL_INTERVAL,
@@ -226,6 +254,7 @@ class HookRunner:
                     call,
                     result_type=spec.outcome,
                     start_to_close_timeout=timedelta(seconds=hook.timeout_seconds),
+                    schedule_to_close_timeout=deadline - workflow.now() if deadline is not None else None,
                     retry_policy=retry,
                     summary=summary,
                 )
@@ -238,13 +267,71 @@ class HookRunner:
                     retry_policy=retry,
                     summary=summary,
                     on_worker_lost=lost,
+                    deadline=deadline,
                 )
         except (ActivityError, ApplicationError, TimeoutError) as err:
             raise_if_cancelled(err)
             invocation.duration_ms = elapsed_ms(invocation.started_at)
+            timed_out = isinstance(err, TimeoutError) or isinstance(getattr(err, "cause", None), TimeoutError)
+            if deadline is not None and timed_out and _seconds_until(deadline) < MIN_CHAIN_START_SECONDS:
+                return self._chain_exhausted(spec, hook, invocation, started=True)
             return None, self._failed(spec, invocation, hook, InvocationFailure.from_error(err, hook), err)
         invocation.duration_ms = elapsed_ms(invocation.started_at)
         return await self._succeeded(invocation, hook, outcome), None
+
+    async def _invoke_chained(
+        self,
+        spec: StageSpec,
+        hook: HookEntry,
+        sequence: int,
+        call_for: Callable[[HookEntry], HookCall],
+        plan_phase: int | None,
+        step: PlanStep | None,
+        chains: ChainClock,
+    ) -> tuple[Any, None] | tuple[None, InvocationFailure | None]:
+        """One hook of a chain: not started once its chain has less than ``MIN_CHAIN_START_SECONDS`` left,
+        else invoked with what is left as its deadline (the time it takes is the chain's)."""
+        chain = hook.chain
+        assert chain is not None
+        left = chains.left(chain)
+        if left < MIN_CHAIN_START_SECONDS:
+            return self._chain_exhausted(
+                spec, hook, self._invocation(hook, spec.stage, sequence, plan_phase, step), started=False
+            )
+        started = workflow.now()
+        deadline = started + timedelta(seconds=left)
+        result = await self._invoke(spec, hook, sequence, call_for(hook), plan_phase, step, deadline=deadline)
+        chains.spend(chain, started)  # an invocation that raised ended the stage: nothing left to budget
+        return result
+
+    def _chain_exhausted(
+        self, spec: StageSpec, hook: HookEntry, invocation: HookInvocation, *, started: bool
+    ) -> tuple[Any, None] | tuple[None, InvocationFailure | None]:
+        """A hook whose chain's budget ran out, before its turn (``started`` False: it never ran) or while
+        it ran, decides as its own timeout would: a block refuses what the stage gates (the call is
+        denied, the run stopped) and ends the stage, so the rest of the chain never starts; an allow lets
+        the stage go on without it. The record says which, with the reason ``chain_budget_exhausted``."""
+        chain = hook.chain
+        assert chain is not None
+        reason = decisions.REASON_CHAIN_BUDGET_EXHAUSTED
+        invocation.outcome = InvocationOutcome.TIMED_OUT if started else InvocationOutcome.NOT_STARTED
+        invocation.error_type = decisions.CHAIN_BUDGET_EXHAUSTED
+        invocation.error = f"the {chain.event} chain spent its {chain.budget_seconds:g} s budget" + (
+            "" if started else " before this hook's turn: not started"
+        )
+        outcome = None
+        if chain.on_exhausted == "block":
+            outcome = spec.refusal(hook, f"blocked by hook {hook.name}: {reason}", reason)
+            if outcome is None:  # nothing to refuse here: the timeout is the hook's failure
+                failure = InvocationFailure(category=decisions.HOOK_TIMEOUT, message=invocation.error)
+                return None, self._failed(spec, invocation, hook, failure)
+            invocation.decision = outcome.decision
+        else:
+            invocation.decision = HookDecision(
+                failure_policy=spec.policy(hook), action=DecisionAction.CONTINUE, reason=reason
+            )
+        self._state.record.pipeline_hooks.append(invocation)
+        return outcome, None
 
     async def _invoke_batch(
         self,
@@ -417,6 +504,10 @@ def _stage_error(hook: HookEntry, stage: Stage, failure: InvocationFailure, plan
         type=decisions.EXTENSION_ERROR,
         non_retryable=True,
     )
+
+
+def _seconds_until(moment: datetime) -> float:
+    return (moment - workflow.now()).total_seconds()
 
 
 def raise_if_cancelled(err: BaseException) -> None:

@@ -55,7 +55,9 @@ class Behaviour:
       plan activity after before_plan (a malformed model plan was repaired inside one activity), identical
       calls answered from earlier steps, declined calls, recovered errors observed by on_error, the model's
       own turns replayed — ``lifecycle._recall``, ``model_steps.ModelSteps.plan``, ``steps.StepExecutor``,
-      ``ending.RunEnding._finalize`` (without them: none of it).
+      ``ending.RunEnding._finalize`` (without them: none of it);
+    - ``hook_chain_budget``: ``invocation.HookRunner.run`` (every hook invoked on its own timeout alone:
+      no chain budget, no schedule-to-close timeout).
     """
 
     local_bookkeeping: bool = True
@@ -65,6 +67,8 @@ class Behaviour:
     handled_tool_error_succeeds: bool = True
     lease_renewal_by_timer: bool = True
     run_extensions: bool = True
+    # The hooks of one chain (the declared hooks of one blocking event) share a time budget per occurrence.
+    hook_chain_budget: bool = True
 
 
 def detect() -> Behaviour:
@@ -72,12 +76,13 @@ def detect() -> Behaviour:
     if workflow.patched(LIFECYCLE_2027_01):
         return Behaviour()
     if workflow.patched(LIFECYCLE_2026_12_B):
-        return Behaviour(run_extensions=False)
+        return Behaviour(run_extensions=False, hook_chain_budget=False)
     earlier = Behaviour(
         approval_after_rewrites=False,
         handled_tool_error_succeeds=False,
         lease_renewal_by_timer=False,
         run_extensions=False,
+        hook_chain_budget=False,
     )
     if workflow.patched(LIFECYCLE_2026_12):
         return earlier
@@ -91,4 +96,5 @@ def detect() -> Behaviour:
         handled_tool_error_succeeds=False,
         lease_renewal_by_timer=False,
         run_extensions=False,
+        hook_chain_budget=False,
     )

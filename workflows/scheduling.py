@@ -6,7 +6,7 @@ code only."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -48,9 +48,11 @@ class Scheduler:
         retry_policy: RetryPolicy,
         summary: str,
         on_worker_lost: Callable[[int], None] | None = None,
+        deadline: datetime | None = None,
     ) -> ResultT:
         """Schedule one of the framework's activities: heartbeated, dispatched again when its worker is
-        lost (each loss kept in the record), ``WorkerLost`` after the pipeline's limit of lost dispatches."""
+        lost (each loss kept in the record), ``WorkerLost`` after the pipeline's limit of lost dispatches;
+        with a ``deadline``, finished by then whatever its retries and dispatches (``dispatch.execute``)."""
         settings = self._state.manifest.settings
         inline = self._inline_bytes(self.check_payload(summary, arg))
         self._listing.publish()
@@ -78,6 +80,7 @@ class Scheduler:
                 heartbeat_ceiling=timedelta(seconds=settings.heartbeat_timeout_seconds),
                 max_worker_losses=settings.max_worker_losses,
                 on_worker_lost=lost,
+                deadline=deadline,
             )
         finally:
             self._inflight_bytes -= inline

@@ -67,6 +67,8 @@ with workflow.unsafe.imports_passed_through():
     from .stages import Fold
     from .support import idempotency_key
 
+# Why a declared hook of a blocking event blocked when its handler could not decide (not its verdict).
+_EVENT_FAILURES = frozenset({"hook_error", "timeout", "chain_budget_exhausted"})
 _OUTCOME_STATUS: dict[StepStatus, Literal["executed", "cached", "failed", "skipped"]] = {
     StepStatus.SUCCEEDED: "executed",
     StepStatus.FAILED: "failed",
@@ -380,6 +382,15 @@ class StepExecutor:
                 result.skip_reason, result.skipped_by = "policy", hook.name
                 result.skip_detail = verdict.reason or None
                 result.result = verdict.message or f"{step.tool} was not run: denied by {hook.name}"
+                if hook.chain is not None and verdict.reason in _EVENT_FAILURES:
+                    # A declared hook of a blocking event that failed blocks (fail closed): the run goes on
+                    # without the call, and on_error observes the event's failure.
+                    self._state.recover(
+                        "event",
+                        "EventHookFailed",
+                        verdict.message,
+                        {"hook": hook.name, "event": hook.chain.event, "reason": verdict.reason, "step_id": step.step_id},
+                    )
             elif verdict.action == "stop":
                 raise RunStopped(hook.name, stages.Stage.BEFORE_TOOL.value, verdict.reason, verdict.message)
 

@@ -4,6 +4,9 @@ registered in the same :class:`~hooks.registry.HookRegistry` as Python hooks."""
 
 from .config import (
     BLOCKING_EVENTS,
+    DEFAULT_CHAIN_BUDGET_SECONDS,
+    EDITION_HANDLERS,
+    MAX_CHAIN_BUDGET_SECONDS,
     CommandConfig,
     CommandHook,
     DeclaredHookConfigError,
@@ -12,6 +15,7 @@ from .config import (
     HttpHook,
     PromptConfig,
     PromptHook,
+    check_edition,
     load_hooks_file,
     parse_hooks,
 )
@@ -24,6 +28,7 @@ from .dispatch import (
     declared_hooks,
     dispatch,
     dry_run,
+    ignored_answers,
     load_declared_hooks,
 )
 from .handlers import HandlerError, HandlerResult, prompt_cache_key
@@ -33,6 +38,9 @@ from .store import ExecutionRow, HookStore
 __all__ = [
     "BLOCKING_EVENTS",
     "BlockedAddress",
+    "DEFAULT_CHAIN_BUDGET_SECONDS",
+    "EDITION_HANDLERS",
+    "MAX_CHAIN_BUDGET_SECONDS",
     "CommandConfig",
     "CommandHook",
     "DeclaredHook",
@@ -51,10 +59,12 @@ __all__ = [
     "PromptHook",
     "SecretBox",
     "address_problem",
+    "check_edition",
     "declared_hook",
     "declared_hooks",
     "dispatch",
     "dry_run",
+    "ignored_answers",
     "load_declared_hooks",
     "load_hooks_file",
     "parse_hooks",

@@ -24,6 +24,16 @@ from ..registry import InvalidPipelineConfigError
 
 DEFAULT_TIMEOUT_MS = 5_000
 MAX_TIMEOUT_MS = 10_000
+# The time the declared hooks of one event share at each occurrence (configurable, never above this).
+MAX_CHAIN_BUDGET_SECONDS = 10.0
+DEFAULT_CHAIN_BUDGET_SECONDS = MAX_CHAIN_BUDGET_SECONDS
+# Editions and the handler types each allows: a standard deployment runs no local commands.
+Edition = Literal["lite", "standard"]
+EDITION_HANDLERS: dict[str, frozenset[str]] = {
+    "lite": frozenset({"command", "http", "prompt"}),
+    "standard": frozenset({"http", "prompt"}),
+}
+DEFAULT_EDITION: Edition = "lite"
 HOOK_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$"
 # Header names whose values are credentials: they must be stored encrypted (``enc:v1:...``).
 _SECRET_HEADER = re.compile(r"(authorization|cookie|token|secret|api[-_]?key|password)", re.IGNORECASE)
@@ -289,6 +299,33 @@ def parse_hooks(data: Any, *, source: str = "declared hooks") -> list[CommandHoo
             )
         seen[hook.id] = index
     return list(parsed.hooks)
+
+
+def edition_problem(handler_type: str, edition: str) -> str | None:
+    """Why ``edition`` refuses a ``handler_type`` hook (None when it allows it)."""
+    if handler_type in EDITION_HANDLERS[edition]:
+        return None
+    allowed = ", ".join(sorted(EDITION_HANDLERS[edition]))
+    return f"{handler_type} handlers are not available in the {edition} edition (it allows {allowed})"
+
+
+def check_edition(
+    hooks: list[CommandHook | HttpHook | PromptHook], edition: str, *, source: str = "declared hooks"
+) -> None:
+    """Refuse, naming the entry, the hook and the edition, the first hook whose handler ``edition`` does
+    not allow (disabled ones too: enabling one later must not bring a refused handler back)."""
+    if edition not in EDITION_HANDLERS:
+        raise DeclaredHookConfigError(f"{source}: unknown edition {edition!r} (one of {', '.join(EDITION_HANDLERS)})")
+    for index, hook in enumerate(hooks):
+        problem = edition_problem(hook.handler_type, edition)
+        if problem is not None:
+            raise DeclaredHookConfigError(
+                f"{source}: entry {index} ({hook.id!r}): field handler_type: {problem}; use an http or prompt "
+                "handler, or the lite edition (AGENT_HOOK_EDITION=lite)",
+                index=index,
+                hook=hook.id,
+                field="handler_type",
+            )
 
 
 def load_hooks_file(path: str | Path) -> list[CommandHook | HttpHook | PromptHook]:

@@ -1,19 +1,28 @@
 """Declared hooks as pipeline hooks: the dispatcher (filters, safeguards, audit, span) and the adapters
 that map the gateway events onto the pipeline's stages.
 
-| event | stage | what a decision does |
-| --- | --- | --- |
-| session_start | before_run | observe; ``additionalContext`` is appended to the run's instructions |
-| user_prompt_submit | before_run | block stops the run with the reason; ``updatedInput.prompt`` rewrites the ask |
-| pre_tool_use | before_tool | block denies the call; ``updatedInput`` modifies the arguments (validated again) |
-| post_tool_use | after_tool | observe; ``additionalContext`` is appended to the result text |
-| stop | on_finish | observe |
-| subagent_start | before_tool of sub-agent steps | as pre_tool_use |
-| subagent_stop | after_tool of sub-agent steps | as post_tool_use |
+| event | blocking | stage | what a decision does |
+| --- | --- | --- | --- |
+| session_start | no | before_run | nothing: observed in a detached effect |
+| user_prompt_submit | yes | before_run | block stops the run with the reason; ``updatedInput.prompt`` rewrites the ask |
+| pre_tool_use | yes | before_tool | block denies the call; ``updatedInput`` modifies the arguments (validated again) |
+| post_tool_use | no | after_tool | nothing: observed in a detached effect |
+| stop | no | on_finish | nothing: observed in a detached effect |
+| subagent_start | yes | before_tool of sub-agent steps | as pre_tool_use |
+| subagent_stop | no | after_tool of sub-agent steps | as post_tool_use |
 
-Every invocation runs inside the hook's activity (``<stage>_hook``) and leaves one audit row, keyed by
-the activity's identity so a retry never writes twice. Blocking events fail closed: an error blocks, a
-timeout follows ``on_timeout``, and a tripped breaker blocks with ``circuit_open`` until re-enabled.
+A blocking hook runs inside its stage's activity (``<stage>_hook``); the declared hooks of one blocking
+event form a chain (``HookChain``) whose time budget the workflow enforces: it starts no hook of a spent
+chain, bounds each invocation by what is left (the activity's schedule-to-close timeout), and the handler
+here stops early enough to write its audit row. A non-blocking hook's activity only hands the event to
+a detached effect (a ``DetachedEffect`` child the request does not wait for), whose activity runs the
+handler; what it answers (``additionalContext``, ``updatedInput``, a block) is recorded as ignored.
+
+Every invocation leaves one audit row, keyed by the activity's identity (a detached one by its effect),
+so a retry never writes twice. Blocking events fail closed: an error blocks, a timeout follows
+``on_timeout``, a spent chain decides as a timeout would (``chain_budget_exhausted``), and a tripped breaker
+blocks with ``circuit_open`` until re-enabled. A handler the worker's edition does not allow (``command``
+under ``standard``) never runs, however the hook reached dispatch.
 """
 
 from __future__ import annotations
@@ -25,14 +34,20 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from opentelemetry import trace
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from workflows.models import (
+    CHAIN_RESERVE_SECONDS,
     METADATA_SUBAGENT_DEPTH,
+    DetachedWorkResult,
+    FailurePolicy,
+    HookChain,
     RunMode,
     RunOutcomeView,
     RunPatch,
@@ -44,8 +59,21 @@ from workflows.models import (
     subagent_depth,
 )
 
-from ..contracts import PipelineContext, PipelineHook
-from .config import CommandHook, HookEvent, HttpHook, PromptHook, load_hooks_file
+from ..contracts import DetachedContext, PipelineContext, PipelineHook
+from .config import (
+    DEFAULT_CHAIN_BUDGET_SECONDS,
+    DEFAULT_EDITION,
+    EDITION_HANDLERS,
+    MAX_CHAIN_BUDGET_SECONDS,
+    CommandHook,
+    Edition,
+    HookEvent,
+    HttpHook,
+    PromptHook,
+    check_edition,
+    edition_problem,
+    load_hooks_file,
+)
 from .handlers import HandlerError, HandlerResult, run_command, run_http, run_prompt
 from .security import SecretBox
 from .store import GLOBAL_TENANT, ExecutionRow, HookStore
@@ -60,6 +88,10 @@ ACTIVITY_MARGIN_SECONDS = 10.0
 REASON_CIRCUIT_OPEN = "circuit_open"
 REASON_HOOK_ERROR = "hook_error"
 REASON_TIMEOUT = "timeout"
+REASON_CHAIN_BUDGET_EXHAUSTED = "chain_budget_exhausted"
+REASON_EDITION = "edition_not_allowed"
+# What a non-blocking hook may answer and is never applied: recorded as ignored.
+IGNORED_ANSWERS = ("decision", "additionalContext", "updatedInput")
 
 
 @dataclass
@@ -71,6 +103,10 @@ class DeclaredHookRuntime:
         secrets: Decrypts header secrets at dispatch and encrypts audit error details.
         allow_loopback: Let http/prompt hooks reach loopback addresses (tests; never in production).
         environ: Where a command hook's allow-listed variables come from.
+        edition: ``lite`` (every handler type) or ``standard`` (no ``command`` handlers: refused when the
+            hooks are built and again at dispatch).
+        chain_budget_seconds: The time the declared hooks of one event share at each occurrence (at most
+            10 s); each hook's own timeout is capped by what its chain has left.
     """
 
     store: HookStore
@@ -78,6 +114,16 @@ class DeclaredHookRuntime:
     allow_loopback: bool = False
     prompt_cache_ttl_seconds: float = PROMPT_CACHE_TTL_SECONDS
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    edition: Edition = DEFAULT_EDITION
+    chain_budget_seconds: float = DEFAULT_CHAIN_BUDGET_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.edition not in EDITION_HANDLERS:
+            raise ValueError(f"edition must be one of {', '.join(EDITION_HANDLERS)}, got {self.edition!r}")
+        if not 0 < self.chain_budget_seconds <= MAX_CHAIN_BUDGET_SECONDS:
+            raise ValueError(
+                f"chain_budget_seconds must be in (0, {MAX_CHAIN_BUDGET_SECONDS:g}], got {self.chain_budget_seconds:g}"
+            )
 
 
 @dataclass(frozen=True)
@@ -168,9 +214,13 @@ async def dispatch(
     state: dict[str, Any],
     identity: InvocationIdentity | None,
     audit: bool = True,
+    time_left: float | None = None,
 ) -> DispatchResult:
-    """Run one declared hook for one event: breaker, matcher, CEL, the handler under its timeout, then
-    the audit row (and breaker move) unless ``audit`` is off (dry runs) or there is no identity."""
+    """Run one declared hook for one event: edition, breaker, matcher, CEL, the handler under its timeout
+    (capped by ``time_left``, what its chain has left for the handler: a handler stopped by the cap times
+    out with ``chain_budget_exhausted``), then the audit row (and breaker move) unless ``audit`` is off
+    (dry runs) or there is no identity. What a non-blocking hook answered is listed as ignored
+    (``metadata.ignored``): nothing it returns is applied."""
     started = time.monotonic()
     blocking = spec.event.blocking
     metadata: dict[str, Any] = {}
@@ -185,9 +235,11 @@ async def dispatch(
         set_status_on_exception=False,
     ) as span:
         turn_key = f"{identity.workflow_id}/{identity.run_id}" if identity is not None else None
-        result = await _decide(spec, runtime, event, state, metadata, blocking, turn_key)
+        result = await _decide(spec, runtime, event, state, metadata, blocking, turn_key, time_left)
         result.duration_ms = (time.monotonic() - started) * 1000.0
         result.metadata = {**metadata, **result.metadata}
+        if not blocking and ignored_answers(result):
+            result.metadata["ignored"] = list(ignored_answers(result))
         if audit and identity is not None:
             result.tripped = await _audit(spec, runtime, event, identity, result)
         span.set_attributes(
@@ -211,17 +263,27 @@ async def _decide(
     metadata: dict[str, Any],
     blocking: bool,
     turn_key: str | None,
+    time_left: float | None,
 ) -> DispatchResult:
     def failed(
-        status: Literal["error", "timeout"], message: str, extra: Mapping[str, Any] | None = None
+        status: Literal["error", "timeout"],
+        message: str,
+        extra: Mapping[str, Any] | None = None,
+        reason: str | None = None,
     ) -> DispatchResult:
         if status == "timeout":
             decision = spec.timeout_decision
         else:
             decision = "block" if blocking else "allow"
-        reason = REASON_TIMEOUT if status == "timeout" else REASON_HOOK_ERROR
+        reason = reason or (REASON_TIMEOUT if status == "timeout" else REASON_HOOK_ERROR)
         return DispatchResult(decision, reason, status, 0.0, metadata=dict(extra or {}), error=message)
 
+    refused = edition_problem(spec.handler_type, runtime.edition)
+    if refused is not None:  # a hook the loader would have refused reached dispatch: it never runs
+        metadata["edition"] = runtime.edition
+        return DispatchResult(
+            "block" if blocking else "skip", REASON_EDITION, "error", 0.0, error=f"hook {spec.id!r}: {refused}"
+        )
     try:
         hook_state = await asyncio.to_thread(runtime.store.state, spec.id)
     except Exception as err:  # noqa: BLE001 - the store cannot say whether the hook is enabled: fail closed
@@ -250,10 +312,20 @@ async def _decide(
         metadata["cel_eval_result"] = verdict
         if not verdict:
             return DispatchResult("skip", "if_expr_false", "completed", 0.0)
+    own = spec.timeout_ms / 1000.0
+    capped = time_left is not None and time_left < own
+    limit = max(0.0, min(own, time_left)) if time_left is not None else own
+    exhausted = f"the {spec.event.value} chain's time budget ran out"
+    if capped:
+        metadata["chain_time_left_ms"] = round(limit * 1000.0, 1)
+    if limit <= 0:
+        return failed("timeout", f"{exhausted} before the handler could start", reason=REASON_CHAIN_BUDGET_EXHAUSTED)
     try:
-        async with asyncio.timeout(spec.timeout_ms / 1000.0):
+        async with asyncio.timeout(limit):
             outcome = await _run_handler(spec, runtime, event, state, turn_key)
     except TimeoutError:
+        if capped:
+            return failed("timeout", f"{exhausted} after {limit * 1000.0:.0f} ms", reason=REASON_CHAIN_BUDGET_EXHAUSTED)
         return failed("timeout", f"hook did not answer within {spec.timeout_ms} ms")
     except HandlerError as err:
         result = failed("error", str(err), err.metadata)
@@ -322,7 +394,8 @@ async def _audit(
         error=result.error,
         metadata=result.metadata,
     )
-    counts = result.decision == "block" or result.status == "timeout"
+    # A refused edition says nothing about the hook's endpoint: it does not move the breaker.
+    counts = (result.decision == "block" or result.status == "timeout") and result.reason != REASON_EDITION
     try:
         return await asyncio.to_thread(runtime.store.record_execution, row, counts_as_block=counts)
     except Exception as err:
@@ -331,13 +404,39 @@ async def _audit(
         raise
 
 
+def ignored_answers(result: DispatchResult) -> dict[str, Any]:
+    """What a hook answered that would change the request, for an event whose answers are never applied."""
+    ignored: dict[str, Any] = {}
+    if result.decision == "block" and result.status == "completed":
+        ignored["decision"] = "block"
+    if result.additional_context:
+        ignored["additionalContext"] = result.additional_context
+    if result.updated_input is not None:
+        ignored["updatedInput"] = result.updated_input
+    return ignored
+
+
+def _chain_time_left() -> float | None:
+    """What this activity's chain has left for a handler: its deadline (the schedule-to-close timeout the
+    workflow gave it, which spans every retry) less the time kept back for the audit row. None outside an
+    activity, or for one the workflow gave no deadline (an execution recorded before chain budgets)."""
+    if not activity.in_activity():
+        return None
+    info = activity.info()
+    if not info.schedule_to_close_timeout:
+        return None
+    deadline = info.scheduled_time + info.schedule_to_close_timeout
+    return (deadline - datetime.now(UTC)).total_seconds() - CHAIN_RESERVE_SECONDS
+
+
 # --------------------------------------------------------------------------------------------------
 # Adapters: a declared hook as a PipelineHook of the stage its event maps onto
 # --------------------------------------------------------------------------------------------------
 
 
 class DeclaredHook(PipelineHook):
-    """A declared hook in the registry. ``name`` is its id; priority and scope come from the file."""
+    """A declared hook in the registry. ``name`` is its id; priority and scope come from the file. A hook
+    of a blocking event belongs to its event's chain: the workflow gives the chain its time budget."""
 
     def __init__(self, spec: DeclaredSpec, runtime: DeclaredHookRuntime) -> None:
         self.spec = spec
@@ -355,6 +454,15 @@ class DeclaredHook(PipelineHook):
         self.max_attempts = 3
         # A subprocess, an HTTP call or a model: its own heartbeated task, not the workflow's.
         self.run_mode = RunMode.ACTIVITY
+        self.chain = (
+            HookChain(
+                event=spec.event.value,
+                budget_seconds=runtime.chain_budget_seconds,
+                on_exhausted=spec.timeout_decision,
+            )
+            if spec.event.blocking
+            else None
+        )
 
     async def fire(self, ctx: PipelineContext, **fields: Any) -> DispatchResult:
         return await dispatch(
@@ -363,26 +471,24 @@ class DeclaredHook(PipelineHook):
             event_data(self.spec, ctx, **fields),
             state=ctx.state,
             identity=_current_identity(ctx),
+            time_left=_chain_time_left(),
         )
 
     def block_message(self, result: DispatchResult) -> str:
         return f"blocked by hook {self.spec.id}: {result.reason or 'blocked'}"
 
 
-class _BeforeRun(DeclaredHook):
-    """session_start (observe, may add context) and user_prompt_submit (may block or rewrite the ask)."""
+class _PromptSubmit(DeclaredHook):
+    """user_prompt_submit: may block (stop the run) or rewrite the ask."""
 
     async def before_run(self, ctx: PipelineContext, run: RunView) -> RunPatch | Stop | None:
         result = await self.fire(ctx, prompt=run.ask)
-        if self.spec.event is HookEvent.USER_PROMPT_SUBMIT and result.decision == "block":
+        if result.decision == "block":
             return Stop(text=self.block_message(result), reason=result.reason or "blocked")
-        patch = RunPatch()
-        if result.additional_context:
-            patch.instructions = "\n".join(t for t in (run.instructions, result.additional_context) if t)
         updated = (result.updated_input or {}).get("prompt")
-        if self.spec.event is HookEvent.USER_PROMPT_SUBMIT and isinstance(updated, str) and updated.strip():
-            patch.ask = updated
-        return patch if patch.instructions is not None or patch.ask is not None else None
+        if isinstance(updated, str) and updated.strip():
+            return RunPatch(ask=updated)
+        return None
 
 
 class _BeforeTool(DeclaredHook):
@@ -401,36 +507,108 @@ class _BeforeTool(DeclaredHook):
         return None
 
 
-class _AfterTool(DeclaredHook):
-    """post_tool_use (every step) and subagent_stop (sub-agent steps only): observe, may append context."""
+class _Observer(DeclaredHook):
+    """A hook of a non-blocking event: its stage's activity hands the event to a detached effect and
+    returns at once, changing nothing; the effect's child runs the handler while the request goes on.
+    Nothing about it may fail the request: it fails open (on_finish, a finalizer, never fails one)."""
 
-    async def after_tool(self, ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> str | None:
+    def observe(self, ctx: PipelineContext, **fields: Any) -> None:
+        event = event_data(self.spec, ctx, **fields)
+        # One effect per hook and occurrence: once per run, or once per step for a tool event.
+        step_id = fields.get("step_id")
+        effect_id = f"hook.{self.spec.id}.{self.spec.event.value}" + (f".{step_id}" if step_id else "")
+        ctx.detach(
+            effect_id,
+            name=f"{self.spec.event.value} · {self.spec.id}",
+            payload=event.payload,
+            data={"event": self.spec.event.value, "handler_type": self.spec.handler_type},
+            summary="observing",
+        )
+
+    async def run_detached(self, work: DetachedContext) -> DetachedWorkResult:
+        """Run the handler for the event handed off, and report what it decided (and what was ignored).
+        A handler that failed or timed out fails the effect (not retried: the audit row has its verdict)."""
+        payload = dict(work.payload) if isinstance(work.payload, dict) else {}
+        tenant = payload.get("tenant_id")
+        event = HookEventData(
+            payload=payload,
+            tool_name=str(payload.get("tool_name") or ""),
+            tool_input=dict(payload.get("tool_input") or {}),
+            depth=int(payload.get("depth") or 0),
+            tenant=tenant if isinstance(tenant, str) else None,
+        )
+        identity = InvocationIdentity(
+            workflow_id=work.workflow_id,
+            run_id=work.run_id,
+            activity_id=f"effect/{work.effect_id}",
+            request_id=work.request_id,
+        )
+        result = await dispatch(
+            self.spec,
+            self.runtime,
+            event,
+            state={},
+            identity=identity,
+            time_left=self.runtime.chain_budget_seconds,
+        )
+        if result.status != "completed":
+            raise ApplicationError(
+                f"{result.status} ({result.reason}): {result.error or 'no detail'}",
+                {"decision": result.decision, "reason": result.reason, "status": result.status},
+                type="DeclaredHookFailed",
+                non_retryable=True,
+            )
+        data = {
+            "event": self.spec.event.value,
+            "handler_type": self.spec.handler_type,
+            "decision": result.decision,
+            "reason": result.reason,
+            "status": result.status,
+            "duration_ms": round(result.duration_ms, 1),
+            "ignored": ignored_answers(result),
+        }
+        ignored = ", ".join(data["ignored"]) or "nothing"
+        return DetachedWorkResult(data=data, summary=f"{result.decision}; ignored: {ignored}")
+
+
+class _SessionStart(_Observer):
+    """session_start: observe the run's start (its ask)."""
+
+    failure_policy = FailurePolicy.FAIL_OPEN
+
+    async def before_run(self, ctx: PipelineContext, run: RunView) -> None:
+        self.observe(ctx, prompt=run.ask)
+
+
+class _AfterTool(_Observer):
+    """post_tool_use (every step) and subagent_stop (sub-agent steps only): observe the outcome."""
+
+    failure_policy = FailurePolicy.FAIL_OPEN
+
+    async def after_tool(self, ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> None:
         if self.spec.event is HookEvent.SUBAGENT_STOP and not call.subagent:
-            return None
-        result = await self.fire(
+            return
+        self.observe(
             ctx,
+            step_id=call.step_id,
             tool_name=call.tool,
             tool_input=call.arguments,
-            step_id=call.step_id,
             subagent=call.subagent,
             status=outcome.status,
             tool_result=outcome.result,
         )
-        if result.additional_context:
-            return f"{outcome.result}\n{result.additional_context}" if outcome.result else result.additional_context
-        return None
 
 
-class _OnFinish(DeclaredHook):
+class _OnFinish(_Observer):
     """stop: observe how the run ended."""
 
     async def on_finish(self, ctx: PipelineContext, outcome: RunOutcomeView) -> None:
-        await self.fire(ctx, status=outcome.status, response=outcome.response)
+        self.observe(ctx, status=outcome.status, response=outcome.response)
 
 
 _ADAPTERS: dict[HookEvent, type[DeclaredHook]] = {
-    HookEvent.SESSION_START: _BeforeRun,
-    HookEvent.USER_PROMPT_SUBMIT: _BeforeRun,
+    HookEvent.SESSION_START: _SessionStart,
+    HookEvent.USER_PROMPT_SUBMIT: _PromptSubmit,
     HookEvent.PRE_TOOL_USE: _BeforeTool,
     HookEvent.SUBAGENT_START: _BeforeTool,
     HookEvent.POST_TOOL_USE: _AfterTool,
@@ -440,13 +618,19 @@ _ADAPTERS: dict[HookEvent, type[DeclaredHook]] = {
 
 
 def declared_hook(spec: DeclaredSpec, runtime: DeclaredHookRuntime) -> DeclaredHook:
-    """The pipeline hook for one declared hook (its stage is fixed by its event)."""
+    """The pipeline hook for one declared hook (its stage is fixed by its event); a handler the runtime's
+    edition does not allow raises ``DeclaredHookConfigError``."""
+    check_edition([spec], runtime.edition, source=f"declared hook {spec.id!r}")
     return _ADAPTERS[spec.event](spec, runtime)
 
 
-def declared_hooks(specs: list[DeclaredSpec], runtime: DeclaredHookRuntime) -> list[DeclaredHook]:
+def declared_hooks(
+    specs: list[DeclaredSpec], runtime: DeclaredHookRuntime, *, source: str = "declared hooks"
+) -> list[DeclaredHook]:
     """Pipeline hooks for the enabled specs, each registered in the store (new ones start enabled; a
-    tripped one stays tripped until an operator re-enables it)."""
+    tripped one stays tripped until an operator re-enables it). A handler the runtime's edition does not
+    allow — enabled or not — raises ``DeclaredHookConfigError`` naming the entry, the hook and the edition."""
+    check_edition(specs, runtime.edition, source=source)
     hooks = []
     for spec in specs:
         if not spec.enabled:
@@ -458,7 +642,7 @@ def declared_hooks(specs: list[DeclaredSpec], runtime: DeclaredHookRuntime) -> l
 
 def load_declared_hooks(path: str | Path, runtime: DeclaredHookRuntime) -> list[DeclaredHook]:
     """Read, validate and register a declared-hooks file; raises ``DeclaredHookConfigError``."""
-    return declared_hooks(load_hooks_file(path), runtime)
+    return declared_hooks(load_hooks_file(path), runtime, source=str(path))
 
 
 async def dry_run(spec: DeclaredSpec, runtime: DeclaredHookRuntime, sample: Mapping[str, Any]) -> DispatchResult:

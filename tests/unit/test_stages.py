@@ -185,3 +185,25 @@ def test_before_fallback_keeps_what_describes_the_handoff_whatever_a_hook_return
     assert (outcome.request.reason, outcome.request.stage) == ("unavailable", "planning")
     with pytest.raises(ResultRejected, match="empty text"):
         spec.judge(call, FALLBACK.model_copy(update={"ask": ""}), None, None)  # type: ignore[arg-type]
+
+
+def test_only_the_gating_stages_can_refuse_for_a_hook_that_could_not_decide():
+    """A hook whose chain ran out and whose timeout blocks: the workflow refuses for it — a denied call at
+    before_tool, a stopped run at before_run — and that outcome ends the stage like the hook's own would."""
+    hook = HookEntry(name="gate", index=0, stages=[Stage.BEFORE_TOOL, Stage.BEFORE_RUN])
+    denied = STAGES[Stage.BEFORE_TOOL].refusal(
+        hook, "blocked by hook gate: chain_budget_exhausted", "chain_budget_exhausted"
+    )
+    assert isinstance(denied, BeforeToolOutcome)
+    assert (denied.verdict.action, denied.verdict.reason) == ("deny", "chain_budget_exhausted")
+    assert denied.verdict.message == "blocked by hook gate: chain_budget_exhausted"
+    assert (denied.decision.failure_policy, denied.decision.action) == (FailurePolicy.FAIL_CLOSED, DecisionAction.DENY)
+    assert STAGES[Stage.BEFORE_TOOL].fold(CALL, denied).ends
+    stopped = STAGES[Stage.BEFORE_RUN].refusal(hook, "blocked", "chain_budget_exhausted")
+    assert isinstance(stopped, BeforeRunOutcome) and stopped.stop == Stop(
+        text="blocked", reason="chain_budget_exhausted"
+    )
+    assert stopped.decision.action is DecisionAction.STOP
+    assert STAGES[Stage.BEFORE_RUN].fold(RunView(ask="x"), stopped).ends
+    others = [spec for stage, spec in STAGES.items() if stage not in (Stage.BEFORE_TOOL, Stage.BEFORE_RUN)]
+    assert all(spec.refusal(hook, "blocked", "chain_budget_exhausted") is None for spec in others)

@@ -14,6 +14,24 @@ from pydantic import BaseModel, Field, JsonValue
 from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage
 from ._plans import ToolCall, ToolSpec
 
+# Least time a chain must have left for the workflow to start one more of its hooks: an invocation needs
+# time beyond its handler's (scheduling, the audit row), and a hook given less could only time out.
+MIN_CHAIN_START_SECONDS = 0.5
+# Time a chained invocation keeps back from its handler for what follows it in the activity (the audit row).
+CHAIN_RESERVE_SECONDS = 0.25
+
+
+class HookChain(BaseModel):
+    """Hooks that share a time budget at each occurrence of their event (the declared hooks of one blocking
+    gateway event: one request's user_prompt_submit, one tool call's pre_tool_use). The workflow counts
+    the time the chain's invocations take, gives each at most what is left (its activity's
+    schedule-to-close timeout), and starts none once less than ``MIN_CHAIN_START_SECONDS`` is left: that
+    hook then decides as its timeout would (``on_exhausted``), without running."""
+
+    event: str
+    budget_seconds: float = Field(gt=0)
+    on_exhausted: Literal["block", "allow"] = "block"
+
 
 class HookEntry(BaseModel):
     """One registered hook as the workflow knows it: recorded in history by ``resolve_pipeline``."""
@@ -31,6 +49,7 @@ class HookEntry(BaseModel):
     # The hook's own failure policy where it may differ from the stage's (see ``StageSpec.own_policy``):
     # a protective hook (redaction, policy) fails closed at a stage that fails open by default.
     failure_policy: FailurePolicy | None = None
+    chain: HookChain | None = None  # the chain whose time budget this hook shares (declared blocking hooks)
 
     def implements(self, stage: Stage) -> bool:
         return stage in self.stages
@@ -138,6 +157,7 @@ class InvocationOutcome(StrEnum):
     FAILED = "failed"
     TIMED_OUT = "timed_out"  # the hook itself overran its timeout
     WORKER_LOST = "worker_lost"  # workers kept dying under it: an infrastructure failure, not the hook's
+    NOT_STARTED = "not_started"  # its chain's time budget was spent before its turn: decided without running
 
 
 class HookInvocation(BaseModel):

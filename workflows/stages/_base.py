@@ -182,6 +182,12 @@ class StageSpec(Generic[CallT, OutcomeT]):
         """The one rule by which an outcome combines into the stage's subject (the default: unchanged)."""
         return Fold(subject)
 
+    def refusal(self, hook: HookEntry, message: str, reason: str) -> OutcomeT | None:
+        """The outcome by which the workflow refuses what this stage gates for a hook it could not let
+        decide (its chain's time ran out, and it blocks on a timeout): ``message`` is what the run reads.
+        None where the stage gates nothing; the hook's timeout is then a failure like any other."""
+        return None
+
     # -- decisions -----------------------------------------------------------------------------------
 
     def policy(self, hook: HookEntry) -> FailurePolicy:

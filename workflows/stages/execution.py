@@ -20,6 +20,8 @@ from ..models import (
     ExecutionResult,
     FailurePolicy,
     HookCall,
+    HookDecision,
+    HookEntry,
     HookOutcome,
     ObserveOutcome,
     PlanStep,
@@ -102,6 +104,11 @@ class BeforeToolSpec(StageSpec[BeforeToolCall, BeforeToolOutcome]):
                 raise rejected("rewritten arguments are invalid: " + "; ".join(problems))
         action, reason = _TOOL_VERDICTS[verdict.action]
         return BeforeToolOutcome(verdict=verdict, decision=self.success(call.hook, reason, action))
+
+    def refusal(self, hook: HookEntry, message: str, reason: str) -> BeforeToolOutcome:
+        """The call is denied, as if the hook had denied it."""
+        decision = HookDecision(failure_policy=self.policy(hook), action=DecisionAction.DENY, reason=reason)
+        return BeforeToolOutcome(verdict=ToolDecision.deny(message, reason=reason), decision=decision)
 
     def fold(self, subject: ToolCall, outcome: BeforeToolOutcome) -> Fold:
         verdict = outcome.verdict

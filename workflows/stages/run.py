@@ -14,6 +14,8 @@ from ..models import (
     FailurePolicy,
     FallbackRequest,
     HookCall,
+    HookDecision,
+    HookEntry,
     HookOutcome,
     ObserveOutcome,
     RecallPatch,
@@ -89,6 +91,11 @@ class BeforeRunSpec(StageSpec[BeforeRunCall, BeforeRunOutcome]):
             raise rejected("before_run rewrote the ask to empty text")
         reason = REASON_MODIFIED if value is not None else None
         return BeforeRunOutcome(patch=value, decision=self.success(call.hook, reason))
+
+    def refusal(self, hook: HookEntry, message: str, reason: str) -> BeforeRunOutcome:
+        """The run is stopped, as if the hook had stopped it."""
+        decision = HookDecision(failure_policy=self.policy(hook), action=DecisionAction.STOP, reason=reason)
+        return BeforeRunOutcome(stop=Stop(text=message, reason=reason), decision=decision)
 
     def fold(self, subject: RunView, outcome: BeforeRunOutcome) -> Fold:
         if outcome.stop is not None:
