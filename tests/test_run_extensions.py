@@ -24,6 +24,7 @@ from client.pipeline import NoPlanner
 from demo.agent import RulePlanner
 from demo.tools import QuoteArguments, demo_tools, quote_price
 from hooks import PlanAttempt, PlanAttemptPatch, RecallPatch, RecallView, Stop, ToolDecision
+from hooks.declarative import DeclaredHookRuntime, HookStore, declared_hooks, parse_hooks
 from workflows.models import (
     AnswerView,
     FallbackRequest,
