@@ -74,6 +74,9 @@ FAILURE_WORDS = {
 FAIL_OPEN_STAGES = [Stage.BEFORE_PLANNING, Stage.AFTER_PLANNING, Stage.AFTER_EXECUTION, Stage.AFTER_SYNTHESIS]
 DECIDING_STAGES = [
     Stage.BEFORE_RUN,
+    Stage.AFTER_RECALL,
+    Stage.BEFORE_PLAN,
+    Stage.BEFORE_FALLBACK,
     Stage.BEFORE_TOOL,
     Stage.ON_TOOL_ERROR,
     Stage.AFTER_TOOL,
@@ -125,8 +128,9 @@ ROWS = {
     "before_tool": "before_tool allow / modify / deny / stop",
     "text": "after_tool, after_answer kept / rewrote the text",
     "handled": "on_tool_error handled the error",
-    "modified": "before_run rewrote the ask, instructions or facts",
-    "stopped": "before_run / after_answer stopped the run",
+    "modified": "before_run, after_recall, before_plan or before_fallback changed what the run uses",
+    "stopped": "before_run / before_fallback / after_answer stopped the run",
+    "plan stopped": "after_planning stopped the run (an ordinary hook, or the required one)",
     "memory": "before_remember replaced / skipped the memory",
     "deciding failed": "a deciding or transforming extension failed",
     "observers": "on_error / on_finish observed / failed (any cause, a lost worker included: a diagnostic)",
@@ -385,7 +389,18 @@ CASES: list[Case] = [
             STOP,
             "stopped",
         )
-        for stage in (Stage.BEFORE_RUN, Stage.AFTER_ANSWER)
+        for stage in (Stage.BEFORE_RUN, Stage.BEFORE_FALLBACK, Stage.AFTER_ANSWER)
+    ),
+    *(
+        case(
+            "plan stopped",
+            f"after_planning stopped the run ({hook.name})",
+            lambda h=hook: STAGES[Stage.AFTER_PLANNING].success(h, decisions.REASON_STOPPED, STOP),
+            policy,
+            STOP,
+            "stopped",
+        )
+        for hook, policy in ((ORDINARY, OPEN), (REQUIRED, CLOSED))
     ),
     case(
         "memory",
@@ -439,13 +454,16 @@ CASES: list[Case] = [
         for stage in (Stage.ON_ERROR, Stage.ON_FINISH)
         for category in (RAISED, TIMED_OUT, WRONG_TYPE, decisions.WORKER_LOST)
     ),
-    case(
-        "modified",
-        "before_run rewrote the run",
-        lambda: STAGES[Stage.BEFORE_RUN].success(ORDINARY, decisions.REASON_MODIFIED),
-        CLOSED,
-        CONTINUE,
-        "modified",
+    *(
+        case(
+            "modified",
+            f"{stage} changed what the run uses",
+            lambda s=stage: STAGES[s].success(ORDINARY, decisions.REASON_MODIFIED),
+            CLOSED,
+            CONTINUE,
+            "modified",
+        )
+        for stage in (Stage.BEFORE_RUN, Stage.AFTER_RECALL, Stage.BEFORE_PLAN, Stage.BEFORE_FALLBACK)
     ),
 ]
 
