@@ -389,7 +389,12 @@ class StepExecutor:
                         "event",
                         "EventHookFailed",
                         verdict.message,
-                        {"hook": hook.name, "event": hook.chain.event, "reason": verdict.reason, "step_id": step.step_id},
+                        {
+                            "hook": hook.name,
+                            "event": hook.chain.event,
+                            "reason": verdict.reason,
+                            "step_id": step.step_id,
+                        },
                     )
             elif verdict.action == "stop":
                 raise RunStopped(hook.name, stages.Stage.BEFORE_TOOL.value, verdict.reason, verdict.message)
