@@ -779,7 +779,7 @@ async def test_the_reviewer_cli_lists_shows_approves_and_rejects(client, dev_env
         assert code == 0, stderr
         assert cp_approve.checkpoint_id in stdout and to_reject.id not in stdout
         assert "notify (demo-tools/notify-service/send_message): tool requires approval" in stdout
-        assert 'notify: notify-service/send_message {"to": "carol", "text": "hello carol"}' in stdout
+        assert 'notify: demo-tools/notify-service/send_message {"to": "carol", "text": "hello carol"}' in stdout
 
         code, stdout, stderr = await _cli(env, "approve", to_approve.id, "--reviewer", "mallory")
         assert code == 1, stderr

@@ -283,7 +283,7 @@ def test_a_hook_implementing_no_stage_is_rejected():
     class Idle(PipelineHook):
         name = "idle"
 
-        def before_plan(self, ctx):  # not a stage method
+        def warm_up(self, ctx):  # not a stage method
             return None
 
     err = build_error([Enrich("fine"), Idle()])
