@@ -59,7 +59,8 @@ class Behaviour:
     - ``hook_chain_budget``: ``invocation.HookRunner.run`` (every hook invoked on its own timeout alone:
       no chain budget, no schedule-to-close timeout);
     - ``planner_answers``: ``model_steps.ModelSteps.synthesize`` (a synthesis call wrote every answer, even
-      after the planner had answered in text).
+      after the planner had answered in text) and ``lifecycle._run_phases`` (a plan without steps was
+      written to the store on acceptance too).
     """
 
     local_bookkeeping: bool = True
@@ -71,7 +72,8 @@ class Behaviour:
     run_extensions: bool = True
     # The hooks of one chain (the declared hooks of one blocking event) share a time budget per occurrence.
     hook_chain_budget: bool = True
-    # A model planner's text answer is the answer's draft: no synthesis call after it.
+    # A model planner's text answer is the answer's draft: no synthesis call after it; a plan without
+    # steps is recorded by the next write rather than one of its own.
     planner_answers: bool = True
 
 
