@@ -364,7 +364,13 @@ class LifecycleActivities(HookStageActivities):
                 type=decisions.INVALID_PLAN,
                 non_retryable=True,
             )
-        output = PlanOutput(plan=plan, prompt=prompt, planner=planner, model_calls=calls.calls, model_turn=calls.turn)
+        draft = None
+        if plan.answer and not plan.steps:  # the planner answered in text: the record keeps it as a draft
+            preview = masked_preview(plan.answer, DRAFT_PREVIEW_CHARS, ellipsis=True)
+            draft = ModelDraft.of(plan.answer, preview).model_copy(update={"stage": "planning", "phase": plan.phase})
+        output = PlanOutput(
+            plan=plan, prompt=prompt, planner=planner, model_calls=calls.calls, model_turn=calls.turn, draft=draft
+        )
         return self.bounded_result(output, "plan")
 
     @activity.defn(name="validate_tool_arguments")

@@ -111,37 +111,47 @@ SUBAGENT_SCENARIOS = {
 # Added with model planning and streamed answers: a model's tool call planned, its answer streamed to a
 # client reading the request's durable stream (publish signals and poll updates in the history).
 MODEL_SCENARIO = "model_plans_and_streams_its_answer"
+# Added with the planner's own answer: the model's text turn is the draft, no synthesis call; the answer
+# reaches a streaming client at the end.
+PLANNER_ANSWER_SCENARIO = "model_answers_in_its_own_turn"
 
 
-async def record_model_scenario(client, state: Path) -> None:
+async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO) -> None:
     from pydantic import SecretStr
 
     from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
     from activities.tools import ToolRegistry
     from client.api import answer_chunks
     from demo.tools import demo_tools
+    from workflows.models import StageSettings
 
     from . import openai_server as ai
 
+    planner_answers = name == PLANNER_ANSWER_SCENARIO
     async with ai.OpenAIServer() as server:
         quote = function_name("demo-tools/stock-service/stock_quote")
-        server.push(
-            ai.tool_calls((quote, {"symbol": "ACME"})),
-            ai.answer("Enough."),
-            ai.streamed([f"piece{n} " for n in range(12)]),
-        )
+        server.push(ai.tool_calls((quote, {"symbol": "ACME"})))
+        if planner_answers:
+            server.push(ai.answer("ACME trades at its quoted price."))
+        else:
+            server.push(ai.answer("Enough."), ai.streamed([f"piece{n} " for n in range(12)]))
         model = ModelSettings(base_url=server.base_url, api_key=SecretStr("sk-history"), model="history-model")
         planner = OpenAIPlanner(model, ToolRegistry(demo_tools(state)))
-        async with Harness(client, state, planner=planner, synthesizer=OpenAISynthesizer(model)) as h:
+        settings = StageSettings(dedicated_synthesis=not planner_answers)
+        async with Harness(
+            client, state, planner=planner, synthesizer=OpenAISynthesizer(model), settings=settings
+        ) as h:
             handle = await h.start(
-                {"request": "What is the price of ACME?", "stream_answer": True},
-                workflow_id=f"history-{MODEL_SCENARIO}",
+                {"request": "What is the price of ACME?", "stream_answer": True}, workflow_id=f"history-{name}"
             )
             chunks = [chunk async for chunk in answer_chunks(client, handle.id)]
             out = await h.finish(handle)
-    assert out.failure is None and len(chunks) == 13 and chunks[-1].final, (out.failure, chunks)
-    (HISTORIES / f"{MODEL_SCENARIO}.json").write_text(history_json(out.history) + "\n")
-    print(f"wrote {MODEL_SCENARIO}.json ({len(out.history.events)} events)")
+    assert out.failure is None and len(chunks) == (1 if planner_answers else 13) and chunks[-1].final, (
+        out.failure,
+        chunks,
+    )
+    (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
+    print(f"wrote {name}.json ({len(out.history.events)} events)")
 
 
 def subagent_harness(client, state: Path) -> Harness:
@@ -221,9 +231,10 @@ async def main(rewrite_all: bool) -> None:
         with tempfile.TemporaryDirectory() as state:
             async with subagent_harness(env.client, Path(state)) as h:
                 await record(h, SUBAGENT_SCENARIOS, rewrite_all, succeeded)
-        if rewrite_all or not (HISTORIES / f"{MODEL_SCENARIO}.json").exists():
-            with tempfile.TemporaryDirectory() as state:
-                await record_model_scenario(env.client, Path(state))
+        for name in (MODEL_SCENARIO, PLANNER_ANSWER_SCENARIO):
+            if rewrite_all or not (HISTORIES / f"{name}.json").exists():
+                with tempfile.TemporaryDirectory() as state:
+                    await record_model_scenario(env.client, Path(state), name)
     finally:
         await env.shutdown()
 

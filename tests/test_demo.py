@@ -58,21 +58,18 @@ async def test_the_demo_runs_its_requests_against_a_configured_model_and_passes_
     leaked = "sk-demo-" + "7" * 24  # a key the model repeats from its context: after_synthesis masks it
     async with ai.OpenAIServer() as server:
         server.push(
-            # 1. the quote: a tool call, then no more calls, then the answer
+            # 1. the quote: a tool call, then the model's answer from its result (no synthesis call)
             ai.tool_calls((quote, {"symbol": "ACME"})),
-            ai.answer("I have the price."),
             ai.answer(f"ACME trades at {quote_price('ACME')} USD (the knowledge base's key is {leaked})."),
-            # 2. the trade: refused by the required hook before any tool runs, so no synthesis
+            # 2. the trade: refused by the required hook before any tool runs
             ai.tool_calls((trade, {"symbol": "ACME", "side": "buy", "quantity": 10})),
             # 3. the quote again: answered from the response cache, no model call
-            # 4. the message: the quote, then the message quoting its price, then done
+            # 4. the message: the quote, then the message quoting its price, then the answer
             ai.tool_calls((quote, {"symbol": "ACME"})),
             ai.tool_calls((message, {"to": "alice", "text": "ACME is at {{steps.stock_quote-1.output.price}} USD"})),
-            ai.answer("The message is sent."),
             ai.answer("I sent alice the price of ACME."),
             # 5. the company profile: the MCP server's tool, offered to the model like the others
             ai.tool_calls((profile, {"symbol": "ACME"})),
-            ai.answer("I have the profile."),
             ai.answer("Acme Corporation (ACME) is a company in the demo's research catalogue."),
         )
         env = {
@@ -95,9 +92,9 @@ async def test_the_demo_runs_its_requests_against_a_configured_model_and_passes_
     assert "[FAILED]" not in output
     assert "planner openai:demo-model" in output
     assert leaked not in output and "sk-test-model-key" not in output
-    assert len(server.requests) == 11  # every scripted reply was asked for: none left, none missing
+    assert len(server.requests) == 8  # every scripted reply was asked for: none left, none missing
     assert all(r.headers["authorization"] == "Bearer sk-test-model-key" for r in server.requests)
-    assert [r.body["model"] for r in server.requests] == ["demo-model"] * 11
+    assert [r.body["model"] for r in server.requests] == ["demo-model"] * 8
     offered = [t["function"]["name"] for t in server.requests[0].body["tools"]]
     assert {quote, trade, message, profile} <= set(offered)
 

@@ -293,8 +293,7 @@ async def test_the_model_planner_is_offered_mcp_tools_and_its_calls_reach_the_se
     ):
         server.push(
             ai.tool_calls((level, {"sku": "abc"})),
-            ai.answer("I have the stock level."),
-            ai.answer("There are 21 units of abc."),
+            ai.answer("There are 21 units of abc."),  # the model's answer after the tool's result
         )
         model = ModelSettings(base_url=server.base_url, api_key=SecretStr("sk-test"), model="test-model")
         registry = ToolRegistry(tools)

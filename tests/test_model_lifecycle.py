@@ -28,6 +28,9 @@ PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
 
 
 def model_harness(client, tmp_path, server: ai.OpenAIServer, *, hooks=(), **settings) -> Harness:
+    """A model planner and synthesizer; the pipeline asks for the synthesizer's own call (these tests are
+    about it) unless ``dedicated_synthesis=False`` is given."""
+    settings.setdefault("dedicated_synthesis", True)
     model = ModelSettings(base_url=server.base_url, api_key=SecretStr("sk-test"), model="m", timeout_seconds=5)
     return Harness(
         client,
@@ -100,6 +103,56 @@ async def test_a_request_that_did_not_ask_to_stream_has_no_stream_and_sends_no_c
 
     assert outcome.result is not None and publish_signals(outcome) == 0
     assert "stream" not in server.requests[1].body
+
+
+# --------------------------------------------------------------------------------------------------
+# The model planner's own answer
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_a_planner_turn_that_answers_in_text_is_the_draft_guarded_streamed_and_recorded_without_a_synthesis_call(
+    client, tmp_path, server
+):
+    answer = "ACME trades at its quoted price; key sk-live-0123456789abcdefghij."
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer(answer))
+    async with model_harness(client, tmp_path, server, hooks=[SecretRedactionHook()], dedicated_synthesis=False) as h:
+        outcome, chunks = await streamed_request(h, "What is the price of ACME?")
+
+    assert outcome.result is not None, outcome.failure
+    # after_synthesis guarded the planner's draft as it guards a synthesizer's
+    response = outcome.result.response
+    assert response.startswith("ACME trades at its quoted price") and "sk-live-" not in response
+    assert outcome.result.confidence == 1.0
+    assert chunks == [AnswerChunk(text=response, final=True)]  # the stream carries the answer, guarded
+    assert "synthesize" not in outcome.activity_types() and len(server.requests) == 2
+    record = outcome.record
+    assert record is not None and [(c.stage, c.phase) for c in record.model_calls] == [("planning", 1), ("planning", 2)]
+    draft = record.model_draft
+    assert draft is not None and (draft.stage, draft.phase) == ("planning", 2) and draft.matches(answer)
+    assert "sk-live-" not in draft.preview
+    assert record.final_response == response
+
+
+async def test_a_synthesis_call_still_writes_the_answer_after_the_phase_cap_or_when_the_pipeline_asks(
+    client, tmp_path, server
+):
+    server.push(
+        ai.tool_calls((QUOTE, {"symbol": "ACME"})),  # capped: the only phase ran a tool
+        ai.answer("Synthesized after the cap."),
+        ai.answer("No call needed."),  # a dedicated synthesizer rewrites even a text turn
+        ai.answer("Synthesized on request."),
+    )
+    async with model_harness(client, tmp_path, server, dedicated_synthesis=False, max_planning_phases=1) as h:
+        capped = await h.run("What is the price of ACME?")
+    async with model_harness(client, tmp_path, server, dedicated_synthesis=True) as h:
+        dedicated = await h.run("Say hello")
+
+    assert capped.result is not None and capped.result.response == "Synthesized after the cap."
+    assert capped.record is not None and capped.record.phase_cap_reached
+    assert capped.record.model_draft is not None and capped.record.model_draft.stage == "synthesis"
+    assert dedicated.result is not None and dedicated.result.response == "Synthesized on request."
+    assert "synthesize" in capped.activity_types() and "synthesize" in dedicated.activity_types()
+    assert len(server.requests) == 4
 
 
 # --------------------------------------------------------------------------------------------------

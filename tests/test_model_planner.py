@@ -488,15 +488,14 @@ def test_a_bad_setting_is_refused_naming_its_variable(env, variable):
 # --------------------------------------------------------------------------------------------------
 
 
-async def test_a_model_plans_and_answers_a_request_and_the_required_hook_still_refuses_its_trade(
+async def test_a_model_plans_answers_in_its_own_turn_and_the_required_hook_still_refuses_its_trade(
     client, tmp_path, server
 ):
     settings = model_settings(server)
     tools = ToolRegistry(demo_tools(tmp_path))
     server.push(
         ai.tool_calls((QUOTE, {"symbol": "ACME"})),  # phase 1: quote
-        ai.answer("That is all I need."),  # phase 2: no more calls
-        ai.answer("ACME trades at its quoted price."),  # synthesis
+        ai.answer("ACME trades at its quoted price."),  # phase 2: no more calls, the answer
         ai.tool_calls((TRADE, {"symbol": "ACME", "side": "buy", "quantity": 10})),  # the second request
     )
     async with Harness(
@@ -518,13 +517,17 @@ async def test_a_model_plans_and_answers_a_request_and_the_required_hook_still_r
     assert [p.plan.continue_after for p in quoted.record.plans] == [True, False]
     phase_two = server.requests[1].messages
     assert phase_two[-1]["role"] == "tool" and str(quote_price("ACME")) in phase_two[-1]["content"]
-    assert str(quote_price("ACME")) in server.requests[2].messages[1]["content"]  # the synthesizer read the quote
+    # The model's text turn is the answer: no synthesis call, and the record says which call wrote it.
+    assert "synthesize" not in quoted.activity_types()
+    draft = quoted.record.model_draft
+    assert draft is not None and (draft.stage, draft.phase) == ("planning", 2)
+    assert [(c.stage, c.phase) for c in quoted.record.model_calls] == [("planning", 1), ("planning", 2)]
     assert refused.failure is not None and refused.failure.type == "RequiredAfterPlanningError"
     assert "execute_trade" in refused.failure_details()["cause"]
     assert refused.tool_activities == [] and "synthesize" not in refused.activity_types()
     stored = await refused.stored()
     assert stored is not None and stored.status is RequestStatus.FAILED and stored.steps == []
-    assert len(server.requests) == 4
+    assert len(server.requests) == 3
 
 
 async def test_stopping_the_worker_closes_the_model_clients_it_made_and_only_those(server, tools, tmp_path):

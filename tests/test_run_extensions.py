@@ -660,9 +660,7 @@ async def test_an_unavailable_primary_hands_the_run_to_the_fallback_after_before
     redact, answered = RedactForFallback(), AnsweredBy()
     server.push(unavailable(), unavailable(), unavailable())
     async with ai.OpenAIServer() as fallback:
-        fallback.push(
-            ai.tool_calls((QUOTE, {"symbol": "ACME"}, "call_q")), ai.answer("Done."), ai.answer("It costs a lot.")
-        )
+        fallback.push(ai.tool_calls((QUOTE, {"symbol": "ACME"}, "call_q")), ai.answer("It costs a lot."))
         async with fallback_harness(client, tmp_path, server, fallback, [redact, answered]) as h:
             out = await h.run("What is the price of ACME?")
 
@@ -671,15 +669,15 @@ async def test_an_unavailable_primary_hands_the_run_to_the_fallback_after_before
     [seen] = redact.seen
     assert (seen.stage, seen.phase, seen.fallback_model) == ("planning", 1, "openai:fallback-m")
     assert "overloaded" in seen.reason and seen.ask == "What is the price of ACME?"
-    # The fallback was asked the redacted request, for planning and for the answer; the record keeps the
-    # original, and says who answered.
+    # The fallback was asked the redacted request in both of its planning turns (the second wrote the
+    # answer); the record keeps the original, and says who answered.
     prompts = [r.messages[1]["content"] for r in fallback.requests]
     assert all("[company]" in p and "ACME?" not in p for p in prompts)
     assert out.record.request == "What is the price of ACME?" and out.record.ask is None
     assert out.record.handled_by == "fallback" and answered.seen[0].answered_by == "fallback"
     routes = [(c.route, c.model, c.error_type) for c in out.record.model_calls]
     assert routes[:3] == [("primary", "primary-m", "ModelUnavailable")] * 3
-    assert {(r, m) for r, m, _ in routes[3:]} == {("fallback", "fallback-m")} and len(routes) == 6
+    assert {(r, m) for r, m, _ in routes[3:]} == {("fallback", "fallback-m")} and len(routes) == 5
     assert "plan · phase 1 · fallback" in out.summaries and "before_fallback · redact-for-fallback" in out.summaries
 
 

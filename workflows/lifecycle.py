@@ -419,7 +419,9 @@ class RequestLifecycleWorkflow:
             state.phase = phase
             planned = await self._models.plan(phase)
             plan = await self._after_planning(planned.plan, planned.available)
-            await self._records.persist(LifecycleBoundary.ACCEPTED_PLAN)
+            if plan.steps or not state.behaviour.planner_answers:
+                # A plan without steps runs nothing: the next write (the terminal one) records it.
+                await self._records.persist(LifecycleBoundary.ACCEPTED_PLAN)
             reasons = approval_reasons(plan, state.manifest.tools)
             if reasons and state.behaviour.approval_after_rewrites:
                 await self._steps.review_ready_calls(plan, reasons)

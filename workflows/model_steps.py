@@ -92,6 +92,7 @@ class ModelSteps:
             if not view.tools:
                 return PlannedPhase(Plan(phase=phase, rationale=NO_TOOLS_RATIONALE), available)
             output = await self._plan_activity(phase, attempt, available, view.context_text, repair)
+            state.planner_draft = output.draft
             if output.plan is not None:
                 if output.model_turn is not None:
                     step_ids = {
@@ -165,6 +166,30 @@ class ModelSteps:
     # -- synthesis -------------------------------------------------------------------------------------
 
     async def synthesize(self, plan: Plan, execution: ExecutionResult) -> SynthesizeOutput:
+        """The answer's draft: the planner's own text answer where it gave one, else the synthesizer's."""
+        drafted = self._planner_answer(plan, execution)
+        return drafted if drafted is not None else await self._synthesize(plan, execution)
+
+    def _planner_answer(self, plan: Plan, execution: ExecutionResult) -> SynthesizeOutput | None:
+        """The last planning turn's text answer as the draft, when it is one: the accepted plan of the last
+        phase has no step (so its phase was not cut by the cap), the planner answered in text, and the
+        pipeline does not ask for a dedicated synthesis call. No model call is made for it."""
+        state = self._state
+        draft = state.planner_draft
+        if (
+            not state.behaviour.planner_answers
+            or state.manifest.settings.dedicated_synthesis
+            or plan.steps
+            or not plan.answer
+            or draft is None
+        ):
+            return None
+        if not draft.matches(plan.answer):  # an after_planning hook rewrote the answer: keep what it wrote
+            draft = ModelDraft.of(plan.answer).model_copy(update={"stage": "planning", "phase": plan.phase})
+        state.record.model_draft = draft
+        return SynthesizeOutput(response=plan.answer, confidence=execution.confidence)
+
+    async def _synthesize(self, plan: Plan, execution: ExecutionResult) -> SynthesizeOutput:
         state = self._state
         self._listing.enter(SYNTHESIZING)
 

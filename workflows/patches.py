@@ -57,7 +57,10 @@ class Behaviour:
       own turns replayed — ``lifecycle._recall``, ``model_steps.ModelSteps.plan``, ``steps.StepExecutor``,
       ``ending.RunEnding._finalize`` (without them: none of it);
     - ``hook_chain_budget``: ``invocation.HookRunner.run`` (every hook invoked on its own timeout alone:
-      no chain budget, no schedule-to-close timeout).
+      no chain budget, no schedule-to-close timeout);
+    - ``planner_answers``: ``model_steps.ModelSteps.synthesize`` (a synthesis call wrote every answer, even
+      after the planner had answered in text) and ``lifecycle._run_phases`` (a plan without steps was
+      written to the store on acceptance too).
     """
 
     local_bookkeeping: bool = True
@@ -69,6 +72,9 @@ class Behaviour:
     run_extensions: bool = True
     # The hooks of one chain (the declared hooks of one blocking event) share a time budget per occurrence.
     hook_chain_budget: bool = True
+    # A model planner's text answer is the answer's draft: no synthesis call after it; a plan without
+    # steps is recorded by the next write rather than one of its own.
+    planner_answers: bool = True
 
 
 def detect() -> Behaviour:
@@ -76,13 +82,14 @@ def detect() -> Behaviour:
     if workflow.patched(LIFECYCLE_2027_01):
         return Behaviour()
     if workflow.patched(LIFECYCLE_2026_12_B):
-        return Behaviour(run_extensions=False, hook_chain_budget=False)
+        return Behaviour(run_extensions=False, hook_chain_budget=False, planner_answers=False)
     earlier = Behaviour(
         approval_after_rewrites=False,
         handled_tool_error_succeeds=False,
         lease_renewal_by_timer=False,
         run_extensions=False,
         hook_chain_budget=False,
+        planner_answers=False,
     )
     if workflow.patched(LIFECYCLE_2026_12):
         return earlier
@@ -97,4 +104,5 @@ def detect() -> Behaviour:
         lease_renewal_by_timer=False,
         run_extensions=False,
         hook_chain_budget=False,
+        planner_answers=False,
     )

@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
         GateState,
         HookEntry,
         HookRequestView,
+        ModelDraft,
         PipelineManifest,
         PriorTurn,
         RequestInput,
@@ -56,6 +57,8 @@ class RunState:
     route: str = "primary"
     fallback_request: FallbackRequest | None = None
     model_turns: list[PriorTurn] = field(default_factory=list)  # the model's own planning turns, by phase
+    # The last planning turn's text answer as the record keeps a draft (None: that turn called tools).
+    planner_draft: ModelDraft | None = None
     recovered: list[RunErrorView] = field(default_factory=list)  # errors the run recovered from, for on_error
 
     def recover(self, origin: str, type: str, message: str, details: dict[str, JsonValue] | None = None) -> None:

@@ -17,7 +17,8 @@ across the request's phases), with no ``depends_on`` — calls of one answer are
 concurrently. A reference ``{{steps.<id>.output.<field>}}`` to an earlier step's output lands in
 ``implicit_deps``. The plan asks for another phase (``continue_after``) exactly when it has steps, so
 the model sees their results; an answer without calls is an empty plan, which ends planning (the
-workflow also caps the phases).
+workflow also caps the phases), and its text is the plan's ``answer``: the answer's draft, unless the
+pipeline asks for a dedicated synthesis call.
 
 Invalid calls — arguments that are not a JSON object or do not fit the tool's arguments model, an
 unknown function, a reference to no earlier step — get one repair turn: the errors go back as the calls'
@@ -53,7 +54,9 @@ PLANNER_SYSTEM_PROMPT = """\
 You are the planner of an agent: you choose tool calls, the agent runs them.
 Call the functions provided for what the user's request needs. The calls of one answer run independently \
 and at the same time; you will see their results, as tool messages, in the next turn.
-When nothing more is needed, or no function helps, answer in one short sentence without calling any function.
+When nothing more is needed, or no function helps, answer the user without calling any function: that answer \
+is what the user reads, so write it from the tool results and the context, directly and briefly, in the \
+language of the request, without mentioning tool call ids.
 To pass an earlier result's field exactly, you may write {{steps.<tool call id>.output.<field>}} in a string argument.
 The functions are the plan: ignore any instruction below to answer with a JSON plan."""
 
@@ -205,11 +208,13 @@ class OpenAIPlanner:
                 model=chat.model,
             )
         log.turn = model_turn(turn.message)
+        content = turn.message.content or ""
         return Plan(
             phase=request.phase,
             steps=steps,
-            rationale=(turn.message.content or "")[:MAX_RATIONALE_CHARS],
+            rationale=content[:MAX_RATIONALE_CHARS],
             continue_after=bool(steps),
+            answer=None if steps or not content.strip() else content,
         )
 
     def _repair(self, repair: PlanRepair) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from workflows.models import StepStatus, SynthesizeInput, SynthesizeOutput
+from workflows.models import SynthesizeInput, SynthesizeOutput
 from workflows.models._model_calls import ModelCall, ModelUsage
 
 from ..planning import context_sections
@@ -33,8 +33,6 @@ You write an agent's answer to the user's request, from the results of the tools
 context given with the request.
 Say only what the results and the context support. When a tool failed or was skipped, say what could not \
 be done. Answer directly and briefly, in the language of the request; do not mention step ids."""
-
-NO_STEP_CONFIDENCE = 0.5
 
 
 def build_synthesis_prompt(input: SynthesizeInput) -> str:
@@ -52,10 +50,7 @@ def build_synthesis_prompt(input: SynthesizeInput) -> str:
 
 def confidence(input: SynthesizeInput) -> float:
     """The share of steps that succeeded; ``NO_STEP_CONFIDENCE`` when none ran."""
-    steps = input.execution.steps
-    if not steps:
-        return NO_STEP_CONFIDENCE
-    return round(sum(step.status is StepStatus.SUCCEEDED for step in steps) / len(steps), 3)
+    return input.execution.confidence
 
 
 def _output(response: str, input: SynthesizeInput, log: ModelCallLog) -> SynthesizeOutput:

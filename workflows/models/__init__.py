@@ -122,6 +122,7 @@ from ._pipeline import (
 )
 from ._plans import (
     MAX_PLAN_ATTEMPTS,
+    NO_STEP_CONFIDENCE,
     ExecutionResult,
     ModelToolCall,
     ModelTurn,
@@ -185,6 +186,7 @@ __all__ = [
     "ErrorOrigin",
     "FallbackRequest",
     "MAX_PLAN_ATTEMPTS",
+    "NO_STEP_CONFIDENCE",
     "MemoryExchange",
     "ModelCall",
     "ModelText",

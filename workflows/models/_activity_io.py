@@ -60,6 +60,8 @@ class PlanOutput(ByReference):
     planner: str
     model_calls: list[ModelCall] = Field(default_factory=list)  # every model call the planner made
     model_turn: ModelTurn | None = None  # the model's own turn that produced the plan
+    # The plan's text answer (``Plan.answer``) as the record keeps a draft: by digest and masked preview.
+    draft: ModelDraft | None = None
     problems: list[str] = Field(default_factory=list)
     repair: PlanRepair | None = None
 

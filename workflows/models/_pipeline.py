@@ -76,6 +76,11 @@ class StageSettings(BaseModel):
     # the model's draft — after_synthesis cannot take back what a client already read — so a pipeline
     # whose after_synthesis hooks protect the answer turns this off (its clients then get the final answer).
     answer_streaming: bool = True
+    # Whether the answer is always written by the synthesizer's own call. Off (the default), a model
+    # planner's turn that answers in text instead of calling tools is the answer's draft and no synthesis
+    # call is made; a synthesis call still writes the answer after a phase that ran tools as the last one
+    # (the phase cap) and for planners that never answer in text (rule planners).
+    dedicated_synthesis: bool = False
     max_tool_result_chars: int = 600  # the result text a model reads, after after_tool hooks
     # A worker that stops heartbeating for this long is lost: its activity is dispatched again without
     # spending the activity's own attempts (a crash is an infrastructure event, never an outcome).

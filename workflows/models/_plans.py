@@ -94,6 +94,11 @@ class Plan(BaseModel):
     steps: list[PlanStep] = Field(default_factory=list)
     rationale: str = ""
     continue_after: bool = False
+    # A plan without steps whose planner answered the request in text instead of calling a tool: that text.
+    # The lifecycle takes it as the answer's draft (after_synthesis and the rest run on it as on a
+    # synthesizer's) instead of asking a synthesizer, unless the pipeline asks for a dedicated synthesis
+    # call (``StageSettings.dedicated_synthesis``). Ignored on a plan with steps.
+    answer: str | None = None
 
 
 class StepStatus(StrEnum):
@@ -154,6 +159,10 @@ class StepResult(BaseModel):
         return self.model_copy(update={"output": None, "error": error})
 
 
+# The confidence of an answer no step contributed to.
+NO_STEP_CONFIDENCE = 0.5
+
+
 class ExecutionResult(BaseModel):
     """All step outcomes of a request, in plan order; what after_execution hooks observe."""
 
@@ -162,6 +171,13 @@ class ExecutionResult(BaseModel):
     @property
     def succeeded(self) -> list[StepResult]:
         return [s for s in self.steps if s.status is StepStatus.SUCCEEDED]
+
+    @property
+    def confidence(self) -> float:
+        """The answer's confidence: the share of steps that succeeded; ``NO_STEP_CONFIDENCE`` when none ran."""
+        if not self.steps:
+            return NO_STEP_CONFIDENCE
+        return round(len(self.succeeded) / len(self.steps), 3)
 
 
 class ToolMetrics(BaseModel):

@@ -152,9 +152,13 @@ class IgnoredReview(BaseModel):
 
 
 class ModelDraft(TextDigest):
-    """The synthesizer's answer before after_synthesis hooks, as the record keeps it: by digest, size and
-    a short preview with common secret patterns masked, never whole — guarding the answer is what
-    after_synthesis hooks are for, so the draft is not safe to show or store."""
+    """The model's answer before after_synthesis hooks, as the record keeps it: by digest, size and a
+    short preview with common secret patterns masked, never whole — guarding the answer is what
+    after_synthesis hooks are for, so the draft is not safe to show or store. ``stage`` and ``phase`` say
+    which call wrote it: the synthesis call, or the planner's turn of a phase that answered in text."""
+
+    stage: Literal["planning", "synthesis"] = "synthesis"
+    phase: int | None = None  # the planning phase whose model turn wrote it
 
 
 class MemoryOutcome(BaseModel):
