@@ -49,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from .run_state import RunState
     from .scheduling import Scheduler
-    from .stages import HOOK_BATCH_ACTIVITY, Fold, StageSpec
+    from .stages import HOOK_BATCH_ACTIVITY, Fold, StageSpec, hook_activity_type
     from .support import (
         HOOK_RETRY_BACKOFF,
         HOOK_RETRY_INITIAL_INTERVAL,
@@ -203,6 +203,15 @@ class HookRunner:
             run.append(hook)
         return run
 
+    def _local_type(self, spec: StageSpec, hooks: list[HookEntry], legacy: str) -> str:
+        """The local activity type of in-process ``hooks`` at ``spec``'s stage: one that names the stage
+        and the hooks (``stage:hook``, what the UI's Timeline and the SDK's metrics show), or ``legacy``
+        (``<stage>_hook``, ``run_hook_batch``) for executions recorded before
+        (``Behaviour.named_hook_activities``)."""
+        if not self._state.behaviour.named_hook_activities:
+            return legacy
+        return hook_activity_type(spec.stage, [hook.name for hook in hooks])
+
     def _invocation(
         self, hook: HookEntry, stage: Stage, sequence: int, plan_phase: int | None, step: PlanStep | None
     ) -> HookInvocation:
@@ -250,7 +259,7 @@ class HookRunner:
         try:
             if hook.run_mode is RunMode.LOCAL_ACTIVITY:
                 outcome = await workflow.execute_local_activity(
-                    spec.activity,
+                    self._local_type(spec, [hook], spec.activity),
                     call,
                     result_type=spec.outcome,
                     start_to_close_timeout=timedelta(seconds=hook.timeout_seconds),
@@ -361,7 +370,7 @@ class HookRunner:
         started = workflow.now()
         try:
             batch = await workflow.execute_local_activity(
-                HOOK_BATCH_ACTIVITY,
+                self._local_type(spec, hooks, HOOK_BATCH_ACTIVITY),
                 HookBatchCall(stage=stage, calls=calls),
                 result_type=HookBatchOutcome,
                 start_to_close_timeout=timedelta(seconds=budget + 10),

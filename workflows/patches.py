@@ -57,7 +57,10 @@ class Behaviour:
       own turns replayed — ``lifecycle._recall``, ``model_steps.ModelSteps.plan``, ``steps.StepExecutor``,
       ``ending.RunEnding._finalize`` (without them: none of it);
     - ``hook_chain_budget``: ``invocation.HookRunner.run`` (every hook invoked on its own timeout alone:
-      no chain budget, no schedule-to-close timeout).
+      no chain budget, no schedule-to-close timeout);
+    - ``named_hook_activities``: ``invocation.HookRunner._local_type`` (in-process hooks run as the
+      stage's ``<stage>_hook`` and batches as ``run_hook_batch``, instead of types that name their hooks);
+    - ``decision_marks``: ``invocation.HookRunner._mark`` (no timer marks a hook's denial or termination).
     """
 
     local_bookkeeping: bool = True
@@ -69,6 +72,10 @@ class Behaviour:
     run_extensions: bool = True
     # The hooks of one chain (the declared hooks of one blocking event) share a time budget per occurrence.
     hook_chain_budget: bool = True
+    # In-process hooks scheduled under local activity types that name them (``<stage>:<hook>``).
+    named_hook_activities: bool = True
+    # A hook that denies, stops or terminates marked on the Timeline by a short timer that says so.
+    decision_marks: bool = True
 
 
 def detect() -> Behaviour:
@@ -76,13 +83,17 @@ def detect() -> Behaviour:
     if workflow.patched(LIFECYCLE_2027_01):
         return Behaviour()
     if workflow.patched(LIFECYCLE_2026_12_B):
-        return Behaviour(run_extensions=False, hook_chain_budget=False)
+        return Behaviour(
+            run_extensions=False, hook_chain_budget=False, named_hook_activities=False, decision_marks=False
+        )
     earlier = Behaviour(
         approval_after_rewrites=False,
         handled_tool_error_succeeds=False,
         lease_renewal_by_timer=False,
         run_extensions=False,
         hook_chain_budget=False,
+        named_hook_activities=False,
+        decision_marks=False,
     )
     if workflow.patched(LIFECYCLE_2026_12):
         return earlier
@@ -97,4 +108,6 @@ def detect() -> Behaviour:
         lease_renewal_by_timer=False,
         run_extensions=False,
         hook_chain_budget=False,
+        named_hook_activities=False,
+        decision_marks=False,
     )
