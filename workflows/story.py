@@ -96,6 +96,13 @@ def checkpoint_detail(checkpoint: Checkpoint) -> str:
     return f"checkpoint {checkpoint.checkpoint_id}: approve {calls} ({why})"
 
 
+def decision_mark(verb: str, stage: str, hook: str, reason: str, step_id: str | None = None) -> str:
+    """The summary of the timer that marks a hook's refusal on the Timeline: what it did, where, and
+    why, all on the first line."""
+    where = f"{stage} · {excerpt(hook, 120)}" + (f" · {excerpt(step_id, 80)}" if step_id else "")
+    return _bounded(f"✗ {verb} — {where}: {excerpt(reason, 300)}")
+
+
 def failure_headline(error_type: str, message: str) -> str:
     """A failure as one first line: its type, then its reason."""
     return f"{error_type}: {message}"
