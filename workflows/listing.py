@@ -25,6 +25,8 @@ SYNTHESIZING = "synthesizing"
 REMEMBERING = "remembering"
 RELEASING_LEASES = "releasing_leases"
 COMPLETED = "completed"  # then the other terminal stages: the request's status (failed, stopped, ...)
+# The summary of the timer that lists a stage late: bookkeeping, so the Timeline does not read it as a wait.
+LISTING_TIMER_SUMMARY = "bookkeeping · list the stage in search (not a wait)"
 
 
 class StageListing:
@@ -84,7 +86,7 @@ class StageListing:
             self._timer = asyncio.create_task(self._list_after(delay))
 
     async def _list_after(self, delay: float) -> None:
-        await workflow.sleep(delay, summary="list the stage it waits in")
+        await workflow.sleep(delay, summary=LISTING_TIMER_SUMMARY)
         self._timer = None
         self._list()
 
