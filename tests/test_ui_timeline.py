@@ -1,20 +1,27 @@
 """What the Temporal UI's Timeline shows of a request's hooks, read from the history it draws: each
 in-process hook's row labelled by its stage and name (the UI labels a local activity by its type alone),
 and a hook that refuses — denies a call, stops the run, ends the request — marked at its own row by a
-timer whose summary gives the decision and the reason on its first line. (The browser's view of the same
-is tests/test_ui_browser.py.)"""
+timer whose summary gives the decision and the reason on its first line; and a request waiting for a
+reviewer saying, in its current details and its expiry timer's summary, what waits, why, for whom and how
+to decide it. (The browser's view of the same is tests/test_ui_browser.py.)"""
 
 from __future__ import annotations
+
+import json
+import re
 
 from temporalio.api.enums.v1 import EventType
 
 from hooks import HookRejection, RequiredAfterPlanningHook, RunMode, ToolCall, ToolDecision
 from workflows import data_converter
+from workflows.models import ReviewAck, ReviewSettings
 
 from .doubles import FixedPlanner
 from .harness import Harness, Outcome
 from .test_after_planning import two_quotes
+from .test_checkpoints import CountingPlanHook, message
 from .test_tool_hooks import BeforeTool, Echo, step
+from .test_ui_story import SECRET, current_details
 
 
 def timeline(out: Outcome) -> list[str]:
@@ -68,3 +75,49 @@ async def test_a_required_hook_that_rejects_the_plan_is_marked_where_it_ended_th
         "✗ ended the request — after_planning · local-gate: required after_planning hook 'local-gate' rejected "
         "the plan: step quote-acme uses an operation not allowed by this application"
     )
+
+
+class Sign:
+    """before_tool: rewrites a message's text (a modify verdict), with a token the details must mask."""
+
+    name = "sign"
+
+    def before_tool(self, ctx, call):
+        return ToolDecision.modify({**call.arguments, "text": f"{call.arguments['text']} (sent with {SECRET})"})
+
+
+async def test_a_waiting_request_says_what_waits_why_for_whom_and_how_to_decide(client, tmp_path):
+    gate = CountingPlanHook("reviewer-gate", mark={"notify": "messages to bob are reviewed"})
+    review = ReviewSettings(reviewers=["alice", "bob"])
+    planner = FixedPlanner(message("notify", "bob", "hi"))
+    async with Harness(client, tmp_path, hooks=[gate, Sign()], planner=planner, review=review) as h:
+        handle = await h.start("tell bob hi", {"cache": "bypass"})
+        checkpoint = await h.wait_for_checkpoint(handle)
+        waiting = await current_details(handle)
+        update = re.search(r"--name review --input '([^']+)'", waiting)
+        assert update, waiting
+        ack = await handle.execute_update(
+            "review", json.loads(update.group(1).replace("REVIEWER", "alice")), result_type=ReviewAck
+        )
+        out = await h.finish(handle)
+        ended = await current_details(handle)
+
+    cp = checkpoint.checkpoint_id
+    assert f"**stage:** awaiting_review — checkpoint {cp}" in waiting
+    # The call as it will run: after the rewrite, its token masked.
+    tool = checkpoint.calls[0].tool
+    assert f'**awaiting approval:** {tool} {{"text": "hi (sent with [REDACTED])", "to": "bob"}} (notify)' in waiting
+    assert SECRET not in waiting
+    assert f"{tool}: tool requires approval (required by the tool's policy)" in waiting
+    assert f"{tool}: messages to bob are reviewed (required by hook reviewer-gate)" in waiting
+    assert "**reviewers:** alice, bob" in waiting
+    assert f'`agent-lifecycle approve {handle.id} --reviewer alice --checkpoint {cp} --comment "ok"`' in waiting
+    assert f'`agent-lifecycle reject {handle.id} --reviewer alice --checkpoint {cp} --reason "why"`' in waiting
+    assert (ack.checkpoint_id, ack.reviewer) == (checkpoint.checkpoint_id, "alice") and out.result is not None
+    assert "**outcome:** succeeded" in ended
+
+    # The expiry timer, the waiting request's last row on its Timeline, says the same in one line.
+    [expiry] = [row for row in timeline(out) if row.startswith("awaiting review")]
+    assert expiry.startswith(f"awaiting review · {cp} until expiry: approve {tool} {{")
+    assert "(required by hook reviewer-gate)" in expiry and expiry.endswith("reviewers: alice, bob")
+    assert SECRET not in expiry

@@ -57,6 +57,8 @@ class RunState:
     fallback_request: FallbackRequest | None = None
     model_turns: list[PriorTurn] = field(default_factory=list)  # the model's own planning turns, by phase
     recovered: list[RunErrorView] = field(default_factory=list)  # errors the run recovered from, for on_error
+    # The after_planning hook that marked each step (by step id) as needing a reviewer, as checkpoints show it.
+    approval_required_by: dict[str, str] = field(default_factory=dict)
 
     def recover(self, origin: str, type: str, message: str, details: dict[str, JsonValue] | None = None) -> None:
         """Keep an error the run recovers from (a failed memory save, a tool failure the planner saw, ...)
