@@ -32,8 +32,9 @@ from urllib.parse import quote, urlsplit
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
-from client import Settings, connect, exit_process
+from client import Settings, connect, exit_process, process_data_converter
 from client.api import pending_checkpoint, review, start_request
+from client.codec import Codec, serve
 from client.devserver import start_dev_server
 from demo.pipeline import demo_settings
 from worker import build_worker, load_activities, prepare
@@ -54,6 +55,9 @@ QUOTE = f"What is the price of ACME? My key is {SECRET}"
 TRADE = "Buy 10 ACME"
 APPROVED = "Send a message to alice with the price of ACME"
 WAITING = "Send a message to bob with the price of GBX"
+DENIED = "Show the profile of ACME"  # the allow-list plugin denies company_profile here (see demo_ui)
+# The demo's tool allow-list without company_profile: the screenshots' pipeline denies that call.
+SCREENSHOT_TOOL_ALLOW_LIST = ["stock-service/stock_quote", "stock-service/execute_trade", "notify-service/send_message"]
 REVIEWER = "screenshot-reviewer"
 
 
@@ -124,11 +128,39 @@ class Browser:
         run_id = await self._latest_run(workflow_id)
         return await self.open(f"/workflows/{quote(workflow_id, safe='')}/{run_id}/{tab}", wait_for=wait_for)
 
+    async def timeline(self, workflow_id: str, *, wait_for: str = "Timeline") -> list[str]:
+        """The rows of a workflow's Timeline, first to last, as their labels read: the UI draws only the
+        rows in view, so the page is scrolled through them all."""
+        await self.workflow(workflow_id, "timeline", wait_for=wait_for)
+        await self.page.wait_for_selector("#event-history-timeline-graph li", state="attached")
+        rows: dict[float, str] = {}
+        last = -1.0
+        while True:
+            seen = await self.page.evaluate(_TIMELINE_ROWS)
+            rows.update({float(y): text for y, text in seen})
+            top = await self.page.evaluate(_SCROLL_DOWN)
+            if top == last:
+                break
+            last = top
+            await asyncio.sleep(0.2)
+        await self.page.evaluate("document.querySelector('#content-wrapper').scrollTop = 0")
+        return [rows[y] for y in sorted(rows)]
+
     async def _latest_run(self, workflow_id: str) -> str:
         response = await self.page.request.get(
             self.base.replace("/namespaces/", "/api/v1/namespaces/") + f"/workflows/{quote(workflow_id, safe='')}"
         )
         return (await response.json())["workflowExecutionInfo"]["execution"]["runId"]
+
+
+# Each Timeline row drawn: (its offset, its label's text).
+_TIMELINE_ROWS = """() => Array.from(document.querySelectorAll('#event-history-timeline-graph li')).map(li => [
+    parseFloat((li.style.transform.match(/translateY\\(([-\\d.]+)px\\)/) || [0, 0])[1]),
+    li.innerText.trim(),
+]).filter(([, text]) => text)"""
+# Scroll the page down by most of a screen; returns where it got to.
+_SCROLL_DOWN = """() => { const page = document.querySelector('#content-wrapper');
+    page.scrollTop += Math.max(200, page.clientHeight * 0.8); return page.scrollTop; }"""
 
 
 async def _loopback_only(route: Any) -> None:
@@ -173,6 +205,7 @@ class Requests:
     approved: str
     waiting: str
     waiting_handle: WorkflowHandle
+    denied: str
 
 
 async def _settle(handle: WorkflowHandle) -> None:
@@ -197,15 +230,18 @@ async def run_requests(client: Client, settings: Settings) -> Requests:
     trade_handle = await start_request(client, settings, TRADE, metadata={"cache": "bypass"})
     approved_handle = await start_request(client, settings, APPROVED, metadata={"cache": "bypass"})
     waiting_handle = await start_request(client, settings, WAITING, metadata={"cache": "bypass"})
+    denied_handle = await start_request(client, settings, DENIED, metadata={"cache": "bypass"})
     await _approve(client, approved_handle.id)
-    for handle in (quote_handle, trade_handle, approved_handle):
+    for handle in (quote_handle, trade_handle, approved_handle, denied_handle):
         await _settle(handle)
     for _ in range(300):  # the waiting request is listed as awaiting review
         listed = [e.id async for e in client.list_workflows(search_attributes.AWAITING_REVIEW_QUERY)]
         if waiting_handle.id in listed:
             break
         await asyncio.sleep(0.1)
-    return Requests(quote_handle.id, trade_handle.id, approved_handle.id, waiting_handle.id, waiting_handle)
+    return Requests(
+        quote_handle.id, trade_handle.id, approved_handle.id, waiting_handle.id, waiting_handle, denied_handle.id
+    )
 
 
 # The list's columns an operator picks with "Configure columns": what each execution is and its stage.
@@ -236,9 +272,13 @@ async def demo_ui(settings: Settings) -> AsyncIterator[tuple[Browser, Requests]]
     """A dev server with its UI (``settings``: free loopback ports, a throwaway state directory), a demo
     worker, the demo requests run on it, and Chromium on the UI; the request left waiting for a reviewer
     is terminated at the end."""
-    settings = demo_settings(settings)
+    settings = demo_settings(settings).model_copy(update={"tool_allow_list": SCREENSHOT_TOOL_ALLOW_LIST})
     activities = load_activities(settings)
-    env = await start_dev_server(settings)
+    codec_port = free_port()
+    codec = asyncio.create_task(
+        serve(Codec(process_data_converter(settings).external_storage), "127.0.0.1", codec_port)
+    )
+    env = await start_dev_server(settings, codec_endpoint=f"http://127.0.0.1:{codec_port}")
     try:
         client = await connect(settings, tracing=False)
         await prepare(client, settings, activities)
@@ -251,6 +291,9 @@ async def demo_ui(settings: Settings) -> AsyncIterator[tuple[Browser, Requests]]
                 await requests.waiting_handle.terminate("screenshots taken")
     finally:
         await env.shutdown()
+        codec.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await codec
 
 
 async def main(out: Path) -> int:

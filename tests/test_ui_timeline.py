@@ -106,7 +106,7 @@ async def test_a_waiting_request_says_what_waits_why_for_whom_and_how_to_decide(
     assert f"**stage:** awaiting_review — checkpoint {cp}" in waiting
     # The call as it will run: after the rewrite, its token masked.
     tool = checkpoint.calls[0].tool
-    assert f'**awaiting approval:** {tool} {{"text": "hi (sent with [REDACTED])", "to": "bob"}} (notify)' in waiting
+    assert f'**awaiting approval:** `{tool} {{"text": "hi (sent with [REDACTED])", "to": "bob"}}` (notify)' in waiting
     assert SECRET not in waiting
     assert f"{tool}: tool requires approval (required by the tool's policy)" in waiting
     assert f"{tool}: messages to bob are reviewed (required by hook reviewer-gate)" in waiting

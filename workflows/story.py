@@ -124,6 +124,11 @@ def _required_by(step_id: str, reason: str, required_by: Mapping[str, str]) -> s
     return f"hook {required_by[step_id]}" if step_id in required_by else "an after_planning hook"
 
 
+def _code(text: str, limit: int) -> str:
+    """``text`` masked and bounded as an excerpt, as inline code (shown exactly as it is)."""
+    return "`" + excerpt(text, limit).replace("`", "'") + "`"
+
+
 def _reviewers_text(reviewers: Sequence[str]) -> str:
     return ", ".join(reviewers) if reviewers else "any reviewer"
 
@@ -148,8 +153,13 @@ def checkpoint_lines(
     wid = excerpt(workflow_id, 200)
     who = "<reviewer>" if not reviewers else excerpt(reviewers[0], 128)
     update = json.dumps({"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "REVIEWER", "decision": "approve"})
+    calls = "; ".join(
+        _code(f"{call.tool} {json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)}", 300)
+        + f" ({excerpt(call.step_id, 80)})"
+        for call in checkpoint.calls
+    )
     lines = [
-        f"**awaiting approval:** {excerpt(_calls_text(checkpoint) or 'the plan as planned')}",
+        f"**awaiting approval:** {calls or 'the plan as planned'}",
         f"**why:** {excerpt(_reasons_text(checkpoint, required_by) or 'review the plan')}",
         f"**reviewers:** {excerpt(_reviewers_text(reviewers), 300)} · **expires:** "
         f"{checkpoint.expires_at.strftime('%Y-%m-%d %H:%M:%S')} UTC",
