@@ -4,12 +4,15 @@
     python -m demo.screenshots --out DIR        # ... or DIR
 
 Starts its own dev server (with its UI) on free loopback ports and a throwaway state directory, runs the
-demo pipeline on four requests — a quote that carries a secret, a trade the required hook refuses, a
-message approved at its checkpoint (its audit write a detached child), and a message left waiting for a
-reviewer — then writes ``workflows.png`` (every execution, requests and children told apart by
+demo pipeline on five requests — a quote that carries a secret, a trade the required hook refuses, a
+message approved at its checkpoint (its audit write a detached child), a message left waiting for a
+reviewer, and a company profile whose call the tool allow-list denies — then writes ``workflows.png`` (every execution, requests and children told apart by
 ``AgentWorkflowKind``, each at its ``AgentLifecycleStage``), ``requests.png`` (the requests-only filter),
-``awaiting-review.png`` and ``completed.png`` (a request's user metadata and current details) and
-``refused.png`` (the refused request's failure). Needs Chromium (``CHROMIUM`` or /usr/bin/chromium) and
+``awaiting-review.png`` and ``completed.png`` (a request's user metadata and current details),
+``refused.png`` (the refused request's failure), ``timeline.png`` (a request's Timeline: each hook named,
+the call the allow-list denied marked with its reason) and ``decoded-plan.png`` (the plan the worker
+stored by reference, decoded by ``agent-lifecycle codec-server``, which the dev server's UI is configured
+with). Needs Chromium (``CHROMIUM`` or /usr/bin/chromium) and
 the ``playwright`` package (the dev extra); Playwright never downloads a browser here, and the browser
 reaches nothing but loopback.
 """
@@ -128,10 +131,34 @@ class Browser:
         run_id = await self._latest_run(workflow_id)
         return await self.open(f"/workflows/{quote(workflow_id, safe='')}/{run_id}/{tab}", wait_for=wait_for)
 
-    async def timeline(self, workflow_id: str, *, wait_for: str = "Timeline") -> list[str]:
-        """The rows of a workflow's Timeline, first to last, as their labels read: the UI draws only the
-        rows in view, so the page is scrolled through them all."""
-        await self.workflow(workflow_id, "timeline", wait_for=wait_for)
+    async def timeline(self, workflow_id: str, *, wait_for: str, timeout: float = 20.0) -> list[str]:
+        """The rows of a workflow's Timeline, top to bottom (newest first), as their labels read, once a
+        row says ``wait_for``: the UI draws only the rows in view, so the page is scrolled through them."""
+        await self.workflow(workflow_id, "timeline", wait_for="Timeline")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            rows = await self._timeline_rows()
+            if any(wait_for in row for row in rows):
+                return rows
+            if loop.time() > deadline:
+                raise AssertionError(f"no Timeline row says {wait_for!r} at {self.page.url}; the rows:\n{rows}")
+            await asyncio.sleep(0.5)
+
+    async def show_row(self, text: str) -> None:
+        """Scroll the Timeline (already read by :meth:`timeline`) until the row that says ``text`` is in
+        the middle of the view."""
+        for _ in range(200):
+            row = self.page.locator("#event-history-timeline-graph li", has_text=text)
+            if await row.count():
+                await row.first.evaluate("row => row.scrollIntoView({block: 'center'})")
+                await asyncio.sleep(0.5)
+                return
+            await self.page.evaluate(_SCROLL_DOWN)
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no Timeline row says {text!r}")
+
+    async def _timeline_rows(self) -> list[str]:
         await self.page.wait_for_selector("#event-history-timeline-graph li", state="attached")
         rows: dict[float, str] = {}
         last = -1.0
@@ -264,6 +291,12 @@ async def take_screenshots(ui: Browser, requests: Requests, out: Path, namespace
     shots.append(await ui.screenshot(out / "refused.png"))
     await ui.workflow(requests.quote, "user-metadata", wait_for="outcome:")
     shots.append(await ui.screenshot(out / "completed.png"))
+    await ui.timeline(requests.denied, wait_for="✗ denied")
+    await ui.show_row("✗ denied")
+    shots.append(await ui.screenshot(out / "timeline.png"))
+    await ui.workflow(requests.quote, wait_for='{"plan":{"phase":1')
+    await ui.page.get_by_text('{"plan":{"phase":1').first.scroll_into_view_if_needed()
+    shots.append(await ui.screenshot(out / "decoded-plan.png"))
     return shots
 
 

@@ -171,6 +171,21 @@ def checkpoint_lines(
     return lines
 
 
+def reviewed_lines(checkpoints: Sequence[Checkpoint]) -> list[str]:
+    """What an ended request's details say of its checkpoints: how each was decided, by whom, and why."""
+    lines = []
+    for checkpoint in checkpoints:
+        line = f"**checkpoint** {excerpt(checkpoint.checkpoint_id, 128)} {checkpoint.status.value}"
+        if checkpoint.reviewer:
+            line += f" by {excerpt(checkpoint.reviewer, 128)}"
+        if checkpoint.comment:
+            line += f": {excerpt(checkpoint.comment, 200)}"
+        if checkpoint.declined:
+            line += f" (declined {excerpt(', '.join(checkpoint.declined), 200)})"
+        lines.append(line)
+    return lines
+
+
 def decision_mark(verb: str, stage: str, hook: str, reason: str, step_id: str | None = None) -> str:
     """The summary of the timer that marks a hook's refusal on the Timeline: what it did, where, and
     why, all on the first line."""
@@ -187,7 +202,7 @@ def current_details(asked: str, *, stage: str, detail: str = "", outcome: str = 
     """The workflow's current details: what was asked, the stage it is in (``more``: lines of this module
     that tell more of it), and once it ended its outcome."""
     lines = [f"**asked:** {excerpt(asked)}", f"**stage:** {stage}" + (f" — {excerpt(detail)}" if detail else "")]
-    lines += more
     if outcome:
         lines.append(f"**outcome:** {excerpt(outcome)}")
+    lines += more
     return "\n\n".join(lines)
