@@ -1,5 +1,7 @@
 """The hook activities: one per stage (``<stage>_hook``, named by its stage), each invoking one hook, all
-with one body: the stage says what its method receives and judges what it returned.
+with one body: the stage says what its method receives and judges what it returned. In-process hooks run
+as local activities typed by the hooks they run (``<stage>:<hook>``, a batch ``<stage>:<hook> + ...``),
+all served by one dynamic activity with the same body (``run_named_hooks``).
 
 A hook invocation here is the complete framework-observed boundary: the call of the stage method, the
 check of what it returned (type, short-circuit contract, plan validation), its span, and the effects,
