@@ -86,18 +86,6 @@ def review_notification_details(parent_workflow_id: str, request_id: str, checkp
     )
 
 
-def checkpoint_detail(checkpoint: Checkpoint) -> str:
-    """What a waiting request's current details say of its checkpoint: the calls to approve, as they will
-    run, and why each needs a reviewer."""
-    why = "; ".join(dict.fromkeys(f"{r.tool}: {r.reason}" for r in checkpoint.reasons))
-    if not checkpoint.calls:
-        return f"checkpoint {checkpoint.checkpoint_id}: {why or 'review the plan'}"
-    calls = "; ".join(
-        f"{call.tool} {json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)}" for call in checkpoint.calls
-    )
-    return f"checkpoint {checkpoint.checkpoint_id}: approve {calls} ({why})"
-
-
 def _calls_text(checkpoint: Checkpoint) -> str:
     """The calls a checkpoint approves, as they will run: tool key and arguments (masked by ``excerpt``)."""
     return "; ".join(
