@@ -151,7 +151,10 @@ class Browser:
         for _ in range(200):
             row = self.page.locator("#event-history-timeline-graph li", has_text=text)
             if await row.count():
-                await row.first.evaluate("row => row.scrollIntoView({block: 'center'})")
+                try:  # the UI redraws the rows in view as the page scrolls: one may go while it is found
+                    await row.first.evaluate("row => row.scrollIntoView({block: 'center'})", timeout=2_000)
+                except Exception:  # noqa: BLE001 - gone meanwhile: look again
+                    continue
                 await asyncio.sleep(0.5)
                 return
             await self.page.evaluate(_SCROLL_DOWN)
