@@ -1,5 +1,7 @@
 """The hook activities: one per stage (``<stage>_hook``, named by its stage), each invoking one hook, all
-with one body: the stage says what its method receives and judges what it returned.
+with one body: the stage says what its method receives and judges what it returned. In-process hooks run
+as local activities typed by the hooks they run (``<stage>:<hook>``, a batch ``<stage>:<hook> + ...``),
+all served by one dynamic activity with the same body (``run_named_hooks``).
 
 A hook invocation here is the complete framework-observed boundary: the call of the stage method, the
 check of what it returned (type, short-circuit contract, plan validation), its span, and the effects,
@@ -24,6 +26,7 @@ import pydantic
 from opentelemetry.trace import Span, Status, StatusCode
 from pydantic import JsonValue
 from temporalio import activity
+from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from hooks.contracts import HookRejection, PipelineContext
@@ -49,7 +52,7 @@ from workflows.models import (
     Stage,
     json_size,
 )
-from workflows.stages import HOOK_BATCH_ACTIVITY, STAGES, ResultRejected, StageSpec, next_call
+from workflows.stages import HOOK_BATCH_ACTIVITY, STAGES, ResultRejected, StageSpec, hook_stage_of, next_call
 from workflows.support import BATCH_TIMEOUT, NON_RETRYABLE_HOOK_FAILURES, hook_retry_delay
 
 from . import telemetry
@@ -178,7 +181,26 @@ class HookStageActivities(abc.ABC):
             fn = getattr(self, spec.activity)
             assert activity._Definition.must_from_callable(fn).name == spec.activity, spec.activity
             found.append(fn)
-        return [*found, self.run_hook_batch]
+        return [*found, self.run_hook_batch, self.run_named_hooks]
+
+    @activity.defn(dynamic=True)
+    async def run_named_hooks(self, args: Sequence[RawValue]) -> Any:
+        """In-process hooks scheduled under a type that names them (``<stage>:<hook>``, or a batch's
+        ``<stage>:<hook> + <hook> + ...``; see ``workflows.stages.hook_activity_type``): the same body
+        as ``<stage>_hook`` for one hook's call, as ``run_hook_batch`` for a batch's. The type gives
+        the stage, the input the hooks. Any other type no activity of this worker serves is refused."""
+        activity_type = activity.info().activity_type
+        stage = hook_stage_of(activity_type)
+        if stage is None or stage not in STAGES or len(args) != 1:
+            raise ApplicationError(
+                f"no activity {activity_type!r} on this worker", type="UnknownActivity", non_retryable=True
+            )
+        spec = STAGES[stage]
+        converter = activity.payload_converter()
+        value = converter.from_payload(args[0].payload)
+        if isinstance(value, dict) and "calls" in value:
+            return await self.run_hook_batch(HookBatchCall.model_validate(value))
+        return await self.invoke_stage(spec, spec.call.model_validate(value))
 
     @activity.defn(name=HOOK_BATCH_ACTIVITY)
     async def run_hook_batch(self, batch: HookBatchCall) -> HookBatchOutcome:

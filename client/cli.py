@@ -18,6 +18,10 @@ A reviewer's inbox:
     agent-lifecycle approve 1a2b3c --reviewer alice --decline send_message-2   # run the rest, skip this call
     agent-lifecycle reject 1a2b3c --reviewer alice --reason "wrong recipient"
 
+Payloads in the Temporal Web UI (stored by reference, secrets masked; see client/codec.py):
+
+    agent-lifecycle codec-server [--port 8888] [--host 127.0.0.1]
+
 A request is named by its request id or its workflow id (``request-<request id>``) everywhere.
 
 Declared hooks (AGENT_HOOKS_FILE):
@@ -302,6 +306,14 @@ async def _stored(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.command == "codec-server":
+        from . import process_data_converter
+        from .codec import Codec, serve
+
+        await serve(
+            Codec(process_data_converter(settings).external_storage), args.host, args.port, args.allow_origin or ()
+        )
+        return 0
     if args.command == "hooks":
         from . import declared_hooks
 
@@ -430,6 +442,18 @@ def _parser() -> argparse.ArgumentParser:
                 help="a call (step id) of the checkpoint not to run: it is skipped and the others run (repeatable)",
             )
     _add_hooks_parser(commands)
+    sub = commands.add_parser(
+        "codec-server",
+        help="Temporal's remote codec endpoint for the Web UI: payloads stored by reference resolved, secrets masked",
+    )
+    sub.add_argument("--port", type=int, default=8888)
+    sub.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    sub.add_argument(
+        "--allow-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="a Web UI origin allowed to call it besides this machine's (repeatable)",
+    )
     sub = commands.add_parser("list", help="recent stored execution records, one line each")
     sub.add_argument("--limit", type=int, default=10)
     sub.add_argument("--full", action="store_true", help="each record in full")

@@ -42,9 +42,10 @@ def _port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-async def start_dev_server(settings: Settings) -> WorkflowEnvironment:
+async def start_dev_server(settings: Settings, *, codec_endpoint: str | None = None) -> WorkflowEnvironment:
     """Start the dev server on ``settings.temporal_address`` with the UI on ``settings.ui_port`` and a
-    persistent database in the state directory; returns once it accepts connections."""
+    persistent database in the state directory; returns once it accepts connections. ``codec_endpoint``:
+    the remote codec the UI decodes payloads with (``agent-lifecycle codec-server``)."""
     host, _, port_text = settings.temporal_address.rpartition(":")
     host = host or "127.0.0.1"
     port = int(port_text)
@@ -65,4 +66,5 @@ async def start_dev_server(settings: Settings) -> WorkflowEnvironment:
         dev_server_existing_path=temporal_cli_path(),
         dev_server_database_filename=str((settings.state_dir / "temporal-dev.db").resolve()),
         dev_server_log_level="error",
+        dev_server_extra_args=["--ui-codec-endpoint", codec_endpoint] if codec_endpoint else [],
     )

@@ -4,12 +4,15 @@
     python -m demo.screenshots --out DIR        # ... or DIR
 
 Starts its own dev server (with its UI) on free loopback ports and a throwaway state directory, runs the
-demo pipeline on four requests — a quote that carries a secret, a trade the required hook refuses, a
-message approved at its checkpoint (its audit write a detached child), and a message left waiting for a
-reviewer — then writes ``workflows.png`` (every execution, requests and children told apart by
+demo pipeline on five requests — a quote that carries a secret, a trade the required hook refuses, a
+message approved at its checkpoint (its audit write a detached child), a message left waiting for a
+reviewer, and a company profile whose call the tool allow-list denies — then writes ``workflows.png`` (every execution, requests and children told apart by
 ``AgentWorkflowKind``, each at its ``AgentLifecycleStage``), ``requests.png`` (the requests-only filter),
-``awaiting-review.png`` and ``completed.png`` (a request's user metadata and current details) and
-``refused.png`` (the refused request's failure). Needs Chromium (``CHROMIUM`` or /usr/bin/chromium) and
+``awaiting-review.png`` and ``completed.png`` (a request's user metadata and current details),
+``refused.png`` (the refused request's failure), ``timeline.png`` (a request's Timeline: each hook named,
+the call the allow-list denied marked with its reason) and ``decoded-plan.png`` (the plan the worker
+stored by reference, decoded by ``agent-lifecycle codec-server``, which the dev server's UI is configured
+with). Needs Chromium (``CHROMIUM`` or /usr/bin/chromium) and
 the ``playwright`` package (the dev extra); Playwright never downloads a browser here, and the browser
 reaches nothing but loopback.
 """
@@ -32,8 +35,9 @@ from urllib.parse import quote, urlsplit
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
-from client import Settings, connect, exit_process
+from client import Settings, connect, exit_process, process_data_converter
 from client.api import pending_checkpoint, review, start_request
+from client.codec import Codec, serve
 from client.devserver import start_dev_server
 from demo.pipeline import demo_settings
 from worker import build_worker, load_activities, prepare
@@ -54,6 +58,9 @@ QUOTE = f"What is the price of ACME? My key is {SECRET}"
 TRADE = "Buy 10 ACME"
 APPROVED = "Send a message to alice with the price of ACME"
 WAITING = "Send a message to bob with the price of GBX"
+DENIED = "Show the profile of ACME"  # the allow-list plugin denies company_profile here (see demo_ui)
+# The demo's tool allow-list without company_profile: the screenshots' pipeline denies that call.
+SCREENSHOT_TOOL_ALLOW_LIST = ["stock-service/stock_quote", "stock-service/execute_trade", "notify-service/send_message"]
 REVIEWER = "screenshot-reviewer"
 
 
@@ -124,11 +131,66 @@ class Browser:
         run_id = await self._latest_run(workflow_id)
         return await self.open(f"/workflows/{quote(workflow_id, safe='')}/{run_id}/{tab}", wait_for=wait_for)
 
+    async def timeline(self, workflow_id: str, *, wait_for: str, timeout: float = 20.0) -> list[str]:
+        """The rows of a workflow's Timeline, top to bottom (newest first), as their labels read, once a
+        row says ``wait_for``: the UI draws only the rows in view, so the page is scrolled through them."""
+        await self.workflow(workflow_id, "timeline", wait_for="Timeline")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            rows = await self._timeline_rows()
+            if any(wait_for in row for row in rows):
+                return rows
+            if loop.time() > deadline:
+                raise AssertionError(f"no Timeline row says {wait_for!r} at {self.page.url}; the rows:\n{rows}")
+            await asyncio.sleep(0.5)
+
+    async def show_row(self, text: str) -> None:
+        """Scroll the Timeline (already read by :meth:`timeline`) until the row that says ``text`` is in
+        the middle of the view."""
+        for _ in range(200):
+            row = self.page.locator("#event-history-timeline-graph li", has_text=text)
+            if await row.count():
+                try:  # the UI redraws the rows in view as the page scrolls: one may go while it is found
+                    await row.first.evaluate("row => row.scrollIntoView({block: 'center'})", timeout=2_000)
+                except Exception:  # noqa: BLE001 - gone meanwhile: look again
+                    continue
+                await asyncio.sleep(0.5)
+                return
+            await self.page.evaluate(_SCROLL_DOWN)
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no Timeline row says {text!r}")
+
+    async def _timeline_rows(self) -> list[str]:
+        await self.page.wait_for_selector("#event-history-timeline-graph li", state="attached")
+        rows: dict[float, str] = {}
+        last = -1.0
+        while True:
+            seen = await self.page.evaluate(_TIMELINE_ROWS)
+            rows.update({float(y): text for y, text in seen})
+            top = await self.page.evaluate(_SCROLL_DOWN)
+            if top == last:
+                break
+            last = top
+            await asyncio.sleep(0.2)
+        await self.page.evaluate("document.querySelector('#content-wrapper').scrollTop = 0")
+        return [rows[y] for y in sorted(rows)]
+
     async def _latest_run(self, workflow_id: str) -> str:
         response = await self.page.request.get(
             self.base.replace("/namespaces/", "/api/v1/namespaces/") + f"/workflows/{quote(workflow_id, safe='')}"
         )
         return (await response.json())["workflowExecutionInfo"]["execution"]["runId"]
+
+
+# Each Timeline row drawn: (its offset, its label's text).
+_TIMELINE_ROWS = """() => Array.from(document.querySelectorAll('#event-history-timeline-graph li')).map(li => [
+    parseFloat((li.style.transform.match(/translateY\\(([-\\d.]+)px\\)/) || [0, 0])[1]),
+    li.innerText.trim(),
+]).filter(([, text]) => text)"""
+# Scroll the page down by most of a screen; returns where it got to.
+_SCROLL_DOWN = """() => { const page = document.querySelector('#content-wrapper');
+    page.scrollTop += Math.max(200, page.clientHeight * 0.8); return page.scrollTop; }"""
 
 
 async def _loopback_only(route: Any) -> None:
@@ -173,6 +235,7 @@ class Requests:
     approved: str
     waiting: str
     waiting_handle: WorkflowHandle
+    denied: str
 
 
 async def _settle(handle: WorkflowHandle) -> None:
@@ -197,15 +260,18 @@ async def run_requests(client: Client, settings: Settings) -> Requests:
     trade_handle = await start_request(client, settings, TRADE, metadata={"cache": "bypass"})
     approved_handle = await start_request(client, settings, APPROVED, metadata={"cache": "bypass"})
     waiting_handle = await start_request(client, settings, WAITING, metadata={"cache": "bypass"})
+    denied_handle = await start_request(client, settings, DENIED, metadata={"cache": "bypass"})
     await _approve(client, approved_handle.id)
-    for handle in (quote_handle, trade_handle, approved_handle):
+    for handle in (quote_handle, trade_handle, approved_handle, denied_handle):
         await _settle(handle)
     for _ in range(300):  # the waiting request is listed as awaiting review
         listed = [e.id async for e in client.list_workflows(search_attributes.AWAITING_REVIEW_QUERY)]
         if waiting_handle.id in listed:
             break
         await asyncio.sleep(0.1)
-    return Requests(quote_handle.id, trade_handle.id, approved_handle.id, waiting_handle.id, waiting_handle)
+    return Requests(
+        quote_handle.id, trade_handle.id, approved_handle.id, waiting_handle.id, waiting_handle, denied_handle.id
+    )
 
 
 # The list's columns an operator picks with "Configure columns": what each execution is and its stage.
@@ -228,6 +294,12 @@ async def take_screenshots(ui: Browser, requests: Requests, out: Path, namespace
     shots.append(await ui.screenshot(out / "refused.png"))
     await ui.workflow(requests.quote, "user-metadata", wait_for="outcome:")
     shots.append(await ui.screenshot(out / "completed.png"))
+    await ui.timeline(requests.denied, wait_for="✗ denied")
+    await ui.show_row("✗ denied")
+    shots.append(await ui.screenshot(out / "timeline.png"))
+    await ui.workflow(requests.quote, wait_for='{"plan":{"phase":1')
+    await ui.page.get_by_text('{"plan":{"phase":1').first.scroll_into_view_if_needed()
+    shots.append(await ui.screenshot(out / "decoded-plan.png"))
     return shots
 
 
@@ -236,9 +308,13 @@ async def demo_ui(settings: Settings) -> AsyncIterator[tuple[Browser, Requests]]
     """A dev server with its UI (``settings``: free loopback ports, a throwaway state directory), a demo
     worker, the demo requests run on it, and Chromium on the UI; the request left waiting for a reviewer
     is terminated at the end."""
-    settings = demo_settings(settings)
+    settings = demo_settings(settings).model_copy(update={"tool_allow_list": SCREENSHOT_TOOL_ALLOW_LIST})
     activities = load_activities(settings)
-    env = await start_dev_server(settings)
+    codec_port = free_port()
+    codec = asyncio.create_task(
+        serve(Codec(process_data_converter(settings).external_storage), "127.0.0.1", codec_port)
+    )
+    env = await start_dev_server(settings, codec_endpoint=f"http://127.0.0.1:{codec_port}")
     try:
         client = await connect(settings, tracing=False)
         await prepare(client, settings, activities)
@@ -251,6 +327,9 @@ async def demo_ui(settings: Settings) -> AsyncIterator[tuple[Browser, Requests]]
                 await requests.waiting_handle.terminate("screenshots taken")
     finally:
         await env.shutdown()
+        codec.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await codec
 
 
 async def main(out: Path) -> int:

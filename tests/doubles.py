@@ -17,7 +17,7 @@ from workflows import data_converter
 from workflows.detached import detached_workflow_id
 from workflows.models import EffectStatus, ExecutionRecord, HookInvocation, PipelineHookEffect, Plan, PlanStep
 
-from .harness import Harness, Outcome
+from .harness import Harness, Outcome, marker_activity_type
 
 NS = "demo-tools"
 
@@ -111,7 +111,7 @@ def started_attempts(out: Outcome, activity_type: str) -> list[int]:
             marker = e.marker_recorded_event_attributes
             if marker.marker_name == "core_local_activity" and "data" in marker.details:
                 data = data_converter.payload_converter.from_payloads(marker.details["data"].payloads)[0]
-                if data.get("activity_type") == activity_type:
+                if marker_activity_type(marker) == activity_type:
                     attempts.append(data["attempt"])
     return attempts
 

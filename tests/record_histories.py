@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from activities.memory import ConversationMemoryStore, MemoryStore
@@ -106,6 +107,21 @@ SUBAGENT_SCENARIOS = {
     # Added with the stage and kind search attributes: the sub-agent child started with its kind.
     "subagent_delegation_with_kind_attributes": ("Ask a sub-agent, and tell the story", {"cache": "bypass"}, None),
 }
+
+
+# Added with hooks named on the Timeline: in-process hooks as local activities typed ``<stage>:<hook>``
+# (a batch ``<stage>:<hook> + ...``), and a timer marking each refusal — a call the tool allow-list denies
+# (stock_quote left off it), a plan the required hook refuses — besides a checkpoint approved.
+NAMED_HOOK_SCENARIOS = {
+    "quote_denied_with_named_hooks": ("What is the price of ACME?", {"cache": "bypass"}, None),
+    "trade_refused_with_decision_mark": ("Buy 3 ACME", {"cache": "bypass"}, None),
+    "message_with_named_hooks_approved_at_checkpoint": (
+        "Send a message to gina with the price of MSFT",
+        {"cache": "bypass"},
+        "history-reviewer",
+    ),
+}
+NAMED_HOOK_ALLOW_LIST = ["stock-service/execute_trade", "notify-service/send_message"]
 
 
 # Added with model planning and streamed answers: a model's tool call planned, its answer streamed to a
@@ -201,6 +217,13 @@ def released_a_lease(name: str, out) -> None:
     assert any(a.activity_type == "release_lease" for a in out.scheduled), "no managed lease was released"
 
 
+def named(name: str, out) -> None:
+    assert any(a.recorded_type for a in out.scheduled), "no in-process hook ran under a type naming it"
+    if "denied" in name or "refused" in name:
+        marks = [e for e in out.history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+        assert marks, "no refusal was marked"
+
+
 def succeeded(name: str, out) -> None:
     assert out.failure is None, out.failure
 
@@ -228,6 +251,10 @@ async def main(rewrite_all: bool) -> None:
                 env.client, Path(state), hooks=demo_hooks(settings, memory), memory=memory, pipeline="demo"
             ) as h:
                 await record(h, MEMORY_SCENARIOS, rewrite_all, released_a_lease)
+        with tempfile.TemporaryDirectory() as state:
+            settings = Settings(state_dir=Path(state), tool_allow_list=NAMED_HOOK_ALLOW_LIST)
+            async with Harness(env.client, Path(state), hooks=demo_hooks(settings)) as h:
+                await record(h, NAMED_HOOK_SCENARIOS, rewrite_all, named)
         with tempfile.TemporaryDirectory() as state:
             async with subagent_harness(env.client, Path(state)) as h:
                 await record(h, SUBAGENT_SCENARIOS, rewrite_all, succeeded)

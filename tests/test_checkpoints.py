@@ -25,7 +25,7 @@ from workflows import search_attributes as sa
 from workflows.models import ApprovalReason, Checkpoint, ExecutionRecord, ReviewAck, ReviewRequest, ReviewSettings
 
 from .doubles import FixedPlanner, eventually, quote
-from .harness import Harness, Outcome
+from .harness import Harness, Outcome, marker_activity_type
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "demo-tools"
@@ -161,10 +161,8 @@ def scheduled_ids(out: Outcome, activity_type: str) -> list[int]:
                 found.append(e.event_id)
         elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
             marker = e.marker_recorded_event_attributes
-            if marker.marker_name == "core_local_activity" and "data" in marker.details:
-                data = data_converter.payload_converter.from_payloads(marker.details["data"].payloads)[0]
-                if data.get("activity_type") == activity_type:
-                    found.append(e.event_id)
+            if marker_activity_type(marker) == activity_type:
+                found.append(e.event_id)
     return found
 
 

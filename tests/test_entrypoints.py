@@ -25,6 +25,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from client.devserver import temporal_cli_path
+from workflows.listing import LISTING_TIMER_SUMMARY
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,7 +143,7 @@ def test_temporal_cli_alone_starts_a_request_and_reads_its_record(dev_worker):
         base64.b64decode(e["userMetadata"]["summary"]["data"]) for e in events if "timerStartedEventAttributes" in e
     ]
     # Besides the listing timer, only a managed lease's renewal timer may run (the request outlived a renewal).
-    listing_timers = [t for t in timers if t == b'"list the stage it waits in"']
+    listing_timers = [t for t in timers if t == json.dumps(LISTING_TIMER_SUMMARY, ensure_ascii=False).encode()]
     assert listing_timers, timers
     assert all(t in listing_timers or t.startswith('"renew lease \u00b7 '.encode()) for t in timers), timers
     assert len(listed) - 2 <= sum("timerFiredEventAttributes" in e for e in events)

@@ -343,7 +343,7 @@ async def test_before_run_stop_ends_the_run_with_its_text_and_only_finalizers_ru
         "before_run · stopper",
         "on_finish · late",
         "on_finish · finisher",
-        "persist record · terminal · revision 1",
+        "bookkeeping · persist record · terminal · revision 1",
     ]
     assert planner.requests == [] and stopper.calls == 1
     assert Late.calls == ["on_finish:stopped"]
@@ -949,7 +949,7 @@ async def test_on_error_observes_the_error_with_its_origin_before_on_finish(clie
         "on_error · second",
         "on_finish · first",
         "on_finish · second",
-        "persist record · terminal · revision " + str(out.record.record_revision),
+        "bookkeeping · persist record · terminal · revision " + str(out.record.record_revision),
     ]
     stored = await out.stored()
     assert stored.status is (RequestStatus.CANCELLED if case == "cancelled" else RequestStatus.FAILED)

@@ -13,7 +13,7 @@ from demo.tools import quote_price
 from hooks import PipelineShortCircuit, RunMode, ToolDecision
 from workflows import data_converter
 from workflows.models import InvocationOutcome, Stage, StageSettings
-from workflows.stages import HOOK_BATCH_ACTIVITY
+from workflows.stages import hook_stage_of
 
 from .doubles import FixedPlanner, decision, quote
 from .harness import Harness, Outcome
@@ -39,7 +39,8 @@ def markers(out: Outcome) -> list[tuple[str, str | None]]:
 
 
 def hook_markers(out: Outcome) -> list[tuple[str, str | None]]:
-    return [m for m in markers(out) if m[0].endswith("_hook") or m[0] == HOOK_BATCH_ACTIVITY]
+    """The markers of in-process hooks: each typed ``<stage>:<hook>``, a batch ``<stage>:<hook> + <hook>``."""
+    return [m for m in markers(out) if hook_stage_of(m[0]) is not None]
 
 
 def invocations(out: Outcome, stage: Stage) -> list[tuple[str, int, str]]:
@@ -67,7 +68,7 @@ async def test_five_in_process_hooks_chain_through_one_local_activity_and_each_i
     assert out.result.response == ACME + "ABCDE"
     assert [hook.received for hook in hooks] == [[ACME], [ACME + "A"], [ACME + "AB"], [ACME + "ABC"], [ACME + "ABCD"]]
     # One marker for the five, named by stage and hooks; no marker or activity per hook.
-    assert hook_markers(out) == [(HOOK_BATCH_ACTIVITY, "after_synthesis · a, b, c, d, e")]
+    assert hook_markers(out) == [("after_synthesis:a + b + c + d + e", "after_synthesis · a, b, c, d, e")]
     assert [a for a in out.scheduled if a.activity_type == "after_synthesis_hook" and not a.batched] == []
     # Each invocation is its own: in the record, in the history's view of the batch, and as a span.
     assert invocations(out, Stage.AFTER_SYNTHESIS) == [(n, i, "succeeded") for i, n in enumerate("abcde", start=1)]
@@ -85,7 +86,7 @@ async def test_with_batching_off_each_in_process_hook_has_its_own_marker(client,
         out = await h.run("price of ACME")
 
     assert out.result.response == ACME + "ABC"
-    assert hook_markers(out) == [("after_synthesis_hook", f"after_synthesis · {n}") for n in "abc"]
+    assert hook_markers(out) == [(f"after_synthesis:{n}", f"after_synthesis · {n}") for n in "abc"]
 
 
 async def test_a_hook_that_runs_as_an_activity_splits_the_batch_and_keeps_the_order(client, tmp_path):
@@ -95,8 +96,8 @@ async def test_a_hook_that_runs_as_an_activity_splits_the_batch_and_keeps_the_or
 
     assert out.result.response == ACME + "ABCDE"
     assert hook_markers(out) == [
-        (HOOK_BATCH_ACTIVITY, "after_synthesis · a, b"),
-        (HOOK_BATCH_ACTIVITY, "after_synthesis · d, e"),
+        ("after_synthesis:a + b", "after_synthesis · a, b"),
+        ("after_synthesis:d + e", "after_synthesis · d, e"),
     ]
     assert [a.summary for a in out.scheduled if not a.local and a.activity_type == "after_synthesis_hook"] == [
         "after_synthesis · c"
@@ -203,9 +204,12 @@ async def test_each_hook_keeps_its_attempts_and_timeout_and_a_failure_fails_open
     assert recorded["slow"].error == "hook did not finish within 1s (start_to_close)"
     # The batch stopped at each failure; the workflow went on from the next hook.
     assert hook_markers(out) == [
-        (HOOK_BATCH_ACTIVITY, "after_synthesis · first, retried, broken, slow, after"),
-        (HOOK_BATCH_ACTIVITY, "after_synthesis · slow, after"),
-        ("after_synthesis_hook", "after_synthesis · after"),
+        (
+            "after_synthesis:first + retried + broken + slow + after",
+            "after_synthesis · first, retried, broken, slow, after",
+        ),
+        ("after_synthesis:slow + after", "after_synthesis · slow, after"),
+        ("after_synthesis:after", "after_synthesis · after"),
     ]
 
 
@@ -254,7 +258,9 @@ async def test_tool_hooks_see_the_arguments_the_hooks_before_them_set_and_a_deni
         ("watch", 2, "succeeded"),
         ("deny", 3, "succeeded"),
     ]
-    assert hook_markers(out) == [(HOOK_BATCH_ACTIVITY, "before_tool · rewrite, watch, deny, late · q")]
+    assert hook_markers(out) == [
+        ("before_tool:rewrite + watch + deny + late", "before_tool · rewrite, watch, deny, late · q")
+    ]
     assert [a.summary for a in out.scheduled if a.batched] == [
         "before_tool · rewrite · q",
         "before_tool · watch · q",

@@ -221,9 +221,9 @@ async def test_a_two_phase_request_uses_a_phase_one_output_in_phase_two(client, 
     assert record.phase_cap_reached is False
     assert [s.step_id for s in out.result.steps] == ["a", "a2", "b", "c"]
     assert persist_summaries(out) == [
-        "persist record · accepted_plan · revision 1",
-        "persist record · accepted_plan · revision 2",
-        "persist record · terminal · revision 3",
+        "bookkeeping · persist record · accepted_plan · revision 1",
+        "bookkeeping · persist record · accepted_plan · revision 2",
+        "bookkeeping · persist record · terminal · revision 3",
     ]
     stored = await out.stored()
     assert [p.phase for p in stored.plans] == [1, 2] and stored.record_revision == 3
@@ -458,8 +458,8 @@ async def test_a_second_phase_required_rejection_keeps_phase_one_in_the_failed_r
     assert decision(second) == ("fail_closed", "terminate", "hook_error")
     # The rejected phase was never persisted as accepted.
     assert persist_summaries(out) == [
-        "persist record · accepted_plan · revision 1",
-        "persist record · terminal · revision 2",
+        "bookkeeping · persist record · accepted_plan · revision 1",
+        "bookkeeping · persist record · terminal · revision 2",
     ]
     assert stored == out.record
 

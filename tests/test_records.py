@@ -213,8 +213,8 @@ async def test_a_snapshot_is_persisted_at_accepted_plan_and_terminal(client, tmp
         ("terminal", "completed", 2, 2, "succeeded", (2, True)),
     ]
     assert persist_summaries(out) == [
-        "persist record · accepted_plan · revision 1",
-        "persist record · terminal · revision 2",
+        "bookkeeping · persist record · accepted_plan · revision 1",
+        "bookkeeping · persist record · terminal · revision 2",
     ]
 
 
@@ -248,9 +248,9 @@ async def test_a_checkpoint_persists_accepted_plan_checkpoint_opened_and_termina
         ("terminal", "completed", 3, 3, "succeeded", (3, True)),
     ]
     assert persist_summaries(out) == [
-        "persist record · accepted_plan · revision 1",
-        "persist record · checkpoint_opened · revision 2",
-        "persist record · terminal · revision 3",
+        "bookkeeping · persist record · accepted_plan · revision 1",
+        "bookkeeping · persist record · checkpoint_opened · revision 2",
+        "bookkeeping · persist record · terminal · revision 3",
     ]
 
 

@@ -51,6 +51,10 @@ def test_a_worker_serves_temporal_metrics_for_prometheus(tmp_path):
     samples = [line for line in text.splitlines() if line.startswith("temporal_workflow_task_execution_latency")]
     assert any('workflow_type="RequestLifecycle"' in line and 'task_queue="agent-requests"' in line for line in samples)
     assert any(line.startswith("temporal_activity_execution_latency_count") for line in text.splitlines())
+    # An in-process hook is a series of its own: its local activity's type names its stage and hook.
+    assert any('activity_type="after_planning:allowed-operations"' in line for line in text.splitlines()), [
+        line for line in text.splitlines() if "local_activity" in line
+    ][:10]
 
 
 class _MetricsCollector(http.server.BaseHTTPRequestHandler):

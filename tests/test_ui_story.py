@@ -27,6 +27,7 @@ from hooks.builtin.audit import AuditHook, JsonlAuditWriter
 from workflows import data_converter, detached_workflow_id
 from workflows import search_attributes as sa
 from workflows.converter import LifecycleFailureConverter
+from workflows.listing import LISTING_TIMER_SUMMARY
 from workflows.models import Checkpoint, RequestResult
 
 from .doubles import FixedPlanner, HeldTool, eventually
@@ -56,7 +57,7 @@ def stage_upserts(out: Outcome) -> list[dict[str, object]]:
     return found
 
 
-LISTING_TIMER = "list the stage it waits in"
+LISTING_TIMER = LISTING_TIMER_SUMMARY
 
 
 def listing_timers(out: Outcome) -> tuple[int, int, int]:

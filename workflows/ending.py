@@ -158,7 +158,9 @@ class RunEnding:
         terminal = COMPLETED if status is RequestStatus.SUCCEEDED else str(status)
         record.completed_at = workflow.now()
         if state.behaviour.stage_upserts:
-            self._listing.enter(terminal, outcome=self._outcome(status, error))
+            self._listing.enter(
+                terminal, outcome=self._outcome(status, error), more=story.reviewed_lines(record.checkpoints)
+            )
             self._listing.publish()
         else:  # executions recorded before stages were listed where they wait
             record.lifecycle_stage = terminal

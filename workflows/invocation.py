@@ -49,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from .run_state import RunState
     from .scheduling import Scheduler
-    from .stages import HOOK_BATCH_ACTIVITY, Fold, StageSpec
+    from .stages import HOOK_BATCH_ACTIVITY, Fold, StageSpec, hook_activity_type
     from .support import (
         HOOK_RETRY_BACKOFF,
         HOOK_RETRY_INITIAL_INTERVAL,
@@ -63,6 +63,13 @@ _INVOCATION_OUTCOMES = {
     decisions.HOOK_TIMEOUT: InvocationOutcome.TIMED_OUT,
     decisions.WORKER_LOST: InvocationOutcome.WORKER_LOST,
 }
+# The decisions a hook's row on the Timeline is marked with (see ``HookRunner._mark``), as it reads them.
+_MARKED = {
+    DecisionAction.DENY: "denied",
+    DecisionAction.STOP: "stopped the run",
+    DecisionAction.TERMINATE: "ended the request",
+}
+DECISION_MARK = timedelta(milliseconds=1)
 # What the workflow does with each outcome besides folding it: (hook, outcome, subject before, the fold).
 OnOutcome = Callable[[HookEntry, Any, Any, Fold], None]
 _Result = tuple[HookEntry, Any, InvocationFailure | None]
@@ -168,6 +175,7 @@ class HookRunner:
                     if on_outcome is not None:
                         on_outcome(hook, outcome, subject, folded)
                     subject = folded.subject
+                    await self._mark(spec, hook, outcome.decision, step, _refusal_text(outcome))
                     if folded.ends:
                         return StageRun(subject, hook, outcome)
                 elif failure is None:
@@ -182,7 +190,9 @@ class HookRunner:
                         )
                     )
                 elif failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
-                    raise _stage_error(hook, spec.stage, failure, plan_phase)
+                    error = _stage_error(hook, spec.stage, failure, plan_phase)
+                    await self._mark(spec, hook, failure.decision, step, error.message)
+                    raise error
         return StageRun(subject)
 
     def _batchable(self, hooks: list[HookEntry], start: int) -> list[HookEntry]:
@@ -202,6 +212,40 @@ class HookRunner:
                 break
             run.append(hook)
         return run
+
+    async def _mark(
+        self,
+        spec: StageSpec,
+        hook: HookEntry,
+        decision: HookDecision | None,
+        step: PlanStep | None,
+        reason: str | None = None,
+    ) -> None:
+        """Mark a hook's refusal on the request's Timeline, at its own row: a hook that denied a call,
+        stopped the run or ended the request leaves a one-millisecond timer whose summary says so, the
+        reason on its first line (the Temporal UI labels a local activity by its type alone and never
+        shows one as failed, so its marker could not). Nothing for any other decision, at a finalizer
+        stage, or in executions recorded before (``Behaviour.decision_marks``)."""
+        if (
+            decision is None
+            or decision.action not in _MARKED
+            or spec.finalizer
+            or not self._state.behaviour.decision_marks
+        ):
+            return
+        summary = story.decision_mark(
+            _MARKED[decision.action], spec.stage.value, hook.name, reason or decision.reason, step and step.step_id
+        )
+        await workflow.sleep(DECISION_MARK, summary=summary)
+
+    def _local_type(self, spec: StageSpec, hooks: list[HookEntry], legacy: str) -> str:
+        """The local activity type of in-process ``hooks`` at ``spec``'s stage: one that names the stage
+        and the hooks (``stage:hook``, what the UI's Timeline and the SDK's metrics show), or ``legacy``
+        (``<stage>_hook``, ``run_hook_batch``) for executions recorded before
+        (``Behaviour.named_hook_activities``)."""
+        if not self._state.behaviour.named_hook_activities:
+            return legacy
+        return hook_activity_type(spec.stage, [hook.name for hook in hooks])
 
     def _invocation(
         self, hook: HookEntry, stage: Stage, sequence: int, plan_phase: int | None, step: PlanStep | None
@@ -250,7 +294,7 @@ class HookRunner:
         try:
             if hook.run_mode is RunMode.LOCAL_ACTIVITY:
                 outcome = await workflow.execute_local_activity(
-                    spec.activity,
+                    self._local_type(spec, [hook], spec.activity),
                     call,
                     result_type=spec.outcome,
                     start_to_close_timeout=timedelta(seconds=hook.timeout_seconds),
@@ -361,7 +405,7 @@ class HookRunner:
         started = workflow.now()
         try:
             batch = await workflow.execute_local_activity(
-                HOOK_BATCH_ACTIVITY,
+                self._local_type(spec, hooks, HOOK_BATCH_ACTIVITY),
                 HookBatchCall(stage=stage, calls=calls),
                 result_type=HookBatchOutcome,
                 start_to_close_timeout=timedelta(seconds=budget + 10),
@@ -504,6 +548,18 @@ def _stage_error(hook: HookEntry, stage: Stage, failure: InvocationFailure, plan
         type=decisions.EXTENSION_ERROR,
         non_retryable=True,
     )
+
+
+def _refusal_text(outcome: Any) -> str | None:
+    """Why an outcome refused, in the hook's words: its verdict's or stop's reason and message."""
+    for holder in (getattr(outcome, "verdict", None), getattr(outcome, "stop", None)):
+        if holder is None:
+            continue
+        words = [getattr(holder, "reason", ""), getattr(holder, "message", "") or getattr(holder, "text", "")]
+        text = " — ".join(dict.fromkeys(w.strip() for w in words if isinstance(w, str) and w.strip()))
+        if text:
+            return text
+    return None
 
 
 def _seconds_until(moment: datetime) -> float:

@@ -81,7 +81,7 @@ with workflow.unsafe.imports_passed_through():
     from .scheduling import Scheduler
     from .stages import STAGES, Fold, Stage
     from .steps import StepExecutor
-    from .support import approval_reasons, decode_payload, promote_metadata, stage_failure
+    from .support import APPROVAL_METADATA_KEY, approval_reasons, decode_payload, promote_metadata, stage_failure
 
 WORKFLOW_TYPE = "RequestLifecycle"
 INVALID_QUERY = "InvalidQuery"
@@ -446,6 +446,10 @@ class RequestLifecycleWorkflow:
         ) -> None:
             if outcome.stop is not None:
                 raise RunStopped(hook.name, Stage.AFTER_PLANNING.value, outcome.stop.reason, outcome.stop.text)
+            marked_before = {s.step_id for s in before.steps if s.metadata.get(APPROVAL_METADATA_KEY)}
+            for step in folded.subject.steps:
+                if step.metadata.get(APPROVAL_METADATA_KEY) and step.step_id not in marked_before:
+                    self._state.approval_required_by.setdefault(step.step_id, hook.name)
 
         plan = await self._stage(
             Stage.AFTER_PLANNING,

@@ -5,6 +5,7 @@ workflow next waits. Also the names of the stages that are not hook stages. Work
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from temporalio import workflow
@@ -25,6 +26,8 @@ SYNTHESIZING = "synthesizing"
 REMEMBERING = "remembering"
 RELEASING_LEASES = "releasing_leases"
 COMPLETED = "completed"  # then the other terminal stages: the request's status (failed, stopped, ...)
+# The summary of the timer that lists a stage late: bookkeeping, so the Timeline does not read it as a wait.
+LISTING_TIMER_SUMMARY = "bookkeeping · list the stage in search (not a wait)"
 
 
 class StageListing:
@@ -37,7 +40,7 @@ class StageListing:
         self._unpublished: tuple[str, bool] | None = None  # (stage, terminal) entered since the last upsert
         self._timer: asyncio.Task[None] | None = None  # lists the stage once the listing delay has passed
 
-    def enter(self, stage: str, detail: str = "", *, outcome: str = "") -> None:
+    def enter(self, stage: str, detail: str = "", *, outcome: str = "", more: Sequence[str] = ()) -> None:
         """Enter ``stage``: the record and the current details an operator reads (what was asked, the
         stage, the outcome once there is one) at once; the search attributes, where the namespace has
         them, when the workflow next waits (:meth:`publish`). A stage with an ``outcome`` is the
@@ -45,7 +48,7 @@ class StageListing:
         state = self._state
         state.record.lifecycle_stage = str(stage)
         workflow.set_current_details(
-            story.current_details(state.input.request, stage=str(stage), detail=detail, outcome=outcome)
+            story.current_details(state.input.request, stage=str(stage), detail=detail, outcome=outcome, more=more)
         )
         if state.behaviour.stage_upserts:
             self._unpublished = (str(stage), bool(outcome))
@@ -84,7 +87,7 @@ class StageListing:
             self._timer = asyncio.create_task(self._list_after(delay))
 
     async def _list_after(self, delay: float) -> None:
-        await workflow.sleep(delay, summary="list the stage it waits in")
+        await workflow.sleep(delay, summary=LISTING_TIMER_SUMMARY)
         self._timer = None
         self._list()
 

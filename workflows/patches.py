@@ -60,7 +60,10 @@ class Behaviour:
       no chain budget, no schedule-to-close timeout);
     - ``planner_answers``: ``model_steps.ModelSteps.synthesize`` (a synthesis call wrote every answer, even
       after the planner had answered in text) and ``lifecycle._run_phases`` (a plan without steps was
-      written to the store on acceptance too).
+      written to the store on acceptance too);
+    - ``named_hook_activities``: ``invocation.HookRunner._local_type`` (in-process hooks run as the
+      stage's ``<stage>_hook`` and batches as ``run_hook_batch``, instead of types that name their hooks);
+    - ``decision_marks``: ``invocation.HookRunner._mark`` (no timer marks a hook's denial or termination).
     """
 
     local_bookkeeping: bool = True
@@ -75,6 +78,25 @@ class Behaviour:
     # A model planner's text answer is the answer's draft: no synthesis call after it; a plan without
     # steps is recorded by the next write rather than one of its own.
     planner_answers: bool = True
+    # In-process hooks scheduled under local activity types that name them (``<stage>:<hook>``).
+    named_hook_activities: bool = True
+    # A hook that denies, stops or terminates marked on the Timeline by a short timer that says so.
+    decision_marks: bool = True
+
+
+# The fields of every change recorded under ``LIFECYCLE_2027_01``: off for executions recorded before it.
+SINCE_2027_01 = (
+    "run_extensions",
+    "hook_chain_budget",
+    "planner_answers",
+    "named_hook_activities",
+    "decision_marks",
+)
+
+
+def _before_2027_01(**fields: bool) -> Behaviour:
+    """The behaviour of an execution recorded before ``LIFECYCLE_2027_01``, with ``fields`` as given."""
+    return Behaviour(**{name: False for name in SINCE_2027_01}, **fields)
 
 
 def detect() -> Behaviour:
@@ -82,27 +104,19 @@ def detect() -> Behaviour:
     if workflow.patched(LIFECYCLE_2027_01):
         return Behaviour()
     if workflow.patched(LIFECYCLE_2026_12_B):
-        return Behaviour(run_extensions=False, hook_chain_budget=False, planner_answers=False)
-    earlier = Behaviour(
-        approval_after_rewrites=False,
-        handled_tool_error_succeeds=False,
-        lease_renewal_by_timer=False,
-        run_extensions=False,
-        hook_chain_budget=False,
-        planner_answers=False,
+        return _before_2027_01()
+    earlier = _before_2027_01(
+        approval_after_rewrites=False, handled_tool_error_succeeds=False, lease_renewal_by_timer=False
     )
     if workflow.patched(LIFECYCLE_2026_12):
         return earlier
     in_process = workflow.patched(IN_PROCESS_PATCH)
     stage_upserts = workflow.patched(STAGE_SEARCH_ATTRIBUTES_PATCH)
-    return Behaviour(
+    return _before_2027_01(
         local_bookkeeping=in_process,
         hook_batches=in_process,
         stage_upserts=stage_upserts,
         approval_after_rewrites=False,
         handled_tool_error_succeeds=False,
         lease_renewal_by_timer=False,
-        run_extensions=False,
-        hook_chain_budget=False,
-        planner_answers=False,
     )

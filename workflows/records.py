@@ -48,7 +48,7 @@ class RecordKeeper:
                     result_type=PersistRecordOutput,
                     timeout=30,
                     retry_policy=RetryPolicy(maximum_attempts=5),
-                    summary=f"persist record · {boundary.value} · revision {record.record_revision}",
+                    summary=f"bookkeeping · persist record · {boundary.value} · revision {record.record_revision}",
                 )
                 return
             except (ActivityError, ApplicationError) as err:

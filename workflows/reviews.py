@@ -81,7 +81,7 @@ class Reviews:
         now = checkpoint.requested_at
         record.checkpoints.append(checkpoint)
         record.status = RequestStatus.SUSPENDED
-        listing.enter(AWAITING_REVIEW, detail=story.checkpoint_detail(checkpoint))
+        self._enter_waiting(checkpoint)
         listing.legacy_upsert(AWAITING_REVIEW, awaiting_review=True)
         listing.publish()
         if state.manifest.review.notify:  # without a reviewers' webhook a checkpoint adds no command
@@ -98,14 +98,16 @@ class Reviews:
             await workflow.wait_condition(
                 lambda: checkpoint.status is not CheckpointStatus.PENDING,
                 timeout=checkpoint.expires_at - now,
-                timeout_summary=f"checkpoint {checkpoint.checkpoint_id} expiry",
+                timeout_summary=story.checkpoint_timer_summary(
+                    checkpoint, state.manifest.review.reviewers, state.approval_required_by
+                ),
             )
         except asyncio.TimeoutError:
             checkpoint.status = CheckpointStatus.EXPIRED
             checkpoint.decided_at = workflow.now()
         still_open = self.pending()
         if still_open:
-            listing.enter(AWAITING_REVIEW, detail=story.checkpoint_detail(still_open[0]))
+            self._enter_waiting(still_open[0])
         else:
             record.status = RequestStatus.RUNNING
             if checkpoint.step_id is not None:
@@ -131,6 +133,18 @@ class Reviews:
                 type=CHECKPOINT_EXPIRED,
                 non_retryable=True,
             )
+
+    def _enter_waiting(self, checkpoint: Checkpoint) -> None:
+        """The request waits for ``checkpoint``'s reviewer: its current details say for what, why, for
+        whom and how to decide it."""
+        state = self._state
+        self._listing.enter(
+            AWAITING_REVIEW,
+            detail=f"checkpoint {checkpoint.checkpoint_id}",
+            more=story.checkpoint_lines(
+                checkpoint, workflow.info().workflow_id, state.manifest.review.reviewers, state.approval_required_by
+            ),
+        )
 
     async def wait_for_plan(self, plan: Plan, reasons: list[ApprovalReason]) -> None:
         """How executions recorded before calls were approved as they run (``Behaviour.approval_after_rewrites``)

@@ -60,6 +60,8 @@ class RunState:
     # The last planning turn's text answer as the record keeps a draft (None: that turn called tools).
     planner_draft: ModelDraft | None = None
     recovered: list[RunErrorView] = field(default_factory=list)  # errors the run recovered from, for on_error
+    # The after_planning hook that marked each step (by step id) as needing a reviewer, as checkpoints show it.
+    approval_required_by: dict[str, str] = field(default_factory=dict)
 
     def recover(self, origin: str, type: str, message: str, details: dict[str, JsonValue] | None = None) -> None:
         """Keep an error the run recovers from (a failed memory save, a tool failure the planner saw, ...)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Mapping, Sequence
 
 from .masking import masked_preview
 from .models import Checkpoint
+from .support import TOOL_POLICY_REASON
 
 SUMMARY_CHARS = 120  # the one-line summary in the workflow list
 EXCERPT_CHARS = 400  # the request or answer excerpt in the details
@@ -84,16 +86,99 @@ def review_notification_details(parent_workflow_id: str, request_id: str, checkp
     )
 
 
-def checkpoint_detail(checkpoint: Checkpoint) -> str:
-    """What a waiting request's current details say of its checkpoint: the calls to approve, as they will
-    run, and why each needs a reviewer."""
-    why = "; ".join(dict.fromkeys(f"{r.tool}: {r.reason}" for r in checkpoint.reasons))
-    if not checkpoint.calls:
-        return f"checkpoint {checkpoint.checkpoint_id}: {why or 'review the plan'}"
-    calls = "; ".join(
-        f"{call.tool} {json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)}" for call in checkpoint.calls
+def _calls_text(checkpoint: Checkpoint) -> str:
+    """The calls a checkpoint approves, as they will run: tool key and arguments (masked by ``excerpt``)."""
+    return "; ".join(
+        f"{call.tool} {json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)} ({call.step_id})"
+        for call in checkpoint.calls
     )
-    return f"checkpoint {checkpoint.checkpoint_id}: approve {calls} ({why})"
+
+
+def _reasons_text(checkpoint: Checkpoint, required_by: Mapping[str, str], *, tools: bool = True) -> str:
+    """Why each call needs a reviewer, and who asked: the after_planning hook that marked it, or the
+    tool's own policy."""
+    return "; ".join(
+        dict.fromkeys(
+            (f"{r.tool}: " if tools else "")
+            + f"{r.reason} (required by {_required_by(r.step_id, r.reason, required_by)})"
+            for r in checkpoint.reasons
+        )
+    )
+
+
+def _required_by(step_id: str, reason: str, required_by: Mapping[str, str]) -> str:
+    if reason == TOOL_POLICY_REASON:
+        return "the tool's policy"
+    return f"hook {required_by[step_id]}" if step_id in required_by else "an after_planning hook"
+
+
+def _code(text: str, limit: int) -> str:
+    """``text`` masked and bounded as an excerpt, as inline code (shown exactly as it is)."""
+    return "`" + excerpt(text, limit).replace("`", "'") + "`"
+
+
+def _reviewers_text(reviewers: Sequence[str]) -> str:
+    return ", ".join(reviewers) if reviewers else "any reviewer"
+
+
+def checkpoint_timer_summary(checkpoint: Checkpoint, reviewers: Sequence[str], required_by: Mapping[str, str]) -> str:
+    """The summary of a checkpoint's expiry timer, the row a waiting request's Timeline ends with: what
+    waits for whom, and why, on one line."""
+    what = _calls_text(checkpoint) or "the plan"
+    return _bounded(
+        f"awaiting review · {checkpoint.checkpoint_id} until expiry: approve {excerpt(what, 120)} — "
+        f"{excerpt(_reasons_text(checkpoint, required_by, tools=False), 160)} · reviewers: {excerpt(_reviewers_text(reviewers), 80)}"
+    )
+
+
+def checkpoint_lines(
+    checkpoint: Checkpoint, workflow_id: str, reviewers: Sequence[str], required_by: Mapping[str, str]
+) -> list[str]:
+    """What a waiting request's current details say besides its stage: the calls awaiting approval as they
+    will run (after every rewrite; arguments masked), why each needs a reviewer and which hook asked,
+    who may review, until when, and the exact commands that approve or reject it."""
+    cp = excerpt(checkpoint.checkpoint_id, 128)
+    wid = excerpt(workflow_id, 200)
+    who = "<reviewer>" if not reviewers else excerpt(reviewers[0], 128)
+    update = json.dumps({"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "REVIEWER", "decision": "approve"})
+    calls = "; ".join(
+        _code(f"{call.tool} {json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)}", 300)
+        + f" ({excerpt(call.step_id, 80)})"
+        for call in checkpoint.calls
+    )
+    lines = [
+        f"**awaiting approval:** {calls or 'the plan as planned'}",
+        f"**why:** {excerpt(_reasons_text(checkpoint, required_by) or 'review the plan')}",
+        f"**reviewers:** {excerpt(_reviewers_text(reviewers), 300)} · **expires:** "
+        f"{checkpoint.expires_at.strftime('%Y-%m-%d %H:%M:%S')} UTC",
+        f'**approve:** `agent-lifecycle approve {wid} --reviewer {who} --checkpoint {cp} --comment "ok"`',
+        f'**reject:** `agent-lifecycle reject {wid} --reviewer {who} --checkpoint {cp} --reason "why"`',
+        f"**or the update:** `temporal workflow update execute --workflow-id {wid} --name review --input "
+        f"'{excerpt(update, 300)}'` (decision approve or reject)",
+    ]
+    return lines
+
+
+def reviewed_lines(checkpoints: Sequence[Checkpoint]) -> list[str]:
+    """What an ended request's details say of its checkpoints: how each was decided, by whom, and why."""
+    lines = []
+    for checkpoint in checkpoints:
+        line = f"**checkpoint** {excerpt(checkpoint.checkpoint_id, 128)} {checkpoint.status.value}"
+        if checkpoint.reviewer:
+            line += f" by {excerpt(checkpoint.reviewer, 128)}"
+        if checkpoint.comment:
+            line += f": {excerpt(checkpoint.comment, 200)}"
+        if checkpoint.declined:
+            line += f" (declined {excerpt(', '.join(checkpoint.declined), 200)})"
+        lines.append(line)
+    return lines
+
+
+def decision_mark(verb: str, stage: str, hook: str, reason: str, step_id: str | None = None) -> str:
+    """The summary of the timer that marks a hook's refusal on the Timeline: what it did, where, and
+    why, all on the first line."""
+    where = f"{stage} · {excerpt(hook, 120)}" + (f" · {excerpt(step_id, 80)}" if step_id else "")
+    return _bounded(f"✗ {verb} — {where}: {excerpt(reason, 300)}")
 
 
 def failure_headline(error_type: str, message: str) -> str:
@@ -101,9 +186,11 @@ def failure_headline(error_type: str, message: str) -> str:
     return f"{error_type}: {message}"
 
 
-def current_details(asked: str, *, stage: str, detail: str = "", outcome: str = "") -> str:
-    """The workflow's current details: what was asked, the stage it is in, and once it ended its outcome."""
+def current_details(asked: str, *, stage: str, detail: str = "", outcome: str = "", more: Sequence[str] = ()) -> str:
+    """The workflow's current details: what was asked, the stage it is in (``more``: lines of this module
+    that tell more of it), and once it ended its outcome."""
     lines = [f"**asked:** {excerpt(asked)}", f"**stage:** {stage}" + (f" — {excerpt(detail)}" if detail else "")]
     if outcome:
         lines.append(f"**outcome:** {excerpt(outcome)}")
+    lines += more
     return "\n\n".join(lines)

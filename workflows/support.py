@@ -51,6 +51,8 @@ BATCH_TIMEOUT = "timeout"
 INFRASTRUCTURE_FAILURES = (decisions.WORKER_LOST, decisions.PAYLOAD_TOO_LARGE)
 # A step's metadata key by which an after_planning hook asks for a reviewer: True or the reason text.
 APPROVAL_METADATA_KEY = "approval_required"
+# The reason of a step whose tool is approval-required (its own policy, not a hook's mark).
+TOOL_POLICY_REASON = "tool requires approval"
 
 
 class InvocationFailure(BaseModel):
@@ -207,7 +209,7 @@ def approval_reasons(plan: Plan, tools: list[ToolSpec]) -> list[ApprovalReason]:
     for step in plan.steps:
         tool = catalog.get(step.tool_key)
         if tool is not None and tool.approval_required:
-            reasons.append(ApprovalReason(step_id=step.step_id, tool=step.tool, reason="tool requires approval"))
+            reasons.append(ApprovalReason(step_id=step.step_id, tool=step.tool, reason=TOOL_POLICY_REASON))
         marked = step.metadata.get(APPROVAL_METADATA_KEY)
         if marked:
             reason = marked if isinstance(marked, str) else "marked for approval by an after_planning hook"

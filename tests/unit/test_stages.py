@@ -35,7 +35,8 @@ from workflows.models import (
     ToolErrorResolution,
     ToolOutcomeView,
 )
-from workflows.stages import STAGE_PROTOCOLS, STAGES, Chaining, ResultRejected
+from workflows.stages import STAGE_PROTOCOLS, STAGES, Chaining, ResultRejected, hook_activity_type, hook_stage_of
+from workflows.stages._base import MAX_HOOK_ACTIVITY_TYPE
 from workflows.stages.answer import AfterAnswerOutcome, AfterSynthesisOutcome, BeforeRememberOutcome
 from workflows.stages.execution import AfterToolOutcome, BeforeToolOutcome, ToolErrorOutcome
 from workflows.stages.planning import (
@@ -207,3 +208,16 @@ def test_only_the_gating_stages_can_refuse_for_a_hook_that_could_not_decide():
     assert STAGES[Stage.BEFORE_RUN].fold(RunView(ask="x"), stopped).ends
     others = [spec for stage, spec in STAGES.items() if stage not in (Stage.BEFORE_TOOL, Stage.BEFORE_RUN)]
     assert all(spec.refusal(hook, "blocked", "chain_budget_exhausted") is None for spec in others)
+
+
+def test_in_process_hooks_run_under_types_that_name_them():
+    assert hook_activity_type(Stage.AFTER_PLANNING, ["allowed-operations"]) == "after_planning:allowed-operations"
+    assert hook_activity_type(Stage.BEFORE_TOOL, ["a", "b c"]) == "before_tool:a + b c"
+    many = hook_activity_type(Stage.AFTER_SYNTHESIS, [f"hook-number-{n:03}" for n in range(40)])
+    assert len(many) <= MAX_HOOK_ACTIVITY_TYPE and many.startswith("after_synthesis:hook-number-000 + ")
+    assert many.endswith(" more") and "+" in many.rsplit(" + ", 1)[-1]
+    long = hook_activity_type(Stage.ON_FINISH, ["x" * 500, "y"])
+    assert len(long) <= MAX_HOOK_ACTIVITY_TYPE and long.endswith("… +1 more")
+    for text in (many, long, "after_planning:allowed-operations"):
+        assert hook_stage_of(text) in (Stage.AFTER_SYNTHESIS, Stage.ON_FINISH, Stage.AFTER_PLANNING)
+    assert hook_stage_of("after_planning_hook") is None and hook_stage_of("nostage:x") is None

@@ -17,6 +17,8 @@ from ._base import Checks as Checks
 from ._base import Fold as Fold
 from ._base import ResultRejected as ResultRejected
 from ._base import StageSpec as StageSpec
+from ._base import hook_activity_type as hook_activity_type
+from ._base import hook_stage_of as hook_stage_of
 from ._base import next_call as next_call
 from ._base import returned as returned
 from .answer import *  # noqa: F403

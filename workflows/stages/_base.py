@@ -38,6 +38,37 @@ if TYPE_CHECKING:
 
 # The local activity that runs consecutive in-process hooks of one stage (see ``next_call``).
 HOOK_BATCH_ACTIVITY = "run_hook_batch"
+# The longest local activity type that names in-process hooks (see ``hook_activity_type``).
+MAX_HOOK_ACTIVITY_TYPE = 200
+
+
+def hook_activity_type(stage: Stage, hooks: Sequence[str]) -> str:
+    """The local activity type of an invocation of in-process hooks — ``<stage>:<hook>`` for one hook,
+    ``<stage>:<hook> + <hook> + ...`` for a batch — so the Temporal UI's Timeline (which labels a local
+    activity by its type alone) and the SDK's metrics (``activity_type``) name the hooks. A long batch is
+    cut to ``MAX_HOOK_ACTIVITY_TYPE`` characters, the hooks left out counted (``+N more``); the worker's
+    dynamic activity reads the stage alone from it (see ``hook_stage_of``), the hooks from its input."""
+    prefix = f"{stage.value}:"
+    names = [" ".join(name.split()) or "?" for name in hooks]
+    for shown in range(len(names), 0, -1):
+        rest = len(names) - shown
+        text = prefix + " + ".join(names[:shown]) + (f" +{rest} more" if rest else "")
+        if len(text) <= MAX_HOOK_ACTIVITY_TYPE:
+            return text
+    text = prefix + names[0]
+    more = f" +{len(names) - 1} more" if len(names) > 1 else ""
+    return text[: MAX_HOOK_ACTIVITY_TYPE - len(more) - 1] + "…" + more
+
+
+def hook_stage_of(activity_type: str) -> Stage | None:
+    """The stage of a local activity type made by :func:`hook_activity_type` (None for any other type)."""
+    stage, sep, _ = activity_type.partition(":")
+    if not sep:
+        return None
+    try:
+        return Stage(stage)
+    except ValueError:
+        return None
 
 
 class Chaining(StrEnum):
