@@ -19,11 +19,13 @@ from typing import Any
 import psycopg
 import pytest
 from temporalio.client import Client
+from temporalio.worker import Replayer
 
 from client import cli, database, execution_store
 from client.api import pending_checkpoint, review
 from client.replay import replay_report, start_policy_replay
 from client.settings import Settings
+from workflows import PolicyReplayWorkflow
 from workflows.models import EffectStatus, FindingKind, ReplayWindow, RequestInput, RequestResult
 
 from . import replay_pipelines
@@ -211,5 +213,9 @@ async def test_a_stricter_allow_list_reports_exactly_the_requests_it_would_block
             assert "newly_blocked" in html.read_text() and "<script" not in html.read_text()
 
             _unchanged(before, _dump(settings))
+
+            # Deterministic: the replay's own history replays inside the sandbox.
+            replayer = Replayer(workflows=[PolicyReplayWorkflow], data_converter=client.data_converter)
+            await replayer.replay_workflow(await handle.fetch_history())
     finally:
         hits.close()
