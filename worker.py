@@ -40,7 +40,7 @@ from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown
 from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
 from storage.replays import ReplayReportStore
-from workflows import WORKFLOWS, PolicyReplayWorkflow
+from workflows import WORKFLOWS
 from workflows.local_payloads import LocalPayloadsInline
 
 logger = logging.getLogger("worker")
@@ -130,7 +130,8 @@ def build_worker(
     inside the sandbox, which fails on any call it forbids. Outside it, each activation costs about half
     as much (see benchmarks/README.md).
 
-    With ``replay`` the worker also runs ``PolicyReplay`` and its activities (every worker process does)."""
+    ``replay``: the activities ``PolicyReplay`` schedules (every worker process has them; the workflow is
+    one of ``WORKFLOWS``)."""
     options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_SCHEDULE_TO_START)
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     if not sandboxed:
@@ -139,7 +140,7 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[*WORKFLOWS, *([PolicyReplayWorkflow] if replay is not None else []), *extra_workflows],
+        workflows=[*WORKFLOWS, *extra_workflows],
         activities=[*activities.activities(), *(replay.activities() if replay is not None else []), *extra_activities],
         **options,
     )

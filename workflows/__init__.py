@@ -45,6 +45,7 @@ def __getattr__(name: str) -> Any:
             __getattr__("DetachedEffectWorkflow"),
             __getattr__("ReviewNotificationWorkflow"),
             __getattr__("LeaseKeeperWorkflow"),
+            __getattr__("PolicyReplayWorkflow"),
         ]
     if name in _WHERE:
         value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
