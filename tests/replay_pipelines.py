@@ -3,6 +3,8 @@ tools, planner and synthesizer (without its MCP server), and candidates derived 
 
 from __future__ import annotations
 
+import asyncio
+
 from activities import LifecycleActivities
 from client import database
 from client.pipeline import build_pipeline
@@ -10,7 +12,7 @@ from client.settings import Settings
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.pipeline import DEMO_TOOL_ALLOW_LIST, demo_hooks, demo_memory
 from demo.tools import demo_tools
-from hooks import allow_list
+from hooks import PipelineHook, allow_list
 from hooks.declarative import DeclaredHookRuntime, HookStore
 from hooks.declarative.config import HttpHook
 from hooks.declarative.dispatch import declared_hook
@@ -47,6 +49,19 @@ def stricter(settings: Settings) -> LifecycleActivities:
     hooks = demo_hooks(settings, demo_memory(settings))
     tighter = [tool for tool in DEMO_TOOL_ALLOW_LIST if tool != "stock-service/stock_quote"]
     return _pipeline(settings, [allow_list(tighter), *hooks[1:]])
+
+
+class Slow(PipelineHook):
+    """A before_tool hook that takes its time (a replay of it is long enough to cancel)."""
+
+    name = "slow-policy"
+
+    async def before_tool(self, ctx, call):
+        await asyncio.sleep(2.0)
+
+
+def slow(settings: Settings) -> LifecycleActivities:
+    return _pipeline(settings, [*demo_hooks(settings, demo_memory(settings)), Slow()])
 
 
 def with_http_hook(settings: Settings) -> LifecycleActivities:

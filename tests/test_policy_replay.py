@@ -18,12 +18,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import CancelledError
 from temporalio.worker import Replayer
 
 from client import cli, database, execution_store
 from client.api import pending_checkpoint, review
-from client.replay import replay_report, start_policy_replay
+from client.replay import replay_progress, replay_report, start_policy_replay
 from client.settings import Settings
 from workflows import PolicyReplayWorkflow
 from workflows.models import EffectStatus, FindingKind, ReplayWindow, RequestInput, RequestResult
@@ -158,6 +159,9 @@ async def test_a_stricter_allow_list_reports_exactly_the_requests_it_would_block
                 if any(f["kind"] == FindingKind.NEWLY_BLOCKED for f in r["findings"])
             }
             assert blocked == {ids[text] for text, _, blocks in TRAFFIC if blocks}
+            progress = await replay_progress(handle)
+            assert (progress.done, progress.total, progress.replayed, progress.batches) == (True, 6, 6, 3)
+            assert progress.counts["newly_blocked"] == 5
             by_request = {r["request_id"]: r for r in report["requests"]}
             first = [f for f in by_request[ids[TRAFFIC[0][0]]]["findings"] if f["kind"] == "newly_blocked"]
             assert [(f["hook"], f["tool"], f["stage"]) for f in first] == [
@@ -211,6 +215,16 @@ async def test_a_stricter_allow_list_reports_exactly_the_requests_it_would_block
             argv[-1] = str(html)
             assert await asyncio.to_thread(cli.main, argv) == 0
             assert "newly_blocked" in html.read_text() and "<script" not in html.read_text()
+
+            # Cancellable: cancelling the workflow stops its running batches.
+            slow = await start_policy_replay(client, settings, f"{PIPELINES}:slow", ReplayWindow(), batch_size=1)
+            while (await replay_progress(slow)).total is None:
+                await asyncio.sleep(0.1)
+            await slow.cancel()
+            with pytest.raises(WorkflowFailureError) as failed:
+                await slow.result()
+            assert isinstance(failed.value.cause, CancelledError)
+            assert (await replay_progress(slow)).done is False
 
             _unchanged(before, _dump(settings))
 

@@ -493,6 +493,17 @@ class DeclaredHook(PipelineHook):
         it ``shadow_safe``."""
         event = event_data(self.spec, ctx, **fields)
         if isinstance(self.spec, PromptHook):
+            if self.spec.program is not None:
+                try:
+                    applies = self.spec.program.execute(
+                        {"tool_name": event.tool_name, "tool_input": event.tool_input, "depth": event.depth}
+                    )
+                except Exception as err:  # noqa: BLE001 - as at dispatch: an evaluation error fails closed
+                    applies = f"if_expr could not be evaluated: {err}"
+                if applies is False:
+                    return DispatchResult("skip", "if_expr_false", "completed", 0.0)
+                if applies is not True:
+                    return DispatchResult("block", REASON_HOOK_ERROR, "error", 0.0, error=str(applies))
             key = prompt_cache_key(self.spec.id, self.spec.version, event.tool_name, event.tool_input)
             cached = await asyncio.to_thread(self.runtime.store.cached_decision, key)
             if cached is None:
