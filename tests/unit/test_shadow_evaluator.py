@@ -187,3 +187,32 @@ async def test_arguments_rewritten_by_the_recorded_pipeline_are_flagged_when_the
     record.plans[0].plan.steps[0].arguments = {"symbol": "{{steps.lookup.output.symbol}}"}
     replay = await ShadowEvaluator(_pipeline(tmp_path)).evaluate(record)
     assert [f.kind for f in replay.findings] == [FindingKind.DEPENDS_ON_UNRECORDED]
+
+
+@pytest.mark.asyncio
+async def test_a_prompt_hook_replays_only_its_cached_decisions(tmp_path: Path) -> None:
+    from hooks.declarative import DeclaredHookRuntime, HookStore
+    from hooks.declarative.config import PromptHook
+    from hooks.declarative.dispatch import declared_hook
+    from hooks.declarative.handlers import prompt_cache_key
+
+    store = HookStore(tmp_path / "hooks.sqlite3")
+    spec = PromptHook.model_validate(
+        {
+            "id": "judge",
+            "event": "pre_tool_use",
+            "handler_type": "prompt",
+            "matcher": "stock_quote",
+            "config": {"prompt_template": "Allow quotes?", "model": "m", "endpoint": "http://127.0.0.1:9/v1"},
+        }
+    )
+    pipeline = _pipeline(tmp_path, declared_hook(spec, DeclaredHookRuntime(store=store, allow_loopback=True)))
+    replay = await ShadowEvaluator(pipeline).evaluate(_record())
+    assert _kinds(replay) == [(FindingKind.NOT_REPLAYED, "judge")]
+    assert "no cached decision" in replay.findings[0].detail
+
+    key = prompt_cache_key("judge", 1, "stock-service/stock_quote", {"symbol": "ACME"})
+    store.cache_decision(key, "judge", {"decision": "block", "reason": "no", "injection_detected": False}, 60)
+    replay = await ShadowEvaluator(pipeline).evaluate(_record())
+    assert _kinds(replay) == [(FindingKind.NEWLY_BLOCKED, "judge")]
+    assert store.budget_remaining("global")[0] == store.default_budget  # nothing spent
