@@ -335,7 +335,7 @@ async def _replay_policy(args: argparse.Namespace, settings: Settings) -> int:
         while not waiting.done():
             await asyncio.wait([waiting], timeout=0.5)
             try:
-                line = progress_line(await replay_progress(handle))
+                line = progress_line(await replay_progress(client, handle.id))
             except Exception:  # noqa: BLE001 - the query races the end of the run: the result says the rest
                 continue
             print(f"\r{line}", end="", file=sys.stderr, flush=True)

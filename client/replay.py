@@ -83,8 +83,9 @@ async def start_policy_replay(
     )
 
 
-async def replay_progress(handle: WorkflowHandle[Any, Any]) -> ReplayProgress:
-    return await handle.query("progress", result_type=ReplayProgress)
+async def replay_progress(client: Client, workflow_id: str) -> ReplayProgress:
+    """Query ``progress`` of the replay's latest run (it continues as new every so many batches)."""
+    return await client.get_workflow_handle(workflow_id).query("progress", result_type=ReplayProgress)
 
 
 def progress_line(progress: ReplayProgress, width: int = 30) -> str:

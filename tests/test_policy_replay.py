@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import CancelledError
 from temporalio.worker import Replayer
@@ -26,7 +27,7 @@ from client import cli, database, execution_store
 from client.api import pending_checkpoint, review
 from client.replay import replay_progress, replay_report, start_policy_replay
 from client.settings import Settings
-from workflows import PolicyReplayWorkflow
+from workflows import PolicyReplayWorkflow, policy_replay
 from workflows.models import EffectStatus, FindingKind, ReplayWindow, RequestInput, RequestResult
 
 from . import replay_pipelines
@@ -159,7 +160,7 @@ async def test_a_stricter_allow_list_reports_exactly_the_requests_it_would_block
                 if any(f["kind"] == FindingKind.NEWLY_BLOCKED for f in r["findings"])
             }
             assert blocked == {ids[text] for text, _, blocks in TRAFFIC if blocks}
-            progress = await replay_progress(handle)
+            progress = await replay_progress(client, handle.id)
             assert (progress.done, progress.total, progress.replayed, progress.batches) == (True, 6, 6, 3)
             assert progress.counts["newly_blocked"] == 5
             by_request = {r["request_id"]: r for r in report["requests"]}
@@ -180,6 +181,19 @@ async def test_a_stricter_allow_list_reports_exactly_the_requests_it_would_block
             same = await (await start_policy_replay(client, settings, f"{PIPELINES}:same", ReplayWindow())).result()
             same_report = replay_report(settings, same, ReplayWindow())
             assert same_report["totals"]["with_decision_changes"] == 0
+
+            # Resumable: a long replay continues as new, carrying its place and counts, and finishes the same.
+            monkeypatch.setattr(policy_replay, "BATCHES_PER_RUN", 2)
+            continued = await start_policy_replay(
+                client, settings, f"{PIPELINES}:stricter", ReplayWindow(), batch_size=1, parallel_batches=1
+            )
+            again = await continued.result()
+            assert (again.replayed, again.counts) == (result.replayed, result.counts)
+            assert (await replay_progress(client, continued.id)).done
+            first = client.get_workflow_handle(continued.id, run_id=continued.first_execution_run_id)
+            first_run = await first.fetch_history()
+            assert first_run.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+            monkeypatch.undo()
 
             # A declared HTTP hook that is not shadow-safe: reported, never called.
             http = await (
@@ -218,13 +232,13 @@ async def test_a_stricter_allow_list_reports_exactly_the_requests_it_would_block
 
             # Cancellable: cancelling the workflow stops its running batches.
             slow = await start_policy_replay(client, settings, f"{PIPELINES}:slow", ReplayWindow(), batch_size=1)
-            while (await replay_progress(slow)).total is None:
+            while (await replay_progress(client, slow.id)).total is None:
                 await asyncio.sleep(0.1)
             await slow.cancel()
             with pytest.raises(WorkflowFailureError) as failed:
                 await slow.result()
             assert isinstance(failed.value.cause, CancelledError)
-            assert (await replay_progress(slow)).done is False
+            assert (await replay_progress(client, slow.id)).done is False
 
             _unchanged(before, _dump(settings))
 
