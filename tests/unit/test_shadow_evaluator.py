@@ -216,3 +216,34 @@ async def test_a_prompt_hook_replays_only_its_cached_decisions(tmp_path: Path) -
     replay = await ShadowEvaluator(pipeline).evaluate(_record())
     assert _kinds(replay) == [(FindingKind.NEWLY_BLOCKED, "judge")]
     assert store.budget_remaining("global")[0] == store.default_budget  # nothing spent
+
+
+@pytest.mark.asyncio
+async def test_a_shadow_safe_http_hook_is_called_without_an_audit_row(tmp_path: Path) -> None:
+    from hooks.declarative import DeclaredHookRuntime, HookStore
+    from hooks.declarative.config import HttpHook
+    from hooks.declarative.dispatch import declared_hook
+
+    from ..hook_servers import Reply, Webhook
+
+    server = Webhook(Reply(body={"decision": "block", "reason": "quotes are closed"}))
+    try:
+        store = HookStore(tmp_path / "hooks.sqlite3")
+        spec = HttpHook.model_validate(
+            {
+                "id": "remote",
+                "event": "pre_tool_use",
+                "handler_type": "http",
+                "shadow_safe": True,
+                "config": {"url": server.url},
+            }
+        )
+        store.register(spec)
+        pipeline = _pipeline(tmp_path, declared_hook(spec, DeclaredHookRuntime(store=store, allow_loopback=True)))
+        replay = await ShadowEvaluator(pipeline).evaluate(_record())
+        assert _kinds(replay) == [(FindingKind.NEWLY_BLOCKED, "remote")]
+        assert "quotes are closed" in replay.findings[0].candidate
+        assert server.calls == 1
+        assert store.executions() == []  # no audit row, no breaker move
+    finally:
+        server.close()
