@@ -4,11 +4,13 @@
 
 from .activities import PolicyReplayActivities
 from .report import build_report, matched, parse_kinds, summary_lines, to_html, to_json
-from .shadow import ShadowEvaluator, calls_out
+from .shadow import ShadowEvaluator
+from .stages import ShadowStages, calls_out
 
 __all__ = [
     "PolicyReplayActivities",
     "ShadowEvaluator",
+    "ShadowStages",
     "build_report",
     "calls_out",
     "matched",

@@ -23,31 +23,22 @@ a step the candidate would have changed, a cache's contents now — the finding 
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import JsonValue
 
-from hooks.contracts import HookRejection, NotReplayed, PipelineContext, hook_option
 from workflows import decisions
 from workflows.models import (
-    DecisionAction,
     ExecutionRecord,
     FindingKind,
     GateState,
-    HookCall,
-    HookDecision,
     HookEntry,
-    HookOutcome,
     HookRequestView,
     Plan,
     PlanStep,
     ReplayFinding,
     RequestReplay,
-    RunMode,
     RunView,
     ShortCircuitProposal,
     Stage,
@@ -55,62 +46,14 @@ from workflows.models import (
     StepStatus,
     ToolCall,
 )
-from workflows.stages import STAGES, ResultRejected, StageSpec
 from workflows.support import approval_reasons
 
-from ..hook_stages import call_hook
+from .stages import ShadowStages, StageRun
 
 if TYPE_CHECKING:
     from ..lifecycle import LifecycleActivities
 
 _REFERENCE = re.compile(r"\{\{\s*steps\.([A-Za-z0-9_.-]+?)\.")
-
-
-@dataclass
-class StageRun:
-    """What one stage's chain decided in shadow."""
-
-    subject: Any
-    ended_by: HookEntry | None = None  # the hook whose outcome ended the stage (deny, stop, short-circuit)
-    outcome: HookOutcome | None = None
-    failed: HookEntry | None = None  # a hook whose failure ends the stage (its failure policy is closed)
-    failure: str = ""
-    failure_category: str = ""
-    not_replayed: list[tuple[HookEntry, str]] = field(default_factory=list)
-    open_failures: list[tuple[HookEntry, str]] = field(default_factory=list)  # failed, the chain went on
-    modified_by: list[str] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        """Every hook of the chain was replayed: an allow can be claimed."""
-        return not self.not_replayed
-
-
-class _ShadowChecks:
-    """What a stage's judge asks of the candidate worker (``workflows.stages.Checks``), without a span."""
-
-    def __init__(self, pipeline: LifecycleActivities) -> None:
-        self._pipeline = pipeline
-
-    def plan_problems(
-        self, plan: Plan, phase: int, prior_step_ids: Sequence[str], available: Sequence[str] | None = None
-    ) -> list[str]:
-        return self._pipeline.plan_problems(plan, phase, prior_step_ids, available)
-
-    def argument_problems(self, step: PlanStep) -> list[str]:
-        return self._pipeline.tools.argument_problems(step, resolved=True)
-
-    def tool_descriptions(self, keys: Sequence[str]) -> dict[str, str]:
-        tools = self._pipeline.tools
-        return {key: tool.description for key in keys if (tool := tools.get(key)) is not None}
-
-    def short_circuit_judged(self, call: HookCall, proposal: ShortCircuitProposal, decision: HookDecision) -> None:
-        return None
-
-
-def calls_out(hook: Any) -> bool:
-    """Whether ``hook`` calls something outside the worker: it runs as its own activity, or says so."""
-    return hook_option(hook, "run_mode") == RunMode.ACTIVITY or bool(hook_option(hook, "calls_service"))
 
 
 class ShadowEvaluator:
@@ -123,7 +66,7 @@ class ShadowEvaluator:
 
     def __init__(self, pipeline: LifecycleActivities) -> None:
         self.pipeline = pipeline
-        self._checks = _ShadowChecks(pipeline)
+        self.stages = ShadowStages(pipeline)
 
     async def evaluate(self, record: ExecutionRecord) -> RequestReplay:
         tenant, agent = _scope(record.metadata)
@@ -139,90 +82,6 @@ class ShadowEvaluator:
         entries = self.pipeline.registry.visible_entries(tenant, agent)
         await _Replay(self, record, entries, replay).run()
         return replay
-
-    # -- one stage in shadow ----------------------------------------------------------------------------
-
-    async def run_stage(
-        self,
-        stage: Stage,
-        entries: list[HookEntry],
-        view: HookRequestView,
-        subject: Any,
-        *,
-        tool_call: ToolCall | None = None,
-        **extras: Any,
-    ) -> StageRun:
-        spec = STAGES[stage]
-        result = StageRun(subject=subject)
-        for entry in entries:
-            if not entry.implements(stage):
-                continue
-            if spec.tool_stage and tool_call is not None and not entry.applies_to_tool(tool_call):
-                continue
-            hook = self.pipeline.registry.hook(entry.name)
-            if calls_out(hook) and not hook_option(hook, "shadow_safe"):
-                result.not_replayed.append((entry, "calls out and is not marked shadow_safe"))
-                continue
-            call = spec.build(entry, view, result.subject, **extras)
-            try:
-                outcome = await self._invoke(spec, entry, hook, call)
-            except NotReplayed as err:
-                result.not_replayed.append((entry, str(err) or "the hook opted out of replay"))
-                continue
-            except _Failed as failure:
-                decision = spec.failure(entry, failure.category)
-                if decision.action is DecisionAction.TERMINATE:
-                    result.failed, result.failure, result.failure_category = entry, failure.message, failure.category
-                    return result
-                result.open_failures.append((entry, failure.message))
-                continue
-            folded = spec.fold(result.subject, outcome)
-            if folded.subject != result.subject:
-                result.modified_by.append(entry.name)
-            result.subject = folded.subject
-            if folded.ends:
-                result.ended_by, result.outcome = entry, outcome
-                return result
-        return result
-
-    async def _invoke(self, spec: StageSpec, entry: HookEntry, hook: Any, call: HookCall) -> HookOutcome:
-        view = call.view
-        ctx = PipelineContext.create(
-            request=view.request,
-            metadata=view.metadata,
-            enrichments=view.enrichments,
-            request_id=view.request_id,
-            workflow_id=view.workflow_id,
-            stage=spec.stage,
-            hook_name=entry.name,
-            gate=view.gate,
-            plan_phase=view.plan_phase,
-            hook=hook,
-            instructions=view.instructions,
-            facts=view.facts,
-            shadow=True,
-        )
-        try:
-            prepared = spec.prepare(call, self._checks)
-            async with asyncio.timeout(entry.timeout_seconds):
-                value = await call_hook(getattr(hook, spec.method(entry)), ctx, *spec.arguments(prepared, ctx))
-            return spec.judge(prepared, value, ctx, self._checks)
-        except NotReplayed:
-            raise
-        except ResultRejected as err:
-            raise _Failed(err.category, str(err)) from None
-        except TimeoutError:
-            raise _Failed(decisions.HOOK_TIMEOUT, f"did not finish within {entry.timeout_seconds:g}s") from None
-        except HookRejection as err:
-            raise _Failed(decisions.HOOK_ERROR, str(err), deliberate=True) from None
-        except Exception as err:  # noqa: BLE001 - the hook raised: its stage's failure policy decides
-            raise _Failed(decisions.HOOK_ERROR, f"{type(err).__name__}: {err}") from None
-
-
-class _Failed(Exception):
-    def __init__(self, category: str, message: str, *, deliberate: bool = False) -> None:
-        super().__init__(message)
-        self.category, self.message, self.deliberate = category, message, deliberate
 
 
 def _scope(metadata: dict[str, JsonValue]) -> tuple[str | None, str | None]:
@@ -268,7 +127,10 @@ class _Replay:
     def add(self, kind: FindingKind, **fields: Any) -> None:
         self.replay.findings.append(ReplayFinding(kind=kind, **fields))
 
-    def report_stage(self, stage: Stage, run: StageRun, *, step: PlanStep | None = None, phase: int | None = None):
+    def report_stage(
+        self, stage: Stage, run: StageRun, *, step: PlanStep | None = None, phase: int | None = None
+    ) -> None:
+        """The stage's not-replayed hooks and the failures the record does not share."""
         where: dict[str, Any] = {"stage": stage, "phase": phase}
         if step is not None:
             where.update(step_id=step.step_id, tool=step.tool)
@@ -298,7 +160,7 @@ class _Replay:
 
     async def before_run(self) -> bool:
         run_view = RunView(ask=self.record.request, instructions="", facts={})
-        run = await self.evaluator.run_stage(Stage.BEFORE_RUN, self.entries, self.view, run_view)
+        run = await self.evaluator.stages.run_stage(Stage.BEFORE_RUN, self.entries, self.view, run_view)
         self.report_stage(Stage.BEFORE_RUN, run)
         recorded = self.record.stopped is not None and self.record.stopped.phase == Stage.BEFORE_RUN.value
         stopped = run.ended_by is not None or run.failed is not None
@@ -328,7 +190,7 @@ class _Replay:
     # -- before_planning: the short-circuit gate -----------------------------------------------------------
 
     async def before_planning(self) -> bool:
-        run = await self.evaluator.run_stage(
+        run = await self.evaluator.stages.run_stage(
             Stage.BEFORE_PLANNING, self.entries, self.view, dict(self.view.enrichments)
         )
         self.report_stage(Stage.BEFORE_PLANNING, run)
@@ -404,7 +266,7 @@ class _Replay:
     async def phase(self, recorded_plan: Plan, prior: list[str]) -> bool:
         phase = recorded_plan.phase
         view = self.view.model_copy(update={"plan_phase": phase})
-        run = await self.evaluator.run_stage(
+        run = await self.evaluator.stages.run_stage(
             Stage.AFTER_PLANNING, self.entries, view, recorded_plan, prior_step_ids=list(prior), available_tools=None
         )
         self.report_stage(Stage.AFTER_PLANNING, run, phase=phase)
@@ -433,8 +295,8 @@ class _Replay:
             return False
         plan: Plan = run.subject
         self.compare_plans(recorded_plan, plan, run)
-        needs = {r.step_id for r in approval_reasons(plan, self.evaluator.pipeline.manifest.tools)}
         reasons = {r.step_id: r.reason for r in approval_reasons(plan, self.evaluator.pipeline.manifest.tools)}
+        needs = set(reasons)
         reviewed = {r.step_id for c in self.record.checkpoints if c.phase == phase for r in c.reasons}
         for step in plan.steps:
             if not await self.call(step, phase, needs, reviewed, reasons):
@@ -527,7 +389,9 @@ class _Replay:
         )
         self.replay.calls += 1
         view = self.view.model_copy(update={"plan_phase": phase})
-        run = await self.evaluator.run_stage(Stage.BEFORE_TOOL, self.entries, view, spec_call, tool_call=spec_call)
+        run = await self.evaluator.stages.run_stage(
+            Stage.BEFORE_TOOL, self.entries, view, spec_call, tool_call=spec_call
+        )
         self.report_stage(Stage.BEFORE_TOOL, run, step=step)
         where = {"stage": Stage.BEFORE_TOOL, "step_id": step.step_id, "tool": step.tool}
         if upstream or not exact:
