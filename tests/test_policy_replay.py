@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import Replayer
 
 from client import cli, database, execution_store
@@ -229,6 +229,14 @@ async def test_a_stricter_allow_list_reports_exactly_the_requests_it_would_block
             argv[-1] = str(html)
             assert await asyncio.to_thread(cli.main, argv) == 0
             assert "newly_blocked" in html.read_text() and "<script" not in html.read_text()
+
+            # A candidate its factory cannot build fails the replay with a typed error.
+            broken = await start_policy_replay(client, settings, f"{PIPELINES}:missing", ReplayWindow())
+            with pytest.raises(WorkflowFailureError) as failed:
+                await broken.result()
+            assert isinstance(failed.value.cause, ApplicationError)
+            assert failed.value.cause.type == "CandidatePipelineUnavailable"
+            assert "missing" in failed.value.cause.message
 
             # Cancellable: cancelling the workflow stops its running batches.
             slow = await start_policy_replay(client, settings, f"{PIPELINES}:slow", ReplayWindow(), batch_size=1)

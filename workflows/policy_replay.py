@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from .models import (
@@ -32,6 +33,8 @@ POLICY_REPLAY_WORKFLOW_TYPE = "PolicyReplay"
 LIST_RECORDS_ACTIVITY = "list_replay_records"
 REPLAY_BATCH_ACTIVITY = "replay_policy_batch"
 BATCHES_PER_RUN = 200
+# The candidate's factory could not build it: the replay fails with this type.
+CANDIDATE_UNAVAILABLE = "CandidatePipelineUnavailable"
 BATCH_TIMEOUT = timedelta(minutes=10)
 BATCH_HEARTBEAT = timedelta(seconds=60)  # one record's hooks run between heartbeats
 
@@ -102,12 +105,21 @@ class PolicyReplayWorkflow:
         )
 
     async def _batch(self, replay: PolicyReplayInput, index: int) -> ReplayBatchOutput:
+        try:
+            return await self._replay_batch(replay, index)
+        except ActivityError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == CANDIDATE_UNAVAILABLE:
+                raise ApplicationError(cause.message, type=CANDIDATE_UNAVAILABLE, non_retryable=True) from None
+            raise
+
+    async def _replay_batch(self, replay: PolicyReplayInput, index: int) -> ReplayBatchOutput:
         return await workflow.execute_activity(
             REPLAY_BATCH_ACTIVITY,
             ReplayBatchInput(replay_id=replay.replay_id, pipeline=replay.pipeline, batch=index),
             result_type=ReplayBatchOutput,
             start_to_close_timeout=BATCH_TIMEOUT,
             heartbeat_timeout=BATCH_HEARTBEAT,
-            retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["CandidatePipelineUnavailable"]),
+            retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=[CANDIDATE_UNAVAILABLE]),
             summary=f"replay batch {index}",
         )

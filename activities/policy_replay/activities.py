@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 from storage.executions import ExecutionStore
 from storage.replays import ReplayReportStore
 from workflows.models import ListRecordsInput, ListRecordsOutput, ReplayBatchInput, ReplayBatchOutput, RequestReplay
-from workflows.policy_replay import LIST_RECORDS_ACTIVITY, REPLAY_BATCH_ACTIVITY
+from workflows.policy_replay import CANDIDATE_UNAVAILABLE, LIST_RECORDS_ACTIVITY, REPLAY_BATCH_ACTIVITY
 
 from .shadow import ShadowEvaluator
 
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 
 # Records of one batch replayed at once: their store reads and hooks' thread hops overlap.
 RECORDS_AT_ONCE = 8
-# A candidate pipeline its factory could not build: the replay fails with this type.
-CANDIDATE_UNAVAILABLE = "CandidatePipelineUnavailable"
 
 
 class PolicyReplayActivities:
