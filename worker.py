@@ -30,6 +30,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities import LifecycleActivities
 from activities.mcp import McpStartupError, McpTool
+from activities.policy_replay import PolicyReplayActivities
 from client import Settings, connect_when_reachable, database, exit_process
 from client.devserver import start_dev_server
 from client.pipeline import PipelineSettingsError, apply_settings
@@ -38,6 +39,7 @@ from client.settings import SettingsError
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
+from storage.replays import ReplayReportStore
 from workflows import WORKFLOWS
 from workflows.local_payloads import LocalPayloadsInline
 
@@ -94,11 +96,24 @@ STICKY_SCHEDULE_TO_START = timedelta(seconds=Settings.model_fields["worker_stick
 HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 
+def policy_replay_activities(settings: Settings, activities: LifecycleActivities) -> PolicyReplayActivities:
+    """The ``PolicyReplay`` activities of a worker: records read from its execution store, reports kept in
+    the database (or a SQLite file of the state directory), candidates built as ``AGENT_PIPELINE`` is."""
+    db = database(settings)
+    reports = ReplayReportStore(db if db is not None else settings.state_dir / "policy-replay.sqlite3")
+
+    def candidate(where: str) -> LifecycleActivities:
+        return load_activities(settings.model_copy(update={"pipeline_factory": where}))
+
+    return PolicyReplayActivities(activities.store, reports, candidate)
+
+
 def build_worker(
     client: Client,
     task_queue: str,
     activities: LifecycleActivities,
     *,
+    replay: PolicyReplayActivities | None = None,
     sandboxed: bool = False,
     extra_workflows: Sequence[type] = (),
     extra_activities: Sequence[Callable[..., Any]] = (),
@@ -113,7 +128,10 @@ def build_worker(
     in a workflow — every hook, tool, planner and store call is an activity — and the workflow code is
     the framework's own: it keeps no module state, and the tests replay every history they produce
     inside the sandbox, which fails on any call it forbids. Outside it, each activation costs about half
-    as much (see benchmarks/README.md)."""
+    as much (see benchmarks/README.md).
+
+    ``replay``: the activities ``PolicyReplay`` schedules (every worker process has them; the workflow is
+    one of ``WORKFLOWS``)."""
     options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_SCHEDULE_TO_START)
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     if not sandboxed:
@@ -123,7 +141,7 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
-        activities=[*activities.activities(), *extra_activities],
+        activities=[*activities.activities(), *(replay.activities() if replay is not None else []), *extra_activities],
         **options,
     )
 
@@ -159,7 +177,12 @@ async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool)
     async with temporal_client(settings, dev=dev) as client:
         await prepare(client, settings, activities)
         worker = build_worker(
-            client, settings.task_queue, activities, sandboxed=settings.workflow_sandbox, **settings.worker_options()
+            client,
+            settings.task_queue,
+            activities,
+            replay=policy_replay_activities(settings, activities),
+            sandboxed=settings.workflow_sandbox,
+            **settings.worker_options(),
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

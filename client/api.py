@@ -45,6 +45,8 @@ from workflows.models import (
     AnswerChunk,
     Checkpoint,
     ExecutionRecord,
+    PolicyReplayResult,
+    ReplayWindow,
     RequestInput,
     RequestResult,
     ReviewAck,
@@ -241,6 +243,20 @@ class AgentClient:
         self, request: str, *, reviewer: str, reason: str = "", checkpoint_id: str | None = None
     ) -> ReviewAck:
         return await self.review(request, "reject", reviewer=reviewer, comment=reason, checkpoint_id=checkpoint_id)
+
+    # -- policy replay -------------------------------------------------------------------------------
+
+    async def replay_policy(
+        self, pipeline: str, window: ReplayWindow | None = None, *, replay_id: str | None = None, batch_size: int = 100
+    ) -> WorkflowHandle[Any, PolicyReplayResult]:
+        """Start replaying the candidate pipeline ``pipeline`` (``module:factory``) over the records of
+        ``window`` in shadow (see ``client.replay``): query ``progress`` on the handle, await its result,
+        then read the report with ``client.replay.replay_report``."""
+        from .replay import start_policy_replay
+
+        return await start_policy_replay(
+            self.temporal, self.settings, pipeline, window or ReplayWindow(), replay_id=replay_id, batch_size=batch_size
+        )
 
     # -- records -------------------------------------------------------------------------------------
 

@@ -30,6 +30,11 @@ Declared hooks (AGENT_HOOKS_FILE):
     agent-lifecycle hooks enable block-rm                    # re-enable after the circuit breaker tripped
     agent-lifecycle hooks encrypt 'Bearer s3cret'             # a header value for the file (AGENT_HOOK_SECRET_KEY)
     agent-lifecycle hooks executions --hook block-rm          # the audit rows
+
+Try a pipeline change on the past (nothing runs, nothing recorded changes):
+
+    agent-lifecycle replay-policy --pipeline my_app.pipeline:stricter --since 7d --out report.html
+    agent-lifecycle replay-policy --pipeline my_app.pipeline:stricter --fail-on newly_blocked   # exit 3 if any
 """
 
 from __future__ import annotations
@@ -305,6 +310,61 @@ async def _stored(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def _replay_policy(args: argparse.Namespace, settings: Settings) -> int:
+    """Start ``PolicyReplay``, show its progress, write its report; 3 when a ``--fail-on`` finding occurs.
+    Interrupting it cancels the replay."""
+    from pathlib import Path
+
+    from activities.policy_replay.report import matched, parse_kinds, summary_lines, to_html, to_json
+    from workflows.models import ReplayWindow
+
+    from . import connect
+    from .replay import parse_since, parse_time, progress_line, replay_progress, replay_report, start_policy_replay
+
+    fail_on = parse_kinds(args.fail_on or "")
+    if args.since and (args.start or args.end):
+        raise ValueError("give --since or --from/--to, not both")
+    window = ReplayWindow(
+        since=parse_since(args.since) if args.since else parse_time(args.start) if args.start else None,
+        until=parse_time(args.end) if args.end else None,
+        tenant=args.tenant,
+        agent=args.agent,
+        limit=args.limit,
+    )
+    client = await connect(settings)
+    handle = await start_policy_replay(client, settings, args.pipeline, window, batch_size=args.batch_size)
+    print(f"replaying {args.pipeline} as {handle.id}", file=sys.stderr)
+    waiting = asyncio.ensure_future(handle.result())
+    try:
+        while not waiting.done():
+            await asyncio.wait([waiting], timeout=0.5)
+            try:
+                line = progress_line(await replay_progress(client, handle.id))
+            except Exception:  # noqa: BLE001 - the query races the end of the run: the result says the rest
+                continue
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        await handle.cancel()
+        print(f"\nreplay cancelled: {handle.id}", file=sys.stderr)
+        raise
+    result = waiting.result()
+    print(file=sys.stderr)
+    report = replay_report(settings, result, window)
+    for line in summary_lines(report):
+        print(line)
+    if args.out:
+        out = Path(args.out)
+        out.write_text(to_html(report) if out.suffix.lower() in (".html", ".htm") else to_json(report))
+        print(f"report: {out}")
+    elif args.json:
+        print(to_json(report), end="")
+    found = matched(report, fail_on)
+    if found:
+        print(f"failing: found {', '.join(found)}", file=sys.stderr)
+        return 3
+    return 0
+
+
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "codec-server":
         from . import process_data_converter
@@ -314,6 +374,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             Codec(process_data_converter(settings).external_storage), args.host, args.port, args.allow_origin or ()
         )
         return 0
+    if args.command == "replay-policy":
+        return await _replay_policy(args, settings)
     if args.command == "hooks":
         from . import declared_hooks
 
@@ -458,7 +520,29 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--limit", type=int, default=10)
     sub.add_argument("--full", action="store_true", help="each record in full")
     sub.add_argument("--json", action="store_true")
+    _add_replay_parser(commands)
     return parser
+
+
+def _add_replay_parser(commands: Any) -> None:
+    p = commands.add_parser(
+        "replay-policy", help="what a candidate pipeline would have decided on recorded requests (shadow: runs nothing)"
+    )
+    p.add_argument("--pipeline", required=True, help="the candidate's factory, module:function")
+    p.add_argument("--since", help="records of requests started this long ago or later: 7d, 12h, 30m")
+    p.add_argument("--from", dest="start", help="records of requests started at or after this ISO time")
+    p.add_argument("--to", dest="end", help="records of requests started before this ISO time")
+    p.add_argument("--tenant", help="only this tenant's requests (metadata tenant_id)")
+    p.add_argument("--agent", help="only this agent's requests (metadata agent_id)")
+    p.add_argument("--limit", type=int, help="at most this many records, oldest first")
+    p.add_argument("--batch-size", type=int, default=100, help="records per activity (default 100)")
+    p.add_argument("--out", help="write the report: .json for machines, .html for people")
+    p.add_argument("--json", action="store_true", help="print the JSON report (without --out)")
+    p.add_argument(
+        "--fail-on",
+        help="exit 3 when the replay finds any of these, comma-separated: newly_blocked, newly_allowed, "
+        "arguments_changed, newly_needs_approval, required_gate_now_rejects, hook_failed, not_replayed, ...",
+    )
 
 
 def _add_hooks_parser(commands: Any) -> None:

@@ -48,6 +48,7 @@ __all__ = [
     "HookRejection",
     "LeaseContext",
     "LeaseObservation",
+    "NotReplayed",
     "PipelineContext",
     "PipelineGate",
     "PipelineHook",
@@ -61,6 +62,12 @@ __all__ = [
 class HookRejection(Exception):
     """Raise from a hook for a deliberate refusal. It is never retried (an ordinary exception is, up
     to the hook's ``max_attempts``), and its text is recorded exactly."""
+
+
+class NotReplayed(Exception):
+    """Raise from a hook when ``ctx.shadow`` is set to opt out of a policy replay: the replay reports the
+    invocation ``not_replayed`` with this text as the reason, never as an allow. A hook whose work writes
+    somewhere (announces, remembers, spends) raises it rather than act on a recorded request."""
 
 
 class PipelineGate:
@@ -88,6 +95,8 @@ class PipelineContext:
     being served (after any before_run rewrite), with its ``instructions`` and ``facts``. ``state`` is
     this hook's private state for this run: a JSON map only this hook sees, carried by the
     workflow from one of its invocations to the next, never shown to other hooks or to prompts.
+    ``shadow`` is set when a policy replay runs the hook against a recorded request: nothing it decides
+    is applied, and a hook that would write anywhere raises :class:`NotReplayed` instead.
     """
 
     request: str
@@ -108,6 +117,7 @@ class PipelineContext:
     _leases: dict[str, ManagedLease] = field(default_factory=dict, repr=False)
     # Ids of the leases the request owner (the workflow) already holds for this request.
     managed_leases: tuple[str, ...] = ()
+    shadow: bool = False
 
     @classmethod
     def create(
@@ -127,6 +137,7 @@ class PipelineContext:
         facts: Mapping[str, JsonValue] | None = None,
         state: Mapping[str, JsonValue] | None = None,
         managed_leases: tuple[str, ...] | list[str] = (),
+        shadow: bool = False,
     ) -> PipelineContext:
         return cls(
             request=request,
@@ -143,6 +154,7 @@ class PipelineContext:
             state=copy.deepcopy(dict(state or {})),
             _hook=hook,
             managed_leases=tuple(managed_leases),
+            shadow=shadow,
         )
 
     def report_effect(
@@ -364,6 +376,11 @@ class PipelineHook:
         chain: ``None``, or a ``HookChain``: the hooks of one chain share its time budget at each run of
             their stage, and a hook whose chain has run out decides as ``on_exhausted`` says without
             running (declared hooks of a blocking event set it).
+        calls_service: The hook calls something outside the worker (HTTP, a model, a subprocess) even
+            though it runs in-process. A policy replay runs such a hook — and every ``RunMode.ACTIVITY``
+            hook — only when it is ``shadow_safe``; otherwise it reports it ``not_replayed``.
+        shadow_safe: The hook may run against recorded requests: whatever it calls is read-only and
+            spends nothing (it may still check ``ctx.shadow`` and raise :class:`NotReplayed`).
     """
 
     name: str = ""
@@ -378,6 +395,8 @@ class PipelineHook:
     agent_id: str | None = None
     failure_policy: FailurePolicy | None = None
     chain: HookChain | None = None
+    calls_service: bool = False
+    shadow_safe: bool = False
 
 
 class RequiredAfterPlanningHook:

@@ -170,6 +170,39 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
     print(f"wrote {name}.json ({len(out.history.events)} events)")
 
 
+# Added with policy replay: two quotes recorded, replayed by PolicyReplay with a candidate
+# that no longer offers quotes (two batches, listed into the report store first).
+REPLAY_SCENARIO = "policy_replay_of_recorded_quotes"
+
+
+async def record_replay_scenario(client, state: Path) -> None:
+    from client.replay import start_policy_replay
+    from worker import policy_replay_activities
+    from workflows.models import ReplayWindow
+
+    from .harness import history_json as as_json
+    from .replay_pipelines import recorded
+
+    settings = Settings.from_env({"AGENT_STATE_DIR": str(state)})
+    activities = recorded(settings)
+    async with Harness(client, state, worker_options={"replay": policy_replay_activities(settings, activities)}) as h:
+        for text in ("What is the price of ACME?", "What is the price of IBM?"):
+            await h.run(text, {"cache": "bypass"})
+        handle = await start_policy_replay(
+            client,
+            settings.model_copy(update={"task_queue": h.task_queue}),
+            "tests.replay_pipelines:stricter",
+            ReplayWindow(),
+            replay_id=REPLAY_SCENARIO,
+            batch_size=1,
+        )
+        result = await handle.result()
+        history = await handle.fetch_history()
+    assert result.replayed == 2 and result.counts.get("newly_blocked") == 2, result
+    (HISTORIES / f"{REPLAY_SCENARIO}.json").write_text(as_json(history) + "\n")
+    print(f"wrote {REPLAY_SCENARIO}.json ({len(history.events)} events)")
+
+
 def subagent_harness(client, state: Path) -> Harness:
     from hooks.declarative import DeclaredHookRuntime, HookStore, declared_hooks, parse_hooks
 
@@ -262,6 +295,9 @@ async def main(rewrite_all: bool) -> None:
             if rewrite_all or not (HISTORIES / f"{name}.json").exists():
                 with tempfile.TemporaryDirectory() as state:
                     await record_model_scenario(env.client, Path(state), name)
+        if rewrite_all or not (HISTORIES / f"{REPLAY_SCENARIO}.json").exists():
+            with tempfile.TemporaryDirectory() as state:
+                await record_replay_scenario(env.client, Path(state))
     finally:
         await env.shutdown()
 

@@ -184,3 +184,27 @@ async def test_an_unreachable_database_is_a_clear_error_without_the_password(pos
     with pytest.raises(DatabaseUnavailable) as caught:
         await store.get("req-1")
     assert "127.0.0.1:1/postgres" in str(caught.value) and "s3cret" not in str(caught.value)
+
+
+async def test_a_window_lists_runs_by_start_time_tenant_and_agent_oldest_first(make_store):
+    store = make_store()
+    start = datetime(2026, 11, 1, tzinfo=UTC)
+    for n, (tenant, agent) in enumerate([("t1", "a1"), ("t2", "a1"), ("t1", "a2"), ("t1", "a1")]):
+        record = _record(1, run_id=f"run-{n}").model_copy(
+            update={
+                "workflow_id": f"request-{n}",
+                "request_id": f"req-{n}",
+                "started_at": start + timedelta(hours=n),
+                "metadata": {"tenant_id": tenant, "agent_id": agent},
+            }
+        )
+        await store.save(record)
+    everything = await store.window()
+    assert everything == [(f"request-{n}", f"run-{n}") for n in range(4)]
+    assert await store.window(start + timedelta(hours=1), start + timedelta(hours=3)) == [
+        ("request-1", "run-1"),
+        ("request-2", "run-2"),
+    ]
+    assert await store.window(tenant="t1") == [("request-0", "run-0"), ("request-2", "run-2"), ("request-3", "run-3")]
+    assert await store.window(tenant="t1", agent="a1", limit=1) == [("request-0", "run-0")]
+    assert (await store.get_run("request-2", "run-2")).metadata["agent_id"] == "a2"

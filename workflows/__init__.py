@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .lease_keeper import LEASE_KEEPER_WORKFLOW_TYPE, LeaseKeeperWorkflow
     from .lifecycle import WORKFLOW_TYPE, RequestLifecycleWorkflow
     from .notification import REVIEW_NOTIFICATION_WORKFLOW_TYPE, ReviewNotificationWorkflow
+    from .policy_replay import POLICY_REPLAY_WORKFLOW_TYPE, PolicyReplayWorkflow, policy_replay_workflow_id
     from .support import idempotency_key
 
     WORKFLOWS: list[type]
@@ -30,6 +31,9 @@ _WHERE = {
     "RequestLifecycleWorkflow": "lifecycle",
     "REVIEW_NOTIFICATION_WORKFLOW_TYPE": "notification",
     "ReviewNotificationWorkflow": "notification",
+    "POLICY_REPLAY_WORKFLOW_TYPE": "policy_replay",
+    "PolicyReplayWorkflow": "policy_replay",
+    "policy_replay_workflow_id": "policy_replay",
     "idempotency_key": "support",
 }
 
@@ -41,6 +45,7 @@ def __getattr__(name: str) -> Any:
             __getattr__("DetachedEffectWorkflow"),
             __getattr__("ReviewNotificationWorkflow"),
             __getattr__("LeaseKeeperWorkflow"),
+            __getattr__("PolicyReplayWorkflow"),
         ]
     if name in _WHERE:
         value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
@@ -52,14 +57,17 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DETACHED_WORKFLOW_TYPE",
     "LEASE_KEEPER_WORKFLOW_TYPE",
+    "POLICY_REPLAY_WORKFLOW_TYPE",
     "REVIEW_NOTIFICATION_WORKFLOW_TYPE",
     "WORKFLOWS",
     "WORKFLOW_TYPE",
     "DetachedEffectWorkflow",
     "LeaseKeeperWorkflow",
+    "PolicyReplayWorkflow",
     "RequestLifecycleWorkflow",
     "ReviewNotificationWorkflow",
     "data_converter",
     "detached_workflow_id",
     "idempotency_key",
+    "policy_replay_workflow_id",
 ]

@@ -85,6 +85,8 @@ class ActivityAnnouncementHook(PipelineHook):
             self.name = name
 
     async def before_planning(self, ctx: PipelineContext) -> None:
+        if ctx.shadow:
+            return  # announcing would write to the shared coordinator; it decides nothing
         entities = self.entity_extractor(ctx.request)
         signal = ActivitySignal(
             signal_id=activity_signal_id(self.agent, ctx.request_id),

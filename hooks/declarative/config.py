@@ -165,6 +165,9 @@ class _HookBase(BaseModel):
     on_timeout: Literal["block", "allow"] | None = None  # default: block for blocking events, else allow
     enabled: bool = True
     version: int = Field(default=1, ge=1)
+    # The handler may run in a policy replay: it reads only and spends nothing (a prompt hook replays its
+    # cached decisions whatever this says, and never asks its model).
+    shadow_safe: bool = False
 
     _matcher: re.Pattern[str] | None = PrivateAttr(default=None)
     _program: Any = PrivateAttr(default=None)

@@ -59,7 +59,7 @@ from workflows.models import (
     subagent_depth,
 )
 
-from ..contracts import DetachedContext, PipelineContext, PipelineHook
+from ..contracts import DetachedContext, NotReplayed, PipelineContext, PipelineHook
 from .config import (
     DEFAULT_CHAIN_BUDGET_SECONDS,
     DEFAULT_EDITION,
@@ -74,7 +74,16 @@ from .config import (
     edition_problem,
     load_hooks_file,
 )
-from .handlers import HandlerError, HandlerResult, run_command, run_http, run_prompt
+from .handlers import (
+    DecideArguments,
+    HandlerError,
+    HandlerResult,
+    decide_result,
+    prompt_cache_key,
+    run_command,
+    run_http,
+    run_prompt,
+)
 from .security import SecretBox
 from .store import GLOBAL_TENANT, ExecutionRow, HookStore
 
@@ -454,6 +463,8 @@ class DeclaredHook(PipelineHook):
         self.max_attempts = 3
         # A subprocess, an HTTP call or a model: its own heartbeated task, not the workflow's.
         self.run_mode = RunMode.ACTIVITY
+        self.calls_service = True
+        self.shadow_safe = spec.shadow_safe or isinstance(spec, PromptHook)
         self.chain = (
             HookChain(
                 event=spec.event.value,
@@ -465,6 +476,8 @@ class DeclaredHook(PipelineHook):
         )
 
     async def fire(self, ctx: PipelineContext, **fields: Any) -> DispatchResult:
+        if ctx.shadow:
+            return await self._shadow_fire(ctx, fields)
         return await dispatch(
             self.spec,
             self.runtime,
@@ -473,6 +486,40 @@ class DeclaredHook(PipelineHook):
             identity=_current_identity(ctx),
             time_left=_chain_time_left(),
         )
+
+    async def _shadow_fire(self, ctx: PipelineContext, fields: dict[str, Any]) -> DispatchResult:
+        """The hook in a policy replay: no audit row, no breaker move, no turn counted, no budget spent. A
+        prompt hook answers only from its cached decisions; any other handler runs only if the file marks
+        it ``shadow_safe``."""
+        event = event_data(self.spec, ctx, **fields)
+        if isinstance(self.spec, PromptHook):
+            if self.spec.program is not None:
+                try:
+                    applies = self.spec.program.execute(
+                        {"tool_name": event.tool_name, "tool_input": event.tool_input, "depth": event.depth}
+                    )
+                except Exception as err:  # noqa: BLE001 - as at dispatch: an evaluation error fails closed
+                    applies = f"if_expr could not be evaluated: {err}"
+                if applies is False:
+                    return DispatchResult("skip", "if_expr_false", "completed", 0.0)
+                if applies is not True:
+                    return DispatchResult("block", REASON_HOOK_ERROR, "error", 0.0, error=str(applies))
+            key = prompt_cache_key(self.spec.id, self.spec.version, event.tool_name, event.tool_input)
+            cached = await asyncio.to_thread(self.runtime.store.cached_decision, key)
+            if cached is None:
+                raise NotReplayed("prompt hook with no cached decision for this call (a replay never asks its model)")
+            outcome = decide_result(DecideArguments.model_validate(cached), metadata={"cache_hit": True})
+            return DispatchResult(
+                outcome.decision,
+                outcome.reason if outcome.decision == "block" else "",
+                "completed",
+                0.0,
+                updated_input=outcome.updated_input,
+                metadata=outcome.metadata,
+            )
+        if not self.spec.shadow_safe:
+            raise NotReplayed(f"{self.spec.handler_type} hook not marked shadow_safe")
+        return await dispatch(self.spec, self.runtime, event, state=dict(ctx.state), identity=None, audit=False)
 
     def block_message(self, result: DispatchResult) -> str:
         return f"blocked by hook {self.spec.id}: {result.reason or 'blocked'}"

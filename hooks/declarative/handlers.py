@@ -360,7 +360,7 @@ def parse_decide(data: Any) -> DecideArguments:
         raise HandlerError(f"evaluator called decide with malformed arguments: {str(err)[:300]}") from None
 
 
-def _decide_result(args: DecideArguments, **extra: Any) -> HandlerResult:
+def decide_result(args: DecideArguments, **extra: Any) -> HandlerResult:
     blocked = args.decision == "block" or args.injection_detected
     reason = args.reason if not args.injection_detected else f"prompt injection detected: {args.reason}"
     return HandlerResult(
@@ -391,7 +391,7 @@ async def run_prompt(
     cached = await asyncio.to_thread(store.cached_decision, key)
     if cached is not None:
         args = DecideArguments.model_validate(cached)
-        return _decide_result(
+        return decide_result(
             args,
             output={"reason": args.reason, "cache_hit": True},
             metadata={"cache_hit": True, "prompt_model": config.model},
@@ -453,4 +453,4 @@ async def run_prompt(
         err.metadata.update(metadata)
         raise
     await asyncio.to_thread(store.cache_decision, key, hook.id, args.model_dump(), cache_ttl_seconds)
-    return _decide_result(args, output={"reason": args.reason, "cache_hit": False}, metadata=metadata)
+    return decide_result(args, output={"reason": args.reason, "cache_hit": False}, metadata=metadata)

@@ -17,7 +17,7 @@ failure or cancel) are swept by writers; a sweep is safe to run from every worke
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from workflows.models import EffectStatus, ExecutionRecord, PipelineHookEffect, RequestStatus
@@ -42,6 +42,24 @@ class ExecutionStore(Protocol):
         ...
 
     async def recent(self, limit: int = 20) -> list[ExecutionRecord]: ...
+
+    async def get_run(self, workflow_id: str, run_id: str) -> ExecutionRecord | None:
+        """The record of one run, effect updates merged."""
+        ...
+
+    async def window(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        tenant: str | None = None,
+        agent: str | None = None,
+        limit: int | None = None,
+    ) -> list[tuple[str, str]]:
+        """The (workflow id, run id) of the records of requests started in [since, until) — of one tenant
+        (metadata ``tenant_id``) and agent (``agent_id``) when given — oldest first, at most ``limit``.
+        A read: what a policy replay lists before it reads the records a batch at a time."""
+        ...
 
 
 def snapshot_revision(record: ExecutionRecord) -> int:

@@ -208,3 +208,25 @@ class PostgresExecutionStore:
 
     async def recent(self, limit: int = 20) -> list[ExecutionRecord]:
         return await self._query("TRUE", (), limit)
+
+    async def window(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        tenant: str | None = None,
+        agent: str | None = None,
+        limit: int | None = None,
+    ) -> list[tuple[str, str]]:
+        await self.migrate()
+        async with self.database.transaction() as conn:
+            cursor = await conn.execute(
+                "SELECT workflow_id, run_id FROM agent_executions WHERE expires_at >= %s "
+                "AND (%s::timestamptz IS NULL OR started_at >= %s::timestamptz) "
+                "AND (%s::timestamptz IS NULL OR started_at < %s::timestamptz) "
+                "AND (%s::text IS NULL OR record->'metadata'->>'tenant_id' = %s::text) "
+                "AND (%s::text IS NULL OR record->'metadata'->>'agent_id' = %s::text) "
+                "ORDER BY started_at, workflow_id, run_id LIMIT %s",
+                (_at(self._clock()), since, since, until, until, tenant, tenant, agent, agent, limit),
+            )
+            return [(w, r) for w, r in await cursor.fetchall()]

@@ -7,7 +7,7 @@ import asyncio
 import math
 import sqlite3
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from workflows.models import ExecutionRecord, LifecycleBoundary, PipelineHookEffect
@@ -192,3 +192,39 @@ class SQLiteExecutionStore:
 
     async def recent(self, limit: int = 20) -> list[ExecutionRecord]:
         return await asyncio.to_thread(self._query, "1 = 1", (), limit)
+
+    def _window(
+        self, since: datetime | None, until: datetime | None, tenant: str | None, agent: str | None, limit: int | None
+    ) -> list[tuple[str, str]]:
+        where, params = ["expires_at >= ?"], [self._clock()]
+        # started_at is an ISO text written in UTC by the workflow: ordered as the times are.
+        if since is not None:
+            where.append("julianday(started_at) >= julianday(?)")
+            params.append(since.isoformat())
+        if until is not None:
+            where.append("julianday(started_at) < julianday(?)")
+            params.append(until.isoformat())
+        if tenant is not None:
+            where.append("json_extract(record, '$.metadata.tenant_id') = ?")
+            params.append(tenant)
+        if agent is not None:
+            where.append("json_extract(record, '$.metadata.agent_id') = ?")
+            params.append(agent)
+        with sqlite.connection(self.path) as db:
+            rows = db.execute(
+                f"SELECT workflow_id, run_id FROM executions WHERE {' AND '.join(where)} "
+                "ORDER BY julianday(started_at), workflow_id, run_id LIMIT ?",
+                (*params, -1 if limit is None else limit),
+            ).fetchall()
+        return [(w, r) for w, r in rows]
+
+    async def window(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        tenant: str | None = None,
+        agent: str | None = None,
+        limit: int | None = None,
+    ) -> list[tuple[str, str]]:
+        return await asyncio.to_thread(self._window, since, until, tenant, agent, limit)

@@ -162,6 +162,20 @@ from ._record import (
     ReviewAck,
     ReviewRequest,
 )
+from ._replay import (
+    DECISION_CHANGES,
+    FindingKind,
+    ListRecordsInput,
+    ListRecordsOutput,
+    PolicyReplayInput,
+    PolicyReplayResult,
+    ReplayBatchInput,
+    ReplayBatchOutput,
+    ReplayFinding,
+    ReplayProgress,
+    ReplayWindow,
+    RequestReplay,
+)
 from ._request import (
     LOOP_DEPTH_EXCEEDED,
     MAX_SUBAGENT_DEPTH,
@@ -179,6 +193,18 @@ from ._request import (
 )
 
 __all__ = [
+    "DECISION_CHANGES",
+    "FindingKind",
+    "ListRecordsInput",
+    "ListRecordsOutput",
+    "PolicyReplayInput",
+    "PolicyReplayResult",
+    "ReplayBatchInput",
+    "ReplayBatchOutput",
+    "ReplayFinding",
+    "ReplayProgress",
+    "ReplayWindow",
+    "RequestReplay",
     "ANSWER_TOPIC",
     "MAX_MODEL_ERROR_CHARS",
     "MAX_MODEL_PREVIEW_CHARS",
