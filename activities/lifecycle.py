@@ -70,6 +70,7 @@ from workflows.stages import ResultRejected, returned
 
 from . import telemetry
 from .answer_stream import publish_answer, streaming_synthesizer
+from .conversations import ConversationActivities
 from .heartbeat import heartbeat_interval, heartbeating
 from .hook_stages import HookStageActivities, call_hook
 from .memory import ConversationMemory
@@ -144,6 +145,7 @@ class LifecycleActivities(HookStageActivities):
         self.prompt_builder = prompt_builder
         self.memory = memory
         self.review_webhook = review_webhook
+        self.conversations = ConversationActivities()
         # The pipeline settings (``client.pipeline.PIPELINE_VARIABLES``) these activities already take into
         # account: the worker applies the others, or refuses to start.
         self.applied_settings: frozenset[str] = frozenset()
@@ -213,6 +215,8 @@ class LifecycleActivities(HookStageActivities):
             self.renew_lease,
             self.keep_lease,
             self.release_lease,
+            self.conversations.claim_conversation_turn,
+            self.conversations.conversation_turn_open,
         ]
 
     async def aclose(self) -> None:

@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .conversation import CONVERSATION_WORKFLOW_TYPE, ConversationWorkflow
     from .converter import data_converter
     from .detached import DETACHED_WORKFLOW_TYPE, DetachedEffectWorkflow, detached_workflow_id
     from .lease_keeper import LEASE_KEEPER_WORKFLOW_TYPE, LeaseKeeperWorkflow
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     WORKFLOWS: list[type]
 
 _WHERE = {
+    "CONVERSATION_WORKFLOW_TYPE": "conversation",
+    "ConversationWorkflow": "conversation",
     "data_converter": "converter",
     "DETACHED_WORKFLOW_TYPE": "detached",
     "DetachedEffectWorkflow": "detached",
@@ -41,6 +44,7 @@ def __getattr__(name: str) -> Any:
             __getattr__("DetachedEffectWorkflow"),
             __getattr__("ReviewNotificationWorkflow"),
             __getattr__("LeaseKeeperWorkflow"),
+            __getattr__("ConversationWorkflow"),
         ]
     if name in _WHERE:
         value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
@@ -50,6 +54,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CONVERSATION_WORKFLOW_TYPE",
+    "ConversationWorkflow",
     "DETACHED_WORKFLOW_TYPE",
     "LEASE_KEEPER_WORKFLOW_TYPE",
     "REVIEW_NOTIFICATION_WORKFLOW_TYPE",

@@ -1,0 +1,189 @@
+"""Conversations against a real Temporal server: the turns of one conversation run one at a time in the
+order they were accepted, whichever way they end; different conversations run at the same time; a
+malformed turn is refused before it is queued."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+
+from activities.tools import Tool, ToolContext
+from client.api import AgentClient, RequestFailed, TurnRefused
+from client.settings import Settings
+from workflows import search_attributes as sa
+from workflows.models import Plan, PlanStep, conversation_workflow_id
+
+from .doubles import HeldTool
+from .harness import Harness
+
+
+class NoArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class Span:
+    request_id: str
+    started: float
+    ended: float = field(default=0.0)
+
+
+class SlowTool(Tool):
+    """Takes ``seconds``; keeps when each call started and ended (by the request that made it)."""
+
+    namespace = "test-tools"
+    agent = "slow-service"
+    capability = "take_a_while"
+    read_only = True
+    Arguments = NoArguments
+
+    def __init__(self, seconds: float = 1.5) -> None:
+        self.seconds = seconds
+        self.spans: list[Span] = []
+
+    async def run(self, arguments: Any, ctx: ToolContext) -> str:
+        span = Span(ctx.request_id, time.monotonic())
+        self.spans.append(span)
+        await asyncio.sleep(self.seconds)
+        span.ended = time.monotonic()
+        return "done"
+
+    def of(self, prefix: str) -> list[Span]:
+        return [s for s in self.spans if s.request_id.startswith(prefix)]
+
+
+def step(tool: type[Tool], step_id: str = "s1") -> PlanStep:
+    return PlanStep(step_id=step_id, namespace=tool.namespace, agent=tool.agent, capability=tool.capability)
+
+
+class ScriptedPlanner:
+    """``slow`` → the slow tool; ``hold`` → the held tool; ``fail`` → a planner error; else no steps."""
+
+    name = "scripted-planner"
+
+    async def plan(self, request: Any) -> Plan:
+        if "fail" in request.request:
+            raise ApplicationError("the planner gave up", type="PlannerDown", non_retryable=True)
+        if "hold" in request.request:
+            return Plan(phase=request.phase, steps=[step(HeldTool, "held")])
+        if "slow" in request.request:
+            return Plan(phase=request.phase, steps=[step(SlowTool)])
+        return Plan(phase=request.phase, steps=[])
+
+
+def overlapping(spans: list[Span]) -> list[tuple[str, str]]:
+    ordered = sorted(spans, key=lambda s: s.started)
+    return [(a.request_id, b.request_id) for a, b in zip(ordered, ordered[1:], strict=False) if b.started < a.ended]
+
+
+def agents_for(h: Harness) -> AgentClient:
+    return AgentClient(h.client, Settings(task_queue=h.task_queue))
+
+
+async def keep_histories(h: Harness, conversation_id: str, turn_ids: list[str]) -> None:
+    """Every history of the conversation and its turns goes to the harness's replay."""
+    for workflow_id in [conversation_workflow_id(conversation_id), *turn_ids]:
+        h.histories.append(await h.client.get_workflow_handle(workflow_id).fetch_history())
+
+
+def new_id(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+async def test_three_turns_submitted_together_run_one_after_another_in_order(client: Client, tmp_path):
+    slow = SlowTool()
+    async with Harness(client, tmp_path, tools=[slow], planner=ScriptedPlanner()) as h:
+        agents, conversation = agents_for(h), new_id("c")
+        accepted = await asyncio.gather(*(agents.submit_turn(conversation, f"slow turn {i}") for i in range(3)))
+        results = await asyncio.gather(*(agents.turn_result(a) for a in accepted))
+        turns = await agents.turns(conversation)
+        await keep_histories(h, conversation, [a.workflow_id for a in accepted])
+
+    assert sorted(a.turn for a in accepted) == [1, 2, 3]
+    assert {a.workflow_id for a in accepted} == {f"conversation-{conversation}/turn-{n}" for n in (1, 2, 3)}
+    assert all(r.response for r in results)
+    spans = slow.of(f"conversation-{conversation}/")
+    assert len(spans) == 3 and all(s.ended for s in spans)
+    assert overlapping(spans) == []
+    # Run in the order they were accepted.
+    assert [s.request_id for s in sorted(spans, key=lambda s: s.started)] == [
+        f"conversation-{conversation}/turn-{n}" for n in (1, 2, 3)
+    ]
+    assert [(t.turn, t.status) for t in turns.done] == [(1, "succeeded"), (2, "succeeded"), (3, "succeeded")]
+    assert turns.running is None and turns.queued == []
+
+
+async def test_three_conversations_at_once_run_at_the_same_time(client: Client, tmp_path):
+    slow = SlowTool(seconds=2.0)
+    async with Harness(client, tmp_path, tools=[slow], planner=ScriptedPlanner()) as h:
+        agents = agents_for(h)
+        conversations = [new_id("par") for _ in range(3)]
+        accepted = await asyncio.gather(*(agents.submit_turn(c, "slow, please") for c in conversations))
+        await asyncio.gather(*(agents.turn_result(a) for a in accepted))
+        for c, a in zip(conversations, accepted, strict=True):
+            await keep_histories(h, c, [a.workflow_id])
+
+    spans = [s for c in conversations for s in slow.of(f"conversation-{c}/")]
+    assert len(spans) == 3
+    assert overlapping(spans), "different conversations should not wait for each other"
+
+
+async def test_a_malformed_turn_is_refused_before_it_is_queued(client: Client, tmp_path):
+    async with Harness(client, tmp_path, planner=ScriptedPlanner()) as h:
+        agents, conversation = agents_for(h), new_id("bad")
+        with pytest.raises(TurnRefused, match="message"):
+            await agents.submit_turn(conversation, "")
+        with pytest.raises(TurnRefused, match="not this conversation"):
+            await agents.submit_turn(conversation, "hello", metadata={"conversation_id": "someone-else"})
+        with pytest.raises(TurnRefused, match="conversation id"):
+            await agents.submit_turn("has space", "hello")
+        turns = await agents.turns(conversation)
+        assert turns.queued == [] and turns.done == [] and turns.turns_submitted == 0
+        accepted = await agents.submit_turn(conversation, "hello")
+        await agents.turn_result(accepted)
+        await keep_histories(h, conversation, [accepted.workflow_id])
+    assert accepted.turn == 1
+
+
+async def test_a_failed_turn_and_a_cancelled_turn_release_the_next_one(client: Client, tmp_path):
+    held = HeldTool()
+    async with Harness(client, tmp_path, tools=[held], planner=ScriptedPlanner()) as h:
+        agents, conversation = agents_for(h), new_id("f")
+        failing = await agents.submit_turn(conversation, "fail now")
+        holding = await agents.submit_turn(conversation, "hold on")
+        last = await agents.submit_turn(conversation, "and then?")
+        with pytest.raises(RequestFailed) as failed:
+            await agents.turn_result(failing)
+        await asyncio.wait_for(held.started.wait(), 30)
+        queued = await agents.turns(conversation)
+        await agents.cancel(holding.workflow_id)
+        with pytest.raises(RequestFailed) as cancelled:
+            await agents.turn_result(holding)
+        answer = await agents.turn_result(last)
+        turns = await agents.turns(conversation)
+        await keep_histories(h, conversation, [failing.workflow_id, holding.workflow_id, last.workflow_id])
+
+    assert failed.value.type == "PlanningFailed"
+    assert cancelled.value.type == "Cancelled"
+    assert answer.response
+    assert queued.running is not None and queued.running.turn == 2 and [t.turn for t in queued.queued] == [3]
+    assert [(t.turn, t.status) for t in turns.done] == [(1, "failed"), (2, "cancelled"), (3, "succeeded")]
+
+
+async def test_the_conversation_is_listed_as_a_conversation(client: Client, tmp_path):
+    async with Harness(client, tmp_path, planner=ScriptedPlanner()) as h:
+        agents, conversation = agents_for(h), new_id("kind")
+        accepted = await agents.submit_turn(conversation, "hello")
+        await agents.turn_result(accepted)
+        description = await client.get_workflow_handle(conversation_workflow_id(conversation)).describe()
+        await keep_histories(h, conversation, [accepted.workflow_id])
+    assert description.typed_search_attributes.get(sa.WORKFLOW_KIND) == "conversation"
+    assert description.workflow_type == "Conversation"
