@@ -12,8 +12,15 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows import search_attributes as sa
-from workflows.conversation import CLAIM_SIGNAL, CONVERSATION_WORKFLOW_TYPE
-from workflows.models import ClaimTurnInput, ConversationInput, TurnClaim, TurnOpenInput, conversation_workflow_id
+from workflows.conversation import CLAIM_SIGNAL, CONVERSATION_WORKFLOW_TYPE, TURNS_QUERY
+from workflows.models import (
+    ClaimTurnInput,
+    ConversationInput,
+    ConversationTurns,
+    TurnClaim,
+    TurnOpenInput,
+    conversation_workflow_id,
+)
 
 
 @dataclass
@@ -58,6 +65,19 @@ class ConversationActivities:
             search_attributes=conversation_kind() if input.search_attributes else None,
             static_summary=f"conversation {input.conversation_id}",
         )
+
+    @activity.defn(name="resume_conversation")
+    async def resume_conversation(self, conversation_id: str) -> int:
+        """The next turn number of a conversation: one past the turns its latest closed run had accepted
+        (asked of that run's ``turns`` query), or 1 when it never ran."""
+        client = activity.client()
+        workflow_id = conversation_workflow_id(conversation_id)
+        query = f"WorkflowId = '{workflow_id}' AND ExecutionStatus != 'Running'"
+        async for execution in client.list_workflows(query, limit=1):
+            handle = client.get_workflow_handle(workflow_id, run_id=execution.run_id)
+            turns = await handle.query(TURNS_QUERY, result_type=ConversationTurns)
+            return turns.turns_submitted + 1
+        return 1
 
     @activity.defn(name="conversation_turn_open")
     async def conversation_turn_open(self, input: TurnOpenInput) -> bool:

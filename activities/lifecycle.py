@@ -217,6 +217,7 @@ class LifecycleActivities(HookStageActivities):
             self.release_lease,
             self.conversations.claim_conversation_turn,
             self.conversations.conversation_turn_open,
+            self.conversations.resume_conversation,
         ]
 
     async def aclose(self) -> None:

@@ -19,7 +19,7 @@ from activities.tools import Tool, ToolContext
 from client.api import AgentClient, RequestFailed, TurnRefused
 from client.settings import Settings
 from workflows import search_attributes as sa
-from workflows.models import Plan, PlanStep, conversation_workflow_id
+from workflows.models import ConversationTurns, Plan, PlanStep, conversation_workflow_id
 
 from .doubles import HeldTool
 from .harness import Harness
@@ -104,7 +104,7 @@ async def test_three_turns_submitted_together_run_one_after_another_in_order(cli
         agents, conversation = agents_for(h), new_id("c")
         accepted = await asyncio.gather(*(agents.submit_turn(conversation, f"slow turn {i}") for i in range(3)))
         results = await asyncio.gather(*(agents.turn_result(a) for a in accepted))
-        turns = await agents.turns(conversation)
+        turns = await settled(agents, conversation, 3)
         await keep_histories(h, conversation, [a.workflow_id for a in accepted])
 
     assert sorted(a.turn for a in accepted) == [1, 2, 3]
@@ -168,7 +168,7 @@ async def test_a_failed_turn_and_a_cancelled_turn_release_the_next_one(client: C
         with pytest.raises(RequestFailed) as cancelled:
             await agents.turn_result(holding)
         answer = await agents.turn_result(last)
-        turns = await agents.turns(conversation)
+        turns = await settled(agents, conversation, 3)
         await keep_histories(h, conversation, [failing.workflow_id, holding.workflow_id, last.workflow_id])
 
     assert failed.value.type == "PlanningFailed"
@@ -187,3 +187,137 @@ async def test_the_conversation_is_listed_as_a_conversation(client: Client, tmp_
         await keep_histories(h, conversation, [accepted.workflow_id])
     assert description.typed_search_attributes.get(sa.WORKFLOW_KIND) == "conversation"
     assert description.workflow_type == "Conversation"
+
+
+# --------------------------------------------------------------------------------------------------
+# Requests started directly with metadata.conversation_id take their turn through the conversation
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_requests_started_directly_and_submitted_turns_of_one_conversation_never_overlap(
+    client: Client, tmp_path
+):
+    slow = SlowTool(seconds=1.0)
+    async with Harness(client, tmp_path, tools=[slow], planner=ScriptedPlanner()) as h:
+        agents, conversation = agents_for(h), new_id("mix")
+        direct = [
+            await h.start("slow direct", {"conversation_id": conversation}, workflow_id=f"direct-{conversation}-{i}")
+            for i in range(2)
+        ]
+        submitted = [await agents.submit_turn(conversation, f"slow submitted {i}") for i in range(2)]
+        direct.append(
+            await h.start("slow direct", {"conversation_id": conversation}, workflow_id=f"direct-{conversation}-2")
+        )
+        outcomes = [await h.finish(handle) for handle in direct]
+        answers = [await agents.turn_result(a) for a in submitted]
+        turns = await settled(agents, conversation, 5)
+        await keep_histories(h, conversation, [a.workflow_id for a in submitted])
+
+    assert all(o.failure is None for o in outcomes) and all(a.response for a in answers)
+    spans = [s for s in slow.spans if conversation in s.request_id]
+    assert len(spans) == 5 and overlapping(spans) == []
+    # Each direct request claimed its turn before its first hook, and gave it back.
+    for outcome in outcomes:
+        types = outcome.activity_types()
+        assert types.index("claim_conversation_turn") < types.index("plan")
+    assert [t.status for t in turns.done] == ["succeeded"] * 5
+    assert {t.workflow_id for t in turns.done if t.claimed} == {o.workflow_id for o in outcomes}
+
+
+async def test_a_direct_request_that_fails_or_is_cancelled_gives_its_turn_back(client: Client, tmp_path):
+    held = HeldTool()
+    async with Harness(client, tmp_path, tools=[held], planner=ScriptedPlanner()) as h:
+        agents, conversation = agents_for(h), new_id("dx")
+        failing = await h.start("fail now", {"conversation_id": conversation}, workflow_id=f"d-{conversation}-fail")
+        failed = await h.finish(failing)
+        holding = await h.start("hold on", {"conversation_id": conversation}, workflow_id=f"d-{conversation}-hold")
+        await asyncio.wait_for(held.started.wait(), 30)
+        # A direct request's place is where its claim arrives: each waits to be queued before the next.
+        waiting = await h.start("and then?", {"conversation_id": conversation}, workflow_id=f"d-{conversation}-wait")
+        await queued(agents, conversation, 1)
+        queued_then_cancelled = await agents.submit_turn(conversation, "hello")
+        withdrawn = await h.start("never mind", {"conversation_id": conversation}, workflow_id=f"d-{conversation}-gone")
+        await queued(agents, conversation, 3)
+        await withdrawn.cancel()  # cancelled before its turn came: withdraws its claim
+        await holding.cancel()
+        cancelled = await h.finish(holding)
+        answered = await h.finish(waiting)
+        await agents.turn_result(queued_then_cancelled)
+        gone = await h.finish(withdrawn)
+        turns = await settled(agents, conversation, 5)
+        await keep_histories(h, conversation, [queued_then_cancelled.workflow_id])
+
+    assert failed.failure is not None and failed.failure.type == "PlanningFailed"
+    assert cancelled.record is not None and cancelled.record.status == "cancelled"
+    assert answered.failure is None
+    assert gone.record is not None and gone.record.status == "cancelled"
+    assert "plan" not in gone.activity_types()  # it never ran a hook or planned
+    assert [(t.workflow_id, t.status) for t in turns.done] == [
+        (failing.id, "failed"),
+        (withdrawn.id, "cancelled"),
+        (holding.id, "cancelled"),
+        (waiting.id, "succeeded"),
+        (queued_then_cancelled.workflow_id, "succeeded"),
+    ]
+
+
+async def settled(agents: AgentClient, conversation: str, done: int) -> ConversationTurns:
+    """The conversation's turns once ``done`` of them ended (a turn's answer reaches its submitter a
+    moment before the conversation has moved on)."""
+    async with asyncio.timeout(30):
+        while len((turns := await agents.turns(conversation)).done) < done:
+            await asyncio.sleep(0.05)
+    return turns
+
+
+async def queued(agents: AgentClient, conversation: str, count: int) -> None:
+    async with asyncio.timeout(30):
+        while len((await agents.turns(conversation)).queued) < count:
+            await asyncio.sleep(0.05)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bounded history: continue-as-new between turns, idle end and restart
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_a_long_conversation_continues_as_new_between_turns_and_loses_none(client: Client, tmp_path):
+    slow = SlowTool(seconds=0.2)
+    async with Harness(client, tmp_path, tools=[slow], planner=ScriptedPlanner()) as h:
+        agents = AgentClient(h.client, Settings(task_queue=h.task_queue, conversation_turns_per_run=2))
+        conversation = new_id("can")
+        accepted = [await agents.submit_turn(conversation, f"slow turn {i}") for i in range(5)]
+        answers = [await agents.turn_result(a) for a in accepted]
+        more = await agents.submit_turn(conversation, "slow again")  # after the chain moved on
+        await agents.turn_result(more)
+        turns = await settled(agents, conversation, 6)
+        await keep_histories(h, conversation, [a.workflow_id for a in [*accepted, more]])
+        handle = client.get_workflow_handle(conversation_workflow_id(conversation))
+        first_run = (await handle.fetch_history()).events[0]
+        started = first_run.workflow_execution_started_event_attributes
+
+    assert [a.turn for a in [*accepted, more]] == [1, 2, 3, 4, 5, 6] and all(r.response for r in answers)
+    spans = slow.of(f"conversation-{conversation}/")
+    # Each turn ran once, in order, never two at a time, across the runs of the chain.
+    assert [s.request_id for s in sorted(spans, key=lambda s: s.started)] == [a.workflow_id for a in [*accepted, more]]
+    assert overlapping(spans) == []
+    assert turns.runs >= 3 and [t.turn for t in turns.done] == [1, 2, 3, 4, 5, 6]
+    assert started.continued_execution_run_id  # the current run is a continuation
+
+
+async def test_an_idle_conversation_ends_and_the_next_turn_starts_it_again_with_its_counter(client: Client, tmp_path):
+    async with Harness(client, tmp_path, planner=ScriptedPlanner()) as h:
+        agents = AgentClient(h.client, Settings(task_queue=h.task_queue, conversation_idle_seconds=1))
+        conversation = new_id("idle")
+        first = await agents.submit_turn(conversation, "hello")
+        await agents.turn_result(first)
+        handle = client.get_workflow_handle(conversation_workflow_id(conversation))
+        ended = await handle.result()
+        h.histories.append(await handle.fetch_history())
+        second = await agents.submit_turn(conversation, "hello again")
+        await agents.turn_result(second)
+        await keep_histories(h, conversation, [first.workflow_id, second.workflow_id])
+
+    assert ended["turns_submitted"] == 1 if isinstance(ended, dict) else ended.turns_submitted == 1
+    assert (first.turn, second.turn) == (1, 2)
+    assert second.workflow_id == f"conversation-{conversation}/turn-2"

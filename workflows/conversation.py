@@ -80,28 +80,30 @@ class ConversationWorkflow:
         self._done: list[TurnEntry] = list(input.done)
         self._running: TurnEntry | None = None
         self._released: list[str] = []
+        # A new chain (not a continuation) first learns the turn counter its conversation ended with, if it
+        # ran before and went idle: turns that arrive meanwhile are queued and numbered once it is known.
+        self._numbered = input.resumed or input.runs > 1 or input.next_turn > 1
 
     # -- messages ------------------------------------------------------------------------------------
 
     @workflow.update(name=SUBMIT_TURN_UPDATE)
-    def submit_turn(self, *args: Any) -> TurnAccepted:
+    async def submit_turn(self, *args: Any) -> TurnAccepted:
         """Queue a turn; the answer names the request that will run it."""
         request = _turn_request(args)
-        turn = self._next_turn
-        self._next_turn += 1
-        ahead = len(self._queue) + (1 if self._running is not None else 0)
-        self._queue.append(
-            TurnEntry(
-                turn=turn,
-                workflow_id=turn_workflow_id(self._id, turn),
-                message=request.message,
-                metadata={**request.metadata, "conversation_id": self._id},
-                stream_answer=request.stream_answer,
-                submitted_at=workflow.now(),
-            )
+        ahead = len(self._in_hand())
+        entry = TurnEntry(
+            turn=0,
+            workflow_id="",
+            message=request.message,
+            metadata={**request.metadata, "conversation_id": self._id},
+            stream_answer=request.stream_answer,
+            submitted_at=workflow.now(),
         )
+        self._arrive(entry)
+        if not entry.turn:
+            await workflow.wait_condition(lambda: entry.turn > 0)
         return TurnAccepted(
-            conversation_id=self._id, turn=turn, workflow_id=turn_workflow_id(self._id, turn), queued_behind=ahead
+            conversation_id=self._id, turn=entry.turn, workflow_id=entry.workflow_id, queued_behind=ahead
         )
 
     @submit_turn.validator
@@ -122,7 +124,7 @@ class ConversationWorkflow:
         if claim is None:
             return
         entry = TurnEntry(
-            turn=self._next_turn,
+            turn=0,
             workflow_id=claim.workflow_id,
             run_id=claim.run_id,
             claimed=True,
@@ -130,8 +132,7 @@ class ConversationWorkflow:
         )
         if entry.key in self._released or any(e.key == entry.key for e in self._in_hand()):
             return  # a retried claim
-        self._next_turn += 1
-        self._queue.append(entry)
+        self._arrive(entry)
 
     @workflow.signal(name=RELEASE_SIGNAL)
     def release(self, *args: Any) -> None:
@@ -164,6 +165,8 @@ class ConversationWorkflow:
 
     @workflow.run
     async def run(self, input: ConversationInput) -> ConversationResult:
+        if not self._numbered:
+            self._number_from(await self._resume())
         ran = 0
         while True:
             if ran >= input.turns_per_run or workflow.info().is_continue_as_new_suggested():
@@ -191,6 +194,36 @@ class ConversationWorkflow:
             entry.error = error
             self._finish(entry, status)
             ran += 1
+
+    def _arrive(self, entry: TurnEntry) -> None:
+        self._queue.append(entry)
+        if self._numbered:
+            self._number(entry)
+
+    def _number(self, entry: TurnEntry) -> None:
+        entry.turn = self._next_turn
+        self._next_turn += 1
+        if not entry.claimed:
+            entry.workflow_id = turn_workflow_id(self._id, entry.turn)
+
+    def _number_from(self, next_turn: int) -> None:
+        """Number the turns that arrived while the counter was being resumed, in arrival order."""
+        self._next_turn, self._numbered = max(next_turn, self._next_turn), True
+        for entry in self._queue:
+            if not entry.turn:
+                self._number(entry)
+
+    async def _resume(self) -> int:
+        """The next turn number of a conversation that ran before and went idle (1 for a new one), so a
+        turn's workflow id never names an earlier turn."""
+        return await workflow.execute_activity(
+            "resume_conversation",
+            self._id,
+            result_type=int,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            summary=f"resume turn counter · {self._id}",
+        )
 
     def _in_hand(self) -> list[TurnEntry]:
         return [*self._queue, *([self._running] if self._running is not None else [])]
@@ -270,6 +303,7 @@ class ConversationWorkflow:
                     "done": self._done,
                     "memory_key": self._input.memory_key or self._id,
                     "runs": self._input.runs + 1,
+                    "resumed": True,
                 }
             )
         )

@@ -57,7 +57,10 @@ class Behaviour:
       own turns replayed — ``lifecycle._recall``, ``model_steps.ModelSteps.plan``, ``steps.StepExecutor``,
       ``ending.RunEnding._finalize`` (without them: none of it);
     - ``hook_chain_budget``: ``invocation.HookRunner.run`` (every hook invoked on its own timeout alone:
-      no chain budget, no schedule-to-close timeout).
+      no chain budget, no schedule-to-close timeout);
+    - ``conversation_turns``: a request with ``metadata.conversation_id`` not started by its conversation
+      claims its turn before its first hook and releases it on every exit — ``lifecycle._take_turn``
+      and ``lifecycle.run`` (without it: the request runs at once, whatever else of its conversation runs).
     """
 
     local_bookkeeping: bool = True
@@ -69,6 +72,8 @@ class Behaviour:
     run_extensions: bool = True
     # The hooks of one chain (the declared hooks of one blocking event) share a time budget per occurrence.
     hook_chain_budget: bool = True
+    # A request of a conversation runs in its conversation's turn.
+    conversation_turns: bool = True
 
 
 def detect() -> Behaviour:
@@ -76,13 +81,14 @@ def detect() -> Behaviour:
     if workflow.patched(LIFECYCLE_2027_01):
         return Behaviour()
     if workflow.patched(LIFECYCLE_2026_12_B):
-        return Behaviour(run_extensions=False, hook_chain_budget=False)
+        return Behaviour(run_extensions=False, hook_chain_budget=False, conversation_turns=False)
     earlier = Behaviour(
         approval_after_rewrites=False,
         handled_tool_error_succeeds=False,
         lease_renewal_by_timer=False,
         run_extensions=False,
         hook_chain_budget=False,
+        conversation_turns=False,
     )
     if workflow.patched(LIFECYCLE_2026_12):
         return earlier
@@ -97,4 +103,5 @@ def detect() -> Behaviour:
         lease_renewal_by_timer=False,
         run_extensions=False,
         hook_chain_budget=False,
+        conversation_turns=False,
     )

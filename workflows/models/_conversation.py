@@ -108,6 +108,8 @@ class ConversationInput(BaseModel):
     # without saying so (terminated, reset).
     claim_check_seconds: float = Field(default=60.0, gt=0)
     runs: int = 1
+    # Whether the turn counter is known (a continuation carries it; a new chain asks for it first).
+    resumed: bool = False
 
 
 class ConversationResult(BaseModel):
