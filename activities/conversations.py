@@ -12,14 +12,14 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows import search_attributes as sa
-from workflows.conversation import CLAIM_SIGNAL, CONVERSATION_WORKFLOW_TYPE, TURNS_QUERY
+from workflows.conversation import CLAIM_SIGNAL, CONVERSATION_WORKFLOW_TYPE
 from workflows.models import (
     ClaimTurnInput,
     ConversationInput,
-    ConversationTurns,
     TurnClaim,
     TurnOpenInput,
     conversation_workflow_id,
+    turn_workflow_id,
 )
 
 
@@ -68,16 +68,30 @@ class ConversationActivities:
 
     @activity.defn(name="resume_conversation")
     async def resume_conversation(self, conversation_id: str) -> int:
-        """The next turn number of a conversation: one past the turns its latest closed run had accepted
-        (asked of that run's ``turns`` query), or 1 when it never ran."""
+        """The next turn number of a conversation: one past its latest turn that ever started, or 1 when
+        none did. Turns start in the order they are numbered, so the turns that exist are a prefix: an
+        exponential then binary search finds its end in a few describes, whatever the server keeps in
+        visibility or whichever queue the earlier chain ran on."""
         client = activity.client()
-        workflow_id = conversation_workflow_id(conversation_id)
-        query = f"WorkflowId = '{workflow_id}' AND ExecutionStatus != 'Running'"
-        async for execution in client.list_workflows(query, limit=1):
-            handle = client.get_workflow_handle(workflow_id, run_id=execution.run_id)
-            turns = await handle.query(TURNS_QUERY, result_type=ConversationTurns)
-            return turns.turns_submitted + 1
-        return 1
+
+        async def exists(turn: int) -> bool:
+            try:
+                await client.get_workflow_handle(turn_workflow_id(conversation_id, turn)).describe()
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    return False
+                raise
+            return True
+
+        if not await exists(1):
+            return 1
+        found, missing = 1, 2
+        while await exists(missing):
+            found, missing = missing, missing * 2
+        while missing - found > 1:
+            middle = (found + missing) // 2
+            found, missing = (middle, missing) if await exists(middle) else (found, middle)
+        return found + 1
 
     @activity.defn(name="conversation_turn_open")
     async def conversation_turn_open(self, input: TurnOpenInput) -> bool:

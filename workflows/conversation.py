@@ -197,20 +197,20 @@ class ConversationWorkflow:
 
     def _arrive(self, entry: TurnEntry) -> None:
         self._queue.append(entry)
-        if self._numbered:
+        if self._numbered and not entry.claimed:
             self._number(entry)
 
     def _number(self, entry: TurnEntry) -> None:
+        """A submitted turn's number and workflow id (a claimed turn keeps its own request's id)."""
         entry.turn = self._next_turn
         self._next_turn += 1
-        if not entry.claimed:
-            entry.workflow_id = turn_workflow_id(self._id, entry.turn)
+        entry.workflow_id = turn_workflow_id(self._id, entry.turn)
 
     def _number_from(self, next_turn: int) -> None:
         """Number the turns that arrived while the counter was being resumed, in arrival order."""
         self._next_turn, self._numbered = max(next_turn, self._next_turn), True
         for entry in self._queue:
-            if not entry.turn:
+            if not entry.turn and not entry.claimed:
                 self._number(entry)
 
     async def _resume(self) -> int:

@@ -61,7 +61,8 @@ class TurnAccepted(BaseModel):
 
 class TurnEntry(BaseModel):
     """One turn as the conversation keeps it. ``claimed`` turns are requests started directly that run
-    themselves once granted; the others the conversation starts as its child requests."""
+    themselves once granted (``turn`` 0: the numbers name the conversation's own child requests); the
+    others the conversation starts as its child requests."""
 
     turn: int
     workflow_id: str
