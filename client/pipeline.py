@@ -160,6 +160,8 @@ def apply_settings(activities: LifecycleActivities, settings: Settings, model: M
     activities.conversations.options = ConversationOptions(
         idle_seconds=settings.conversation_idle_seconds, turns_per_run=settings.conversation_turns_per_run
     )
+    if activities.memory_context_window is None:
+        activities.memory_context_window = (model or settings.model).context_window
     missing = [v for v in PIPELINE_VARIABLES if v not in activities.applied_settings]
     if not missing:
         return

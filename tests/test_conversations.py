@@ -15,13 +15,14 @@ from pydantic import BaseModel, ConfigDict
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
+from activities.memory import ConversationMemoryStore
 from activities.tools import Tool, ToolContext
 from client.api import AgentClient, RequestFailed, TurnRefused
 from client.settings import Settings
 from workflows import search_attributes as sa
-from workflows.models import ConversationTurns, Plan, PlanStep, conversation_workflow_id
+from workflows.models import ConversationTurns, Plan, PlanStep, RequestResult, conversation_workflow_id, estimate_tokens
 
-from .doubles import HeldTool
+from .doubles import CapturingPlanner, HeldTool
 from .harness import Harness
 
 
@@ -321,3 +322,52 @@ async def test_an_idle_conversation_ends_and_the_next_turn_starts_it_again_with_
     assert ended["turns_submitted"] == 1 if isinstance(ended, dict) else ended.turns_submitted == 1
     assert (first.turn, second.turn) == (1, 2)
     assert second.workflow_id == f"conversation-{conversation}/turn-2"
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory across the turns of a conversation
+# --------------------------------------------------------------------------------------------------
+
+
+class FailingSummarizer:
+    async def complete(self, prompt: str) -> str:
+        raise RuntimeError("summarizer unavailable")
+
+
+async def test_the_turns_of_a_conversation_share_a_memory_kept_within_its_limits(client: Client, tmp_path):
+    memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
+    planner = CapturingPlanner()
+    async with Harness(client, tmp_path, planner=planner, memory=memory) as h:
+        h.activities.memory_context_window = 1024
+        agents, conversation = agents_for(h), new_id("mem")
+        accepted = [await agents.submit_turn(conversation, f"tell me about topic {n}") for n in range(1, 6)]
+        for a in accepted:
+            await agents.turn_result(a)
+        records = [await agents.record(a.workflow_id) for a in accepted]
+        await keep_histories(h, conversation, [a.workflow_id for a in accepted])
+
+    recalled = await memory.recall(conversation)
+    assert [e.request for e in recalled.exchanges] == [f"tell me about topic {n}" for n in (3, 4, 5)]
+    assert "topic 1" in recalled.summary and "topic 2" in recalled.summary
+    assert estimate_tokens(recalled.summary) <= 1024 // 8
+    fourth, fifth = records[3].memory, records[4].memory
+    assert fourth is not None and (fourth.evicted, fourth.summary) == (1, "heuristic")
+    assert fifth is not None and fifth.evicted == 1
+    # The fifth turn planned with the summary of the first two and the three exchanges after them.
+    assert "topic 1" in planner.prompts[-1] and "topic 4" in planner.prompts[-1]
+
+
+async def test_a_summarizer_failure_keeps_the_answer_and_is_a_memory_diagnostic(client: Client, tmp_path):
+    memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
+    async with Harness(client, tmp_path, planner=ScriptedPlanner(), memory=memory) as h:
+        h.activities.memory_summarizer = FailingSummarizer()
+        agents, conversation = agents_for(h), new_id("memfail")
+        accepted = [await agents.submit_turn(conversation, f"turn {n}") for n in range(1, 5)]
+        answers = [await agents.turn_result(a) for a in accepted]
+        outcome = await h.finish(h.client.get_workflow_handle(accepted[3].workflow_id, result_type=RequestResult))
+
+    assert all(a.response for a in answers)
+    assert outcome.failure is None and outcome.record is not None
+    assert [d.error_type for d in outcome.record.diagnostics] == ["MemoryError"]
+    assert outcome.activity_types().count("remember") == 1 and outcome.activity_types().count("plan") == 1
+    assert len((await memory.recall(conversation)).exchanges) == 3

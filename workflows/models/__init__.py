@@ -29,6 +29,7 @@ from ._activity_io import (
     ToolStepOutput,
 )
 from ._common import (
+    CHARS_PER_TOKEN,
     ENRICHMENT_ACTIVITY_COORDINATION,
     ENRICHMENT_CONVERSATION_HISTORY,
     ENRICHMENT_RAG_CONTEXT,
@@ -198,6 +199,7 @@ from ._request import (
 )
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "CONVERSATION_PREFIX",
     "DONE_TURNS_KEPT",
     "INVALID_TURN",
