@@ -5,9 +5,12 @@ malformed turn is refused before it is queued."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +27,8 @@ from workflows.models import ConversationTurns, Plan, PlanStep, RequestResult, c
 
 from .doubles import CapturingPlanner, HeldTool
 from .harness import Harness
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class NoArguments(BaseModel):
@@ -371,3 +376,49 @@ async def test_a_summarizer_failure_keeps_the_answer_and_is_a_memory_diagnostic(
     assert [d.error_type for d in outcome.record.diagnostics] == ["MemoryError"]
     assert outcome.activity_types().count("remember") == 1 and outcome.activity_types().count("plan") == 1
     assert len((await memory.recall(conversation)).exchanges) == 3
+
+
+# --------------------------------------------------------------------------------------------------
+# agent-lifecycle chat
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_chat_reads_turns_from_stdin_prints_answers_and_asks_for_approval(client: Client, tmp_path):
+    async with Harness(client, tmp_path) as h:
+        conversation = new_id("chat")
+        env = {
+            **os.environ,
+            "TEMPORAL_ADDRESS": client.service_client.config.target_host,
+            "TEMPORAL_TASK_QUEUE": h.task_queue,
+            "AGENT_STATE_DIR": str(tmp_path / "cli"),
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_METRICS_EXPORTER": "none",
+        }
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "client.cli",
+            "chat",
+            "--conversation",
+            conversation,
+            "--reviewer",
+            "alice",
+            cwd=ROOT,
+            env=env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        lines = "What is the price of ACME?\nSend bob a message saying hello\ny\n/quit\n"
+        stdout, stderr = await asyncio.wait_for(process.communicate(lines.encode()), 120)
+        agents = agents_for(h)
+        turns = await settled(agents, conversation, 2)
+        second = await agents.record(turns.done[1].workflow_id)
+        await keep_histories(h, conversation, [t.workflow_id for t in turns.done])
+
+    out, err = stdout.decode(), stderr.decode()
+    assert process.returncode == 0, err
+    assert "ACME" in out and "approve? [y/N]" in out
+    assert f"[turn 1: conversation-{conversation}/turn-1]" in err and "approved" in err
+    assert [t.status for t in turns.done] == ["succeeded", "succeeded"]
+    assert [c.status for c in second.checkpoints] == ["approved"] and second.checkpoints[0].reviewer == "alice"
