@@ -276,6 +276,17 @@ async def settled(agents: AgentClient, conversation: str, done: int) -> Conversa
     return turns
 
 
+async def arrived(agents: AgentClient, conversation: str, workflow_id: str) -> None:
+    """Wait until the conversation holds the turn ``workflow_id`` (queued, running or done)."""
+    async with asyncio.timeout(30):
+        while True:
+            turns = await agents.turns(conversation)
+            held = [*turns.done, *([turns.running] if turns.running else []), *turns.queued]
+            if any(t.workflow_id == workflow_id for t in held):
+                return
+            await asyncio.sleep(0.05)
+
+
 async def queued(agents: AgentClient, conversation: str, count: int) -> None:
     async with asyncio.timeout(30):
         while len((await agents.turns(conversation)).queued) < count:
@@ -422,3 +433,26 @@ async def test_chat_reads_turns_from_stdin_prints_answers_and_asks_for_approval(
     assert f"[turn 1: conversation-{conversation}/turn-1]" in err and "approved" in err
     assert [t.status for t in turns.done] == ["succeeded", "succeeded"]
     assert [c.status for c in second.checkpoints] == ["approved"] and second.checkpoints[0].reviewer == "alice"
+
+
+async def test_both_entry_paths_stay_in_order_across_continue_as_new(client: Client, tmp_path):
+    slow = SlowTool(seconds=0.5)
+    async with Harness(client, tmp_path, tools=[slow], planner=ScriptedPlanner()) as h:
+        agents = AgentClient(h.client, Settings(task_queue=h.task_queue, conversation_turns_per_run=2))
+        conversation = new_id("mixcan")
+        order: list[str] = [(await agents.submit_turn(conversation, "slow submitted 1")).workflow_id]
+        direct = []
+        for n in range(1, 4):
+            handle = await h.start("slow direct", {"conversation_id": conversation}, workflow_id=f"d{n}-{conversation}")
+            direct.append(handle)
+            order.append(handle.id)
+            await arrived(agents, conversation, handle.id)  # its claim is in: the next turn queues behind it
+            order.append((await agents.submit_turn(conversation, f"slow submitted {n + 1}")).workflow_id)
+        outcomes = [await h.finish(handle) for handle in direct]
+        turns = await settled(agents, conversation, len(order))
+        await keep_histories(h, conversation, [w for w in order if w.startswith("conversation-")])
+
+    assert all(o.failure is None for o in outcomes)
+    spans = sorted((s for s in slow.spans if conversation in s.request_id), key=lambda s: s.started)
+    assert [s.request_id for s in spans] == order and overlapping(spans) == []
+    assert turns.runs >= 3 and [t.workflow_id for t in turns.done][-len(order) :] == order

@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         ConversationResult,
         ConversationTurns,
         RequestInput,
+        RequestResult,
         TurnAccepted,
         TurnClaim,
         TurnEntry,
@@ -241,10 +242,11 @@ class ConversationWorkflow:
         )
         entry.message = ""
         try:
-            await workflow.execute_child_workflow(
+            result = await workflow.execute_child_workflow(
                 "RequestLifecycle",
                 request,
                 id=entry.workflow_id,
+                result_type=RequestResult,
                 parent_close_policy=workflow.ParentClosePolicy.REQUEST_CANCEL,
                 static_summary=f"turn {entry.turn} of {self._id}",
             )
@@ -256,7 +258,7 @@ class ConversationWorkflow:
             return "failed", f"{kind}: {cause}"[:300]
         except WorkflowAlreadyStartedError:  # its id was taken by a request started outside the conversation
             return "failed", f"{entry.workflow_id} already exists"
-        return "succeeded", None
+        return ("stopped" if result.stopped is not None else "succeeded"), None
 
     async def _grant(self, entry: TurnEntry) -> tuple[TurnStatus, str | None]:
         """Let a request started directly run its turn, and wait until it releases it. A request that
