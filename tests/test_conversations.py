@@ -17,11 +17,13 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from activities.memory import ConversationMemoryStore
 from activities.tools import Tool, ToolContext
 from client.api import AgentClient, RequestFailed, TurnRefused
 from client.settings import Settings
+from hooks import Stop
 from workflows import search_attributes as sa
 from workflows.models import ConversationTurns, Plan, PlanStep, RequestResult, conversation_workflow_id, estimate_tokens
 
@@ -280,7 +282,11 @@ async def arrived(agents: AgentClient, conversation: str, workflow_id: str) -> N
     """Wait until the conversation holds the turn ``workflow_id`` (queued, running or done)."""
     async with asyncio.timeout(30):
         while True:
-            turns = await agents.turns(conversation)
+            try:
+                turns = await agents.turns(conversation)
+            except RPCError:  # not started yet: the claim that starts it is on its way
+                await asyncio.sleep(0.05)
+                continue
             held = [*turns.done, *([turns.running] if turns.running else []), *turns.queued]
             if any(t.workflow_id == workflow_id for t in held):
                 return
@@ -456,3 +462,30 @@ async def test_both_entry_paths_stay_in_order_across_continue_as_new(client: Cli
     spans = sorted((s for s in slow.spans if conversation in s.request_id), key=lambda s: s.started)
     assert [s.request_id for s in spans] == order and overlapping(spans) == []
     assert turns.runs >= 3 and [t.workflow_id for t in turns.done][-len(order) :] == order
+
+
+class StopWhenAsked:
+    name = "stop-when-asked"
+
+    async def before_run(self, ctx: Any, run: Any) -> Any:
+        if "stop" in run.ask:
+            return Stop(text="Not today.", reason="asked to stop")
+        return None
+
+
+async def test_a_stopped_turn_of_either_entry_path_releases_the_next_one(client: Client, tmp_path):
+    async with Harness(client, tmp_path, hooks=[StopWhenAsked()], planner=ScriptedPlanner()) as h:
+        agents, conversation = agents_for(h), new_id("stop")
+        direct = await h.start("please stop", {"conversation_id": conversation}, workflow_id=f"d-{conversation}")
+        await arrived(agents, conversation, direct.id)
+        submitted = await agents.submit_turn(conversation, "stop here too")
+        last = await agents.submit_turn(conversation, "and go on")
+        stopped = await h.finish(direct)
+        by_turn = await agents.turn_result(submitted)
+        answer = await agents.turn_result(last)
+        turns = await settled(agents, conversation, 3)
+        await keep_histories(h, conversation, [submitted.workflow_id, last.workflow_id])
+
+    assert stopped.result is not None and stopped.result.stopped is not None
+    assert by_turn.stopped is not None and answer.stopped is None
+    assert [t.status for t in turns.done] == ["stopped", "stopped", "succeeded"]
