@@ -29,6 +29,7 @@ from workflows.models import ConversationTurns, Plan, PlanStep, RequestResult, c
 
 from .doubles import CapturingPlanner, HeldTool
 from .harness import Harness
+from .test_declared_subagents import Delegate, delegate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,6 +83,8 @@ class ScriptedPlanner:
             raise ApplicationError("the planner gave up", type="PlannerDown", non_retryable=True)
         if "hold" in request.request:
             return Plan(phase=request.phase, steps=[step(HeldTool, "held")])
+        if "delegate" in request.request:
+            return Plan(phase=request.phase, steps=[delegate()] if request.phase == 1 else [])
         if "slow" in request.request:
             return Plan(phase=request.phase, steps=[step(SlowTool)])
         return Plan(phase=request.phase, steps=[])
@@ -489,3 +492,17 @@ async def test_a_stopped_turn_of_either_entry_path_releases_the_next_one(client:
     assert stopped.result is not None and stopped.result.stopped is not None
     assert by_turn.stopped is not None and answer.stopped is None
     assert [t.status for t in turns.done] == ["stopped", "stopped", "succeeded"]
+
+
+async def test_a_sub_agent_runs_within_its_parents_turn_without_claiming_one(client: Client, tmp_path):
+    async with Harness(client, tmp_path, tools=[Delegate()], planner=ScriptedPlanner()) as h:
+        agents, conversation = agents_for(h), new_id("sub")
+        direct = await h.start("delegate it", {"conversation_id": conversation}, workflow_id=f"d-{conversation}")
+        submitted = await agents.submit_turn(conversation, "delegate this one too")
+        outcome = await asyncio.wait_for(h.finish(direct), 60)
+        answer = await asyncio.wait_for(agents.turn_result(submitted), 60)
+        turns = await settled(agents, conversation, 2)
+        await keep_histories(h, conversation, [submitted.workflow_id])
+
+    assert outcome.failure is None and answer.steps[0].status == "succeeded"
+    assert [t.status for t in turns.done] == ["succeeded", "succeeded"]  # no sub-agent took a turn

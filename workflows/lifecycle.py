@@ -75,6 +75,7 @@ with workflow.unsafe.imports_passed_through():
         StepSummary,
         bounded_value,
         conversation_id_problem,
+        subagent_depth,
     )
     from .records import RecordKeeper
     from .reviews import INVALID_REVIEW, Reviews
@@ -345,10 +346,13 @@ class RequestLifecycleWorkflow:
         )
 
     async def _take_turn(self) -> None:
-        """A request of a conversation that its conversation did not start waits for its turn there."""
+        """A request of a conversation that its conversation did not start waits for its turn there. A
+        sub-agent runs within the turn of the request that delegated to it: it never claims one."""
         state = self._state
         conversation = conversation_id(state.input.metadata)
         if not (state.behaviour.conversation_turns and conversation) or conversation_id_problem(conversation):
+            return
+        if subagent_depth(state.input.metadata) > 0:
             return
         if started_by_conversation(conversation):
             return
