@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pydantic
 from opentelemetry import trace
@@ -26,6 +26,7 @@ from temporalio.exceptions import ApplicationError
 
 from hooks.builtin.secret_redaction import masked_preview
 from hooks.contracts import DetachedContext, LeaseContext
+from hooks.memory import MemoryModel
 from hooks.registry import HookRegistry
 from storage.executions import ExecutionStore
 from workflows import decisions
@@ -62,6 +63,7 @@ from workflows.models import (
     ToolSpec,
     ToolStepInput,
     ToolStepOutput,
+    estimate_tokens,
     json_size,
 )
 from workflows.notification import NOTIFY_REVIEWERS_ACTIVITY
@@ -70,9 +72,18 @@ from workflows.stages import ResultRejected, returned
 
 from . import telemetry
 from .answer_stream import publish_answer, streaming_synthesizer
+from .conversations import ConversationActivities
 from .heartbeat import heartbeat_interval, heartbeating
 from .hook_stages import HookStageActivities, call_hook
-from .memory import ConversationMemory
+from .memory import (
+    KEPT_EXCHANGES,
+    ConversationMemory,
+    SummarizingMemory,
+    capped_summary,
+    fold_heuristically,
+    summary_cap_tokens,
+    summary_prompt,
+)
 from .models.calls import ModelCallLog
 from .planning import (
     Planner,
@@ -92,7 +103,7 @@ ResultT = TypeVar("ResultT", bound=BaseModel)
 INVALID_ARGUMENTS = "InvalidArguments"
 MAX_PRIVATE_STATE_BYTES = 64 * 1024
 DRAFT_PREVIEW_CHARS = 160  # of the model's draft, secrets masked, as the record keeps it
-RECALLED_EXCHANGES = 3  # the latest exchanges of a conversation a run recalls (besides its summary)
+RECALLED_EXCHANGES = KEPT_EXCHANGES  # the latest exchanges of a conversation a run recalls (besides its summary)
 # A tool's result text when its formatter failed: the output is kept, and the model reads that it completed.
 FORMATTED_FAILURE_CHARS = 300
 
@@ -144,6 +155,11 @@ class LifecycleActivities(HookStageActivities):
         self.prompt_builder = prompt_builder
         self.memory = memory
         self.review_webhook = review_webhook
+        self.conversations = ConversationActivities()
+        # How conversation memory folds older exchanges into its summary (a bounded heuristic without a
+        # summarizer), and the window its summary takes an eighth of (a default one when unknown).
+        self.memory_summarizer: MemoryModel | None = None
+        self.memory_context_window: int | None = None
         # The pipeline settings (``client.pipeline.PIPELINE_VARIABLES``) these activities already take into
         # account: the worker applies the others, or refuses to start.
         self.applied_settings: frozenset[str] = frozenset()
@@ -213,6 +229,9 @@ class LifecycleActivities(HookStageActivities):
             self.renew_lease,
             self.keep_lease,
             self.release_lease,
+            self.conversations.claim_conversation_turn,
+            self.conversations.conversation_turn_open,
+            self.conversations.resume_conversation,
         ]
 
     async def aclose(self) -> None:
@@ -269,11 +288,47 @@ class LifecycleActivities(HookStageActivities):
     @activity.defn(name="remember")
     @heartbeating
     async def remember(self, input: RememberInput) -> MemoryOutcome:
-        """Save a completed run's memory candidate to the conversation memory."""
+        """Save a completed run's memory candidate to the conversation memory, then keep the memory within
+        its limits: the latest three exchanges, and a summary of the older ones capped at an eighth of the
+        model's window. On the normal route the exchanges leaving the recent history are folded into the
+        summary (by the memory summarizer when one is configured, a bounded heuristic otherwise); after a
+        handoff to the fallback model the previous summary is kept as it is and the older exchanges are
+        dropped, without asking a model to summarize. A summarizer that fails is replaced by the heuristic
+        (the limits still hold) and the failure raised as a ``MemoryError`` once the memory is saved: the
+        request keeps its answer and records the error, it never runs the turn again."""
         if self.memory is None:
             raise ApplicationError("no conversation memory is configured", type="MemoryUnavailable", non_retryable=True)
+        conversation = input.candidate.conversation_id
         await self.memory.save(input.candidate, request_id=input.request_id)
-        return MemoryOutcome(action="saved", conversation_id=input.candidate.conversation_id)
+        saved = MemoryOutcome(action="saved", conversation_id=conversation)
+        older = getattr(self.memory, "older", None)
+        if older is None:  # a memory that keeps no summary: its own limits
+            return saved
+        memory = cast(SummarizingMemory, self.memory)
+        evicted = await memory.older(conversation, KEPT_EXCHANGES)
+        if not evicted:
+            return saved
+        cap = summary_cap_tokens(self.memory_context_window)
+        previous = await memory.summary(conversation)
+        exchanges = [candidate for _, candidate in evicted]
+        failure = None
+        if input.handled_by == "fallback":
+            summary, how = capped_summary(previous, cap), "kept"
+        elif self.memory_summarizer is not None:
+            try:
+                folded = await self.memory_summarizer.complete(summary_prompt(previous, exchanges, cap))
+                summary, how = capped_summary(folded, cap), "model"
+            except Exception as err:  # noqa: BLE001 - any summarizer failure is recovered the same way
+                failure = f"the memory summarizer failed: {type(err).__name__}: {err}"[:500]
+                summary, how = fold_heuristically(previous, exchanges, cap), "heuristic"
+        else:
+            summary, how = fold_heuristically(previous, exchanges, cap), "heuristic"
+        await memory.compact(conversation, summary, [request_id for request_id, _ in evicted])
+        if failure is not None:
+            raise ApplicationError(failure, {"conversation_id": conversation}, type="MemoryError", non_retryable=True)
+        return saved.model_copy(
+            update={"evicted": len(evicted), "summary": how, "summary_tokens": estimate_tokens(summary)}
+        )
 
     # ------------------------------------------------------------------------------------------------
     # Plan, execute, synthesize, persist

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 from hooks.memory import ActivitySignal, EpisodicEvent, KnowledgeFragment, ReadResult, UserFact, WriteResult
 from storage import sqlite
 from storage.postgres import STORE_ERRORS, Database, Migration, from_sqlite_schema
-from workflows.models import MemoryCandidate
+from workflows.models import CHARS_PER_TOKEN, MemoryCandidate, MemoryExchange, RecalledMemory, estimate_tokens
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,6 +39,14 @@ CREATE TABLE IF NOT EXISTS conversation_memory (
     facts           TEXT NOT NULL,
     saved_at        REAL NOT NULL,
     PRIMARY KEY (conversation_id, request_id)
+)
+"""
+
+_SUMMARY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversation_summary (
+    conversation_id TEXT PRIMARY KEY,
+    summary         TEXT NOT NULL,
+    saved_at        REAL NOT NULL
 )
 """
 
@@ -100,8 +108,59 @@ CREATE INDEX IF NOT EXISTS activity_signals_expiry ON activity_signals (expires_
 
 MIGRATIONS = (
     Migration("conversation_memory", 1, from_sqlite_schema(_SCHEMA)),
+    Migration("conversation_memory", 2, from_sqlite_schema(_SUMMARY_SCHEMA)),
     Migration("shared_memory", 1, from_sqlite_schema(_SHARED_SCHEMA)),
 )
+# What a conversation's saved memory keeps: its latest exchanges, and a summary of the older ones capped at
+# an eighth of the model's context window (by the conservative token estimate); a window of this size is
+# assumed when the model's is not configured.
+KEPT_EXCHANGES = 3
+SUMMARY_WINDOW_SHARE = 8
+DEFAULT_CONTEXT_WINDOW = 8192
+_CLIPPED_REQUEST_CHARS = 160
+_CLIPPED_ANSWER_CHARS = 240
+
+
+def summary_cap_tokens(context_window: int | None) -> int:
+    """The most tokens a saved summary may take: an eighth of the model's window."""
+    return (context_window or DEFAULT_CONTEXT_WINDOW) // SUMMARY_WINDOW_SHARE
+
+
+def capped_summary(text: str, cap_tokens: int) -> str:
+    """``text`` within ``cap_tokens`` (estimated): its newest part, the oldest cut first."""
+    text = text.strip()
+    if estimate_tokens(text) <= cap_tokens:
+        return text
+    keep = cap_tokens * CHARS_PER_TOKEN
+    while keep > 0 and estimate_tokens("… " + text[-keep:]) > cap_tokens:
+        keep = keep * 9 // 10
+    return ("… " + text[-keep:]) if keep > 0 else ""
+
+
+def _clip(text: str, chars: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
+def fold_heuristically(summary: str, evicted: Sequence[MemoryCandidate], cap_tokens: int) -> str:
+    """Fold exchanges leaving the recent history into the summary without a model: one clipped line per
+    exchange after the summary so far, the whole capped (bounded work, bounded result)."""
+    lines = [summary] if summary else []
+    lines += [
+        f"- asked: {_clip(e.request, _CLIPPED_REQUEST_CHARS)} → answered: {_clip(e.answer, _CLIPPED_ANSWER_CHARS)}"
+        for e in evicted
+    ]
+    return capped_summary("\n".join(lines), cap_tokens)
+
+
+def summary_prompt(summary: str, evicted: Sequence[MemoryCandidate], cap_tokens: int) -> str:
+    """What a summarizing model is asked: fold the exchanges into the summary, within the cap."""
+    exchanges = "\n".join(f"user: {e.request}\nassistant: {e.answer}" for e in evicted)
+    return (
+        f"Update the summary of a conversation with the exchanges below. Keep facts, names, decisions and "
+        f"open questions; at most {cap_tokens * 3 // 4} words.\n\n<summary>\n{summary}\n</summary>\n\n"
+        f"<exchanges>\n{exchanges}\n</exchanges>"
+    )
 
 
 class ConversationMemory(Protocol):
@@ -110,6 +169,16 @@ class ConversationMemory(Protocol):
     async def recent(self, conversation_id: str, limit: int = 10) -> list[MemoryCandidate]:
         """The conversation's remembered exchanges, oldest first."""
         ...
+
+
+class SummarizingMemory(ConversationMemory, Protocol):
+    """A conversation memory that keeps a summary of the exchanges older than its recent history."""
+
+    async def summary(self, conversation_id: str) -> str: ...
+
+    async def older(self, conversation_id: str, keep: int) -> list[tuple[str, MemoryCandidate]]: ...
+
+    async def compact(self, conversation_id: str, summary: str, evicted: Sequence[str]) -> None: ...
 
 
 def _ts(value: float) -> datetime:
@@ -141,10 +210,10 @@ class ConversationMemoryStore:
                 db.executescript(self._schema())
 
     def _schema(self) -> str:
-        return _SCHEMA
+        return _SCHEMA + ";\n" + _SUMMARY_SCHEMA
 
     def _migrations(self) -> tuple[Migration, ...]:
-        return MIGRATIONS[:1]
+        return MIGRATIONS[:2]
 
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
@@ -186,11 +255,62 @@ class ConversationMemoryStore:
             for r, a, f in reversed(rows)
         ]
 
+    def _summary(self, conversation_id: str) -> str:
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT summary FROM conversation_summary WHERE conversation_id = ?", (conversation_id,)
+            ).fetchone()
+        return row[0] if row else ""
+
+    def _older(self, conversation_id: str, keep: int) -> list[tuple[str, MemoryCandidate]]:
+        with self._transaction() as db:
+            rows = db.execute(
+                "SELECT request_id, request, answer, facts FROM conversation_memory WHERE conversation_id = ? "
+                "ORDER BY saved_at DESC",
+                (conversation_id,),
+            ).fetchall()
+        return [
+            (i, MemoryCandidate(conversation_id=conversation_id, request=r, answer=a, facts=json.loads(f)))
+            for i, r, a, f in reversed(rows[keep:])
+        ]
+
+    def _compact(self, conversation_id: str, summary: str, evicted: Sequence[str]) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO conversation_summary VALUES (?, ?, ?) ON CONFLICT (conversation_id) "
+                "DO UPDATE SET summary = excluded.summary, saved_at = excluded.saved_at",
+                (conversation_id, summary, time.time()),
+            )
+            db.executemany(
+                "DELETE FROM conversation_memory WHERE conversation_id = ? AND request_id = ?",
+                [(conversation_id, request_id) for request_id in evicted],
+            )
+
     async def save(self, candidate: MemoryCandidate, *, request_id: str) -> None:
         await asyncio.to_thread(self._save, candidate, request_id)
 
     async def recent(self, conversation_id: str, limit: int = 10) -> list[MemoryCandidate]:
         return await asyncio.to_thread(self._recent, conversation_id, limit)
+
+    async def summary(self, conversation_id: str) -> str:
+        """The saved summary of the conversation's older exchanges ("" when none)."""
+        return await asyncio.to_thread(self._summary, conversation_id)
+
+    async def older(self, conversation_id: str, keep: int) -> list[tuple[str, MemoryCandidate]]:
+        """The exchanges before the latest ``keep``, oldest first, with the request ids they were saved by."""
+        return await asyncio.to_thread(self._older, conversation_id, keep)
+
+    async def compact(self, conversation_id: str, summary: str, evicted: Sequence[str]) -> None:
+        """Save the new summary and drop the exchanges it now covers, in one transaction."""
+        await asyncio.to_thread(self._compact, conversation_id, summary, evicted)
+
+    async def recall(self, conversation_id: str) -> RecalledMemory:
+        """The conversation's memory as a run loads it: its summary and latest exchanges, oldest first."""
+        summary = await self.summary(conversation_id)
+        recent = await self.recent(conversation_id, KEPT_EXCHANGES)
+        return RecalledMemory(
+            summary=summary, exchanges=[MemoryExchange(request=e.request, answer=e.answer) for e in recent]
+        )
 
 
 class MemoryStore(ConversationMemoryStore):
@@ -215,7 +335,7 @@ class MemoryStore(ConversationMemoryStore):
         super().__init__(location, busy_timeout_seconds=busy_timeout_seconds)
 
     def _schema(self) -> str:
-        return _SCHEMA + ";\n" + _SHARED_SCHEMA
+        return _SCHEMA + ";\n" + _SUMMARY_SCHEMA + ";\n" + _SHARED_SCHEMA
 
     def _migrations(self) -> tuple[Migration, ...]:
         return MIGRATIONS

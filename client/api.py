@@ -20,6 +20,7 @@ Every method that names a request takes its request id or its workflow id (``req
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -27,12 +28,19 @@ from typing import Any, Literal
 
 from temporalio.client import (
     Client,
+    WithStartWorkflowOperation,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -44,6 +52,8 @@ from workflows.models import (
     ANSWER_TOPIC,
     AnswerChunk,
     Checkpoint,
+    ConversationInput,
+    ConversationTurns,
     ExecutionRecord,
     PolicyReplayResult,
     ReplayWindow,
@@ -51,6 +61,10 @@ from workflows.models import (
     RequestResult,
     ReviewAck,
     ReviewRequest,
+    TurnAccepted,
+    TurnRequest,
+    conversation_id_problem,
+    conversation_workflow_id,
 )
 
 from .settings import Settings
@@ -100,6 +114,11 @@ class RequestFailed(Exception):
 
     def as_dict(self) -> dict[str, Any]:
         return {"type": self.type, "message": self.message, "details": self.details}
+
+
+class TurnRefused(Exception):
+    """The conversation refused a turn before accepting it (malformed, or another conversation's id):
+    nothing was queued."""
 
 
 class NoPendingCheckpoint(ValueError):
@@ -188,6 +207,36 @@ class AgentClient:
     async def status(self, request: str) -> WorkflowExecutionStatus | None:
         description = await self.temporal.get_workflow_handle(await self.workflow_id(request)).describe()
         return description.status
+
+    # -- conversations -------------------------------------------------------------------------------
+
+    async def submit_turn(
+        self,
+        conversation_id: str,
+        message: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        stream: bool = False,
+    ) -> TurnAccepted:
+        """Queue a turn of a conversation (update-with-start: the conversation starts if it is not
+        running). The turns of one conversation run one at a time in the order they were accepted; the
+        answer names the request that runs this one (``conversation-<id>/turn-<n>``): wait for it with
+        :meth:`turn_result`. A turn the conversation refuses raises :class:`TurnRefused`."""
+        return await submit_turn(
+            self.temporal, self.settings, conversation_id, message, metadata=metadata, stream_answer=stream
+        )
+
+    async def turn_result(self, turn: str | TurnAccepted, *, poll_seconds: float = 0.2) -> RequestResult:
+        """Wait for a turn's answer (:class:`RequestFailed` if it fails or is cancelled), however long it
+        waits in its conversation's queue first."""
+        workflow_id = turn.workflow_id if isinstance(turn, TurnAccepted) else turn
+        await _until_started(self.temporal, workflow_id, poll_seconds)
+        return await self.result(workflow_id)
+
+    async def turns(self, conversation_id: str) -> ConversationTurns:
+        """The conversation's turns: the latest done, the running one, those queued (query ``turns``)."""
+        handle = self.temporal.get_workflow_handle(conversation_workflow_id(conversation_id))
+        return await handle.query("turns", result_type=ConversationTurns)
 
     # -- reviews -------------------------------------------------------------------------------------
 
@@ -325,6 +374,71 @@ async def start_request(
     if existing.model_dump(mode="json") != request.model_dump(mode="json"):
         raise RequestIdConflict(request_id, workflow_id, "its request or metadata differ")
     return handle
+
+
+async def submit_turn(
+    client: Client,
+    settings: Settings,
+    conversation_id: str,
+    message: str,
+    *,
+    metadata: dict[str, Any] | None = None,
+    stream_answer: bool = False,
+) -> TurnAccepted:
+    """:meth:`AgentClient.submit_turn` on a Temporal client of the project's (see there)."""
+    problem = conversation_id_problem(conversation_id)
+    if problem is not None:
+        raise TurnRefused(problem)
+    start = WithStartWorkflowOperation(
+        "Conversation",
+        ConversationInput(
+            conversation_id=conversation_id,
+            memory_key=conversation_id,
+            idle_seconds=settings.conversation_idle_seconds,
+            turns_per_run=settings.conversation_turns_per_run,
+        ),
+        id=conversation_workflow_id(conversation_id),
+        task_queue=settings.task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        search_attributes=TypedSearchAttributes([SearchAttributePair(sa.WORKFLOW_KIND, sa.KIND_CONVERSATION)]),
+        static_summary=f"conversation {conversation_id}",
+    )
+    # Sent as plain JSON: the conversation validates it, so a malformed turn is refused there, typed.
+    turn: Any = (
+        TurnRequest(message=message, metadata=metadata or {}, stream_answer=stream_answer).model_dump(mode="json")
+        if message
+        else {"message": message, "metadata": metadata or {}, "stream_answer": stream_answer}
+    )
+    try:
+        return await client.execute_update_with_start_workflow(
+            "submit_turn", turn, start_workflow_operation=start, result_type=TurnAccepted
+        )
+    except WorkflowUpdateFailedError as err:
+        raise TurnRefused(str(getattr(err.cause, "message", err.cause))) from None
+
+
+async def _until_started(client: Client, workflow_id: str, poll_seconds: float) -> None:
+    """Wait until a queued turn's request exists (or its conversation says it never will)."""
+    conversation = workflow_id.rsplit("/turn-", 1)[0]
+    while True:
+        try:
+            await client.get_workflow_handle(workflow_id).describe()
+            return
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+        try:
+            turns = await client.get_workflow_handle(conversation).query("turns", result_type=ConversationTurns)
+        except (RPCError, WorkflowQueryFailedError):
+            turns = None
+        for entry in turns.done if turns is not None else ():
+            if entry.workflow_id == workflow_id:
+                raise RequestFailed(
+                    workflow_id,
+                    "Cancelled" if entry.status == "cancelled" else "TurnNotRun",
+                    entry.error or f"the turn ended {entry.status} before it started",
+                )
+        await asyncio.sleep(poll_seconds)
 
 
 async def answer_chunks(client: Client, workflow_id: str, *, from_offset: int = 0) -> AsyncIterator[AnswerChunk]:

@@ -22,6 +22,10 @@ Payloads in the Temporal Web UI (stored by reference, secrets masked; see client
 
     agent-lifecycle codec-server [--port 8888] [--host 127.0.0.1]
 
+A conversation, interactively (one line a turn; its turns run one at a time; a checkpoint asks y/n):
+
+    agent-lifecycle chat [--conversation ID] [--reviewer alice]
+
 A request is named by its request id or its workflow id (``request-<request id>``) everywhere.
 
 Declared hooks (AGENT_HOOKS_FILE):
@@ -402,8 +406,62 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         return 1
 
 
+async def _chat(agents: AgentClient, conversation: str | None, reviewer: str) -> int:
+    """Read a line, submit it as the next turn, print the answer; when the turn opens a checkpoint, show
+    it and read y/n for it. Ends at end of input or ``/quit``."""
+    import uuid
+
+    from .api import RequestFailed, TurnRefused
+
+    conversation = conversation or f"chat-{uuid.uuid4().hex[:10]}"
+    print(f"conversation {conversation} (end with /quit or end of input)", file=sys.stderr)
+
+    async def line() -> str | None:
+        text = await asyncio.to_thread(sys.stdin.readline)
+        return text.rstrip("\n") if text else None
+
+    while (text := await line()) is not None:
+        if text.strip() in ("/quit", "/exit"):
+            break
+        if not text.strip():
+            continue
+        try:
+            turn = await agents.submit_turn(conversation, text)
+        except TurnRefused as err:
+            print(f"refused: {err}", file=sys.stderr)
+            continue
+        print(f"[turn {turn.turn}: {turn.workflow_id}]", file=sys.stderr)
+        answer = asyncio.ensure_future(agents.turn_result(turn))
+        decided: set[str] = set()
+        while not answer.done():
+            await asyncio.wait([answer], timeout=0.3)
+            if answer.done():
+                break
+            try:
+                pending = await agents.pending(turn.workflow_id)
+            except Exception:  # noqa: BLE001 - not started yet: nothing to review
+                continue
+            for checkpoint in (c for c in pending if c.checkpoint_id not in decided):
+                decided.add(checkpoint.checkpoint_id)
+                print(format_checkpoint(turn.workflow_id, checkpoint))
+                print("approve? [y/N] ", end="", flush=True)
+                reply = (await line() or "").strip().lower()
+                decision = "approve" if reply in ("y", "yes") else "reject"
+                await agents.review(
+                    turn.workflow_id, decision, reviewer=reviewer, checkpoint_id=checkpoint.checkpoint_id
+                )
+                print(f"{decision}d", file=sys.stderr)
+        try:
+            print(answer.result().response, flush=True)
+        except RequestFailed as err:
+            print(f"failed: {err.type}: {err.message}", flush=True)
+    return 0
+
+
 async def _command(agents: AgentClient, args: argparse.Namespace) -> int:
     settings = agents.settings
+    if args.command == "chat":
+        return await _chat(agents, args.conversation, args.reviewer)
     if args.command == "inbox":
         found = await agents.inbox()
         for pending in found:
@@ -487,6 +545,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("key", help=request)
     sub.add_argument("--live", action="store_true", help="query the workflow instead of the store")
     sub.add_argument("--json", action="store_true")
+    sub = commands.add_parser("chat", help="an interactive conversation: a line a turn, checkpoints asked y/n")
+    sub.add_argument("--conversation", help="the conversation to continue (a new one when not given)")
+    sub.add_argument("--reviewer", default="chat", help="who approves the checkpoints the turns open")
     commands.add_parser("inbox", help="requests awaiting review")
     sub = commands.add_parser("show", help="the pending checkpoints of a request: the calls and reasons")
     sub.add_argument("request", help=request)

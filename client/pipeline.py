@@ -21,6 +21,7 @@ from typing import Any, Literal
 from temporalio.exceptions import ApplicationError
 
 from activities import LifecycleActivities, Tool, ToolRegistry
+from activities.conversations import ConversationOptions
 from activities.mcp import McpServerConfig, McpTool
 from activities.memory import ConversationMemory
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer
@@ -156,6 +157,11 @@ def apply_settings(activities: LifecycleActivities, settings: Settings, model: M
         DeclaredHookConfigError, McpStartupError, InvalidPipelineConfigError: a declared-hooks or MCP
             servers file that cannot be used, or declared hooks that do not fit the pipeline's.
     """
+    activities.conversations.options = ConversationOptions(
+        idle_seconds=settings.conversation_idle_seconds, turns_per_run=settings.conversation_turns_per_run
+    )
+    if activities.memory_context_window is None:
+        activities.memory_context_window = (model or settings.model).context_window
     missing = [v for v in PIPELINE_VARIABLES if v not in activities.applied_settings]
     if not missing:
         return

@@ -434,6 +434,20 @@ class Settings(BaseModel):
         validation_alias="AGENT_TEMPORAL_WAIT_SECONDS",
         description="how long a starting process waits for a Temporal server it cannot reach yet",
     )
+    conversation_idle_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        le=31_536_000,
+        validation_alias="AGENT_CONVERSATION_IDLE_SECONDS",
+        description="how long a conversation with no turn queued stays running; the next turn starts it again",
+    )
+    conversation_turns_per_run: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        validation_alias="AGENT_CONVERSATION_TURNS_PER_RUN",
+        description="turns a conversation runs before it continues as new (keeps its history bounded)",
+    )
     stage_listing_delay_seconds: float = Field(
         default=2.0,
         ge=0,

@@ -7,6 +7,7 @@ each test also proves the workflow deterministic for the paths it exercised.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory, WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
@@ -219,9 +221,19 @@ class Harness:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        await self.end_conversations()
         await self.worker.__aexit__(*exc)
         if exc[0] is None:
             await self.replay()
+
+    async def end_conversations(self) -> None:
+        """Terminate the conversations this harness's requests started: they would otherwise stay on its
+        task queue after its worker is gone, and a later test's request of the same conversation id
+        would wait there for a turn that never comes."""
+        query = f"WorkflowType = 'Conversation' AND TaskQueue = '{self.task_queue}' AND ExecutionStatus = 'Running'"
+        async for execution in self.client.list_workflows(query):
+            with contextlib.suppress(RPCError):
+                await self.client.get_workflow_handle(execution.id).terminate("the test's worker stops")
 
     async def replay(self) -> None:
         # Workers run the workflows outside the sandbox; replaying inside it fails on anything it forbids.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
@@ -122,6 +123,35 @@ NAMED_HOOK_SCENARIOS = {
     ),
 }
 NAMED_HOOK_ALLOW_LIST = ["stock-service/execute_trade", "notify-service/send_message"]
+# Added with conversations: a request started directly with metadata.conversation_id claims its turn from
+# its conversation (claim activity, granted signal) before its first hook and releases it at its end.
+CONVERSATION_SCENARIOS = {
+    "quote_in_its_conversation_turn": (
+        "What is the price of ACME?",
+        {"cache": "bypass", "conversation_id": "history-direct"},
+        None,
+    ),
+}
+# And the conversation itself: three turns submitted together, run one after another as child requests;
+# its first run continues as new after two turns with the third still queued.
+CONVERSATION_WORKFLOW_SCENARIO = "conversation_of_three_turns_continued_as_new"
+
+
+async def record_conversation_scenario(client, state: Path) -> None:
+    from client.api import AgentClient
+    from workflows.models import conversation_workflow_id
+
+    async with Harness(client, state) as h:
+        agents = AgentClient(client, Settings(task_queue=h.task_queue, conversation_turns_per_run=2))
+        conversation = f"history-{uuid.uuid4().hex[:6]}"
+        accepted = [await agents.submit_turn(conversation, "What is the price of GBX?") for _ in range(3)]
+        for turn in accepted:
+            await agents.turn_result(turn)
+        handle = client.get_workflow_handle(conversation_workflow_id(conversation))
+        first_run = (await handle.fetch_history()).events[0].workflow_execution_started_event_attributes
+        history = await client.get_workflow_handle(handle.id, run_id=first_run.first_execution_run_id).fetch_history()
+    (HISTORIES / f"{CONVERSATION_WORKFLOW_SCENARIO}.json").write_text(history_json(history) + "\n")
+    print(f"wrote {CONVERSATION_WORKFLOW_SCENARIO}.json ({len(history.events)} events)")
 
 
 # Added with model planning and streamed answers: a model's tool call planned, its answer streamed to a
@@ -261,6 +291,10 @@ def succeeded(name: str, out) -> None:
     assert out.failure is None, out.failure
 
 
+def claimed_a_turn(name: str, out) -> None:
+    assert out.failure is None and "claim_conversation_turn" in out.activity_types(), out.failure
+
+
 async def main(rewrite_all: bool) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli_path(),
@@ -295,6 +329,12 @@ async def main(rewrite_all: bool) -> None:
             if rewrite_all or not (HISTORIES / f"{name}.json").exists():
                 with tempfile.TemporaryDirectory() as state:
                     await record_model_scenario(env.client, Path(state), name)
+        with tempfile.TemporaryDirectory() as state:
+            async with Harness(env.client, Path(state)) as h:
+                await record(h, CONVERSATION_SCENARIOS, rewrite_all, claimed_a_turn)
+        if rewrite_all or not (HISTORIES / f"{CONVERSATION_WORKFLOW_SCENARIO}.json").exists():
+            with tempfile.TemporaryDirectory() as state:
+                await record_conversation_scenario(env.client, Path(state))
         if rewrite_all or not (HISTORIES / f"{REPLAY_SCENARIO}.json").exists():
             with tempfile.TemporaryDirectory() as state:
                 await record_replay_scenario(env.client, Path(state))

@@ -142,3 +142,45 @@ def test_the_heartbeat_timeout_is_short_enough_to_tell_a_lost_worker_from_a_slow
 
     found = heartbeat_timeout(timedelta(seconds=start_to_close), timedelta(seconds=ceiling))
     assert (found.total_seconds() if found else None) == expected
+
+
+async def test_a_worker_killed_while_turns_are_queued_leaves_the_conversation_in_order(client, tmp_path):
+    import json
+    import signal as signals
+
+    from client.api import AgentClient
+    from client.settings import Settings
+
+    queue = f"conv-crash-{uuid.uuid4()}"
+    client = with_payload_store(client, tmp_path)
+    agents = AgentClient(client, Settings(task_queue=queue, state_dir=tmp_path))
+    conversation = f"crash-{uuid.uuid4().hex[:8]}"
+    async with supervised_workers(client, tmp_path, queue, AGENT_PIPELINE="tests.worker_pipelines:slow_turns") as pids:
+        accepted = [await agents.submit_turn(conversation, f"turn {n}") for n in range(1, 5)]
+        async with asyncio.timeout(60):  # the first turn's tool is running, three turns queued
+            while not (tmp_path / "spans.jsonl").exists():
+                turns = await agents.turns(conversation)
+                if turns.running is not None and len(turns.queued) == 3:
+                    await asyncio.sleep(0.5)
+                    break
+                await asyncio.sleep(0.1)
+        killed = pids[-1]
+        os.kill(killed, signals.SIGKILL)
+        answers = [await asyncio.wait_for(agents.turn_result(turn), 120) for turn in accepted]
+        async with asyncio.timeout(30):
+            while len((turns := await agents.turns(conversation)).done) < 4:
+                await asyncio.sleep(0.1)
+        histories = [await client.get_workflow_handle(t.workflow_id).fetch_history() for t in accepted]
+        histories.append(await client.get_workflow_handle(f"conversation-{conversation}").fetch_history())
+
+    assert len(pids) >= 2 and all(a.response for a in answers)
+    spans = sorted(
+        (json.loads(line) for line in (tmp_path / "spans.jsonl").read_text().splitlines()), key=lambda s: s["started"]
+    )
+    # Every turn ran its tool to the end once, in the order the turns were accepted, one at a time.
+    assert [s["request_id"] for s in spans] == [t.workflow_id for t in accepted]
+    assert all(a["ended"] <= b["started"] for a, b in zip(spans, spans[1:], strict=False))
+    assert [(t.turn, t.status) for t in turns.done] == [(n, "succeeded") for n in range(1, 5)]
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=client.data_converter)
+    for history in histories:
+        assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None

@@ -6,12 +6,16 @@ misconfigured ones raise from :class:`hooks.HookRegistry` while building it, as 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
-from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from pydantic import BaseModel, ConfigDict
+
+from activities import LifecycleActivities, SQLiteExecutionStore, Tool, ToolRegistry
 from activities.planning import ReadableSynthesizer
 from client.settings import Settings
 from demo.agent import RulePlanner, TemplateSynthesizer
@@ -216,3 +220,54 @@ def own_store(settings: Settings) -> LifecycleActivities:
 def not_a_pipeline(settings: Settings) -> str:
     """A factory that returns something else than the activities."""
     return "a pipeline"
+
+
+# --------------------------------------------------------------------------------------------------
+# Conversations: every turn calls a tool that takes a while and logs when it ran (across processes)
+# --------------------------------------------------------------------------------------------------
+
+
+class _NoArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LoggedSlowTool(Tool):
+    """Takes ``AGENT_TEST_TOOL_SECONDS`` (1.5 s); appends ``{"request_id", "started", "ended"}`` to
+    ``spans.jsonl`` in the state directory when it finishes (an attempt cut short by a dying worker
+    leaves no line)."""
+
+    namespace = "test-tools"
+    agent = "slow-service"
+    capability = "take_a_while"
+    read_only = True
+    Arguments = _NoArguments
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    async def run(self, arguments, ctx):
+        started = time.time()
+        await asyncio.sleep(float(os.environ.get("AGENT_TEST_TOOL_SECONDS", "1.5")))
+        line = json.dumps({"request_id": ctx.request_id, "started": started, "ended": time.time()})
+        with self.log.open("a") as log:
+            log.write(line + "\n")
+        return "done"
+
+
+class AlwaysSlow:
+    name = "always-slow"
+
+    async def plan(self, request) -> Plan:
+        step = PlanStep(step_id="s1", namespace="test-tools", agent="slow-service", capability="take_a_while")
+        return Plan(phase=request.phase, steps=[step] if request.phase == 1 else [])
+
+
+def slow_turns(settings: Settings) -> LifecycleActivities:
+    return LifecycleActivities(
+        registry=HookRegistry([], pipeline="slow-turns"),
+        tools=ToolRegistry([LoggedSlowTool(settings.state_dir / "spans.jsonl")]),
+        planner=AlwaysSlow(),
+        synthesizer=TemplateSynthesizer(),
+        store=SQLiteExecutionStore(settings.execution_store_path),
+        settings=StageSettings(heartbeat_timeout_seconds=2.0),
+    )

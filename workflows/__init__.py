@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .conversation import CONVERSATION_WORKFLOW_TYPE, ConversationWorkflow
     from .converter import data_converter
     from .detached import DETACHED_WORKFLOW_TYPE, DetachedEffectWorkflow, detached_workflow_id
     from .lease_keeper import LEASE_KEEPER_WORKFLOW_TYPE, LeaseKeeperWorkflow
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     WORKFLOWS: list[type]
 
 _WHERE = {
+    "CONVERSATION_WORKFLOW_TYPE": "conversation",
+    "ConversationWorkflow": "conversation",
     "data_converter": "converter",
     "DETACHED_WORKFLOW_TYPE": "detached",
     "DetachedEffectWorkflow": "detached",
@@ -46,6 +49,7 @@ def __getattr__(name: str) -> Any:
             __getattr__("ReviewNotificationWorkflow"),
             __getattr__("LeaseKeeperWorkflow"),
             __getattr__("PolicyReplayWorkflow"),
+            __getattr__("ConversationWorkflow"),
         ]
     if name in _WHERE:
         value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
@@ -55,6 +59,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CONVERSATION_WORKFLOW_TYPE",
+    "ConversationWorkflow",
     "DETACHED_WORKFLOW_TYPE",
     "LEASE_KEEPER_WORKFLOW_TYPE",
     "POLICY_REPLAY_WORKFLOW_TYPE",

@@ -74,6 +74,8 @@ with workflow.unsafe.imports_passed_through():
         ShortCircuitProposal,
         StepSummary,
         bounded_value,
+        conversation_id_problem,
+        subagent_depth,
     )
     from .records import RecordKeeper
     from .reviews import INVALID_REVIEW, Reviews
@@ -82,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
     from .stages import STAGES, Fold, Stage
     from .steps import StepExecutor
     from .support import APPROVAL_METADATA_KEY, approval_reasons, decode_payload, promote_metadata, stage_failure
+    from .turns import WAITING_FOR_TURN, ConversationTurn, started_by_conversation
 
 WORKFLOW_TYPE = "RequestLifecycle"
 INVALID_QUERY = "InvalidQuery"
@@ -129,6 +132,7 @@ class RequestLifecycleWorkflow:
         )
         self._models = ModelSteps(state, self._scheduler, self._listing, self._hooks)
         self._ending = RunEnding(state, self._hooks, self._scheduler, self._listing, self._records)
+        self._turn = ConversationTurn(state, self._scheduler)
         # A request that asked to stream its answer has a durable stream (its handlers are registered
         # here, before the first activation's signals and updates): the answer's chunks, then its final text.
         self._stream = WorkflowStream() if input.stream_answer else None
@@ -170,6 +174,11 @@ class RequestLifecycleWorkflow:
         signal = self._inbound("reject", RejectSignal, args)
         if signal is not None:
             self._reviews.decide("reject", "reject", signal.checkpoint_id, signal.reviewer, signal.reason)
+
+    @workflow.signal(name="granted")
+    def granted(self, *args: Any) -> None:
+        """The conversation granted this request its turn (a request started directly in a conversation)."""
+        self._turn.grant()
 
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
@@ -227,7 +236,7 @@ class RequestLifecycleWorkflow:
 
     @workflow.run
     async def run(self, *args: Any) -> RequestResult:
-        state, ending = self._state, self._ending
+        state = self._state
         if self._input_problem is not None:
             # Refused before anything runs or is stored: the record (by query) says why.
             state.record.status = RequestStatus.FAILED
@@ -240,6 +249,13 @@ class RequestLifecycleWorkflow:
             raise ApplicationError(self._input_problem, type=decisions.INVALID_REQUEST, non_retryable=True)
         state.behaviour = patches.detect()
         state.leases.by_timer = state.behaviour.lease_renewal_by_timer
+        try:
+            return await self._run_to_end()
+        finally:
+            await self._turn.release()  # after the finalizers: the next turn's hooks never overlap them
+
+    async def _run_to_end(self) -> RequestResult:
+        state, ending = self._state, self._ending
         cancelled = RequestError(type="Cancelled", message="the request was cancelled")
         try:
             result = await self._lifecycle()
@@ -277,6 +293,7 @@ class RequestLifecycleWorkflow:
     async def _lifecycle(self) -> RequestResult:
         state = self._state
         await self._resolve_pipeline()
+        await self._take_turn()
         await self._before_run()
         state.enrichments = promote_metadata(state.input.metadata)
         state.record.promoted_enrichments = sorted(state.enrichments)
@@ -327,6 +344,20 @@ class RequestLifecycleWorkflow:
         state.gate = decisions.gate_for_request(
             state.input.metadata, state.manifest.cache_variation, state.manifest.reserved_metadata_dimensions
         )
+
+    async def _take_turn(self) -> None:
+        """A request of a conversation that its conversation did not start waits for its turn there. A
+        sub-agent runs within the turn of the request that delegated to it: it never claims one."""
+        state = self._state
+        conversation = conversation_id(state.input.metadata)
+        if not (state.behaviour.conversation_turns and conversation) or conversation_id_problem(conversation):
+            return
+        if subagent_depth(state.input.metadata) > 0:
+            return
+        if started_by_conversation(conversation):
+            return
+        self._listing.enter(WAITING_FOR_TURN, conversation)
+        await self._turn.claim(conversation)
 
     async def _stage(self, stage: Stage, subject: Any = None, on_outcome: Any = None, **options: Any) -> Any:
         """Enter ``stage`` and run its hooks on ``subject``: what they made of it."""

@@ -63,7 +63,10 @@ class Behaviour:
       written to the store on acceptance too);
     - ``named_hook_activities``: ``invocation.HookRunner._local_type`` (in-process hooks run as the
       stage's ``<stage>_hook`` and batches as ``run_hook_batch``, instead of types that name their hooks);
-    - ``decision_marks``: ``invocation.HookRunner._mark`` (no timer marks a hook's denial or termination).
+    - ``decision_marks``: ``invocation.HookRunner._mark`` (no timer marks a hook's denial or termination);
+    - ``conversation_turns``: a request with ``metadata.conversation_id`` not started by its conversation
+      claims its turn before its first hook and releases it on every exit — ``lifecycle._take_turn``
+      and ``lifecycle.run`` (without it: the request runs at once, whatever else of its conversation runs).
     """
 
     local_bookkeeping: bool = True
@@ -82,6 +85,8 @@ class Behaviour:
     named_hook_activities: bool = True
     # A hook that denies, stops or terminates marked on the Timeline by a short timer that says so.
     decision_marks: bool = True
+    # A request of a conversation runs in its conversation's turn.
+    conversation_turns: bool = True
 
 
 # The fields of every change recorded under ``LIFECYCLE_2027_01``: off for executions recorded before it.
@@ -91,6 +96,7 @@ SINCE_2027_01 = (
     "planner_answers",
     "named_hook_activities",
     "decision_marks",
+    "conversation_turns",
 )
 
 

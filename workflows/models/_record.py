@@ -168,6 +168,11 @@ class MemoryOutcome(BaseModel):
     conversation_id: str
     by: str | None = None  # the before_remember hook that skipped or replaced it
     reason: str = ""
+    # Exchanges that left the recent history with this save, and how the summary took them: folded by the
+    # ``model`` or the ``heuristic``, or the previous summary ``kept`` (after a fallback handoff).
+    evicted: int = 0
+    summary: Literal["model", "heuristic", "kept"] | None = None
+    summary_tokens: int = 0
 
 
 class RecallOutcome(BaseModel):
