@@ -307,10 +307,6 @@ async def queued(agents: AgentClient, conversation: str, count: int) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-# Passes on its own and after most tests; after test_a_malformed_turn_is_refused_before_it_is_queued in the
-# same session its conversation stops making progress (turns unanswered, the turns query unanswered) —
-# not yet understood, so it is marked rather than hidden.
-@pytest.mark.xfail(reason="hangs intermittently after other tests in the same session", strict=False)
 @pytest.mark.timeout(90)
 async def test_a_long_conversation_continues_as_new_between_turns_and_loses_none(client: Client, tmp_path):
     slow = SlowTool(seconds=0.2)
@@ -322,10 +318,14 @@ async def test_a_long_conversation_continues_as_new_between_turns_and_loses_none
         more = await agents.submit_turn(conversation, "slow again")  # after the chain moved on
         await agents.turn_result(more)
         turns = await settled(agents, conversation, 6)
-        await keep_histories(h, conversation, [a.workflow_id for a in [*accepted, more]])
         handle = client.get_workflow_handle(conversation_workflow_id(conversation))
         first_run = (await handle.fetch_history()).events[0]
         started = first_run.workflow_execution_started_event_attributes
+        # The runs the chain closed by continuing as new, and every turn, go to the harness's replay.
+        first = client.get_workflow_handle(handle.id, run_id=started.first_execution_run_id)
+        h.histories.append(await first.fetch_history())
+        for turn in [*accepted, more]:
+            h.histories.append(await client.get_workflow_handle(turn.workflow_id).fetch_history())
 
     assert [a.turn for a in [*accepted, more]] == [1, 2, 3, 4, 5, 6] and all(r.response for r in answers)
     spans = slow.of(f"conversation-{conversation}/")
