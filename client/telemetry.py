@@ -140,12 +140,18 @@ def configure_telemetry(
         *(PeriodicExportingMetricReader(exporter, export_interval_millis=interval) for exporter in metric_exporters),
         *metric_readers,
     ]
-    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    metrics.set_meter_provider(meter_provider)
+    _configured.extend((tracer_provider, meter_provider))
+
+
+# The providers configure_telemetry made in this process: the only ones shutdown_telemetry stops (a process
+# whose providers were installed by someone else — an embedding application, a test — keeps them running).
+_configured: list[TracerProvider | MeterProvider] = []
 
 
 def shutdown_telemetry() -> None:
-    """Flush and stop the providers (call before exiting: exit_process skips atexit handlers)."""
-    for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
-        shutdown = getattr(provider, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+    """Flush and stop the providers configure_telemetry made (call before exiting: exit_process skips
+    atexit handlers)."""
+    while _configured:
+        _configured.pop().shutdown()

@@ -18,7 +18,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory, WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
@@ -231,9 +231,15 @@ class Harness:
         task queue after its worker is gone, and a later test's request of the same conversation id
         would wait there for a turn that never comes."""
         query = f"WorkflowType = 'Conversation' AND TaskQueue = '{self.task_queue}' AND ExecutionStatus = 'Running'"
-        async for execution in self.client.list_workflows(query):
+        try:
+            running = [execution.id async for execution in self.client.list_workflows(query)]
+        except RPCError as err:  # the time-skipping test server lists nothing (and runs no conversation)
+            if err.status is not RPCStatusCode.UNIMPLEMENTED:
+                raise
+            return
+        for workflow_id in running:
             with contextlib.suppress(RPCError):
-                await self.client.get_workflow_handle(execution.id).terminate("the test's worker stops")
+                await self.client.get_workflow_handle(workflow_id).terminate("the test's worker stops")
 
     async def replay(self) -> None:
         # Workers run the workflows outside the sandbox; replaying inside it fails on anything it forbids.

@@ -115,5 +115,8 @@ async def test_the_short_benchmark_answers_correctly_on_both_sides_and_fills_the
     assert timelines["peer"].count("ACTIVITY_TASK_SCHEDULED stock_quote") == 3
     for system in ("lifecycle_1", "lifecycle_3"):
         assert timelines[system].count("ACTIVITY_TASK_SCHEDULED execute_tool_step") == 3
-        assert "MARKER local activity run_hook_batch · before_planning" in timelines[system]
+        # the two before_planning hooks run in one local activity whose type names both
+        assert (
+            "MARKER local activity before_planning:noop-before-planning-1 + noop-before-planning-2" in timelines[system]
+        )
     assert figures["history"]["peer"]["by_kind"] == {"execution": 2, "workflow task": 12, "activity": 15}
