@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from activities import LifecycleActivities
-from benchmarks.processes import Server, spawn, stop_all
+from benchmarks.processes import ROOT, Server, start_worker, stop_all
 from client import Settings, connect
 from client.pipeline import build_pipeline
 from client.replay import replay_report, start_policy_replay
@@ -53,7 +53,6 @@ from workflows.models import (
     StepStatus,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 TENANTS = ("acme-corp", "globex", "initech")
 TICKERS = ("ACME", "IBM", "MSFT", "SAP", "ORCL")
 
@@ -170,18 +169,6 @@ async def write_records(url: str, count: int) -> None:
             *(store.save(synthetic_record(i, now, rng)) for i in range(start, min(count, start + 200)))
         )
     await database.close()
-
-
-async def start_worker(tmp: Path, name: str, env: dict[str, str]) -> Any:
-    path = tmp / f"{name}.log"
-    proc = spawn([sys.executable, "worker.py"], path, cwd=ROOT, env=env)
-    for _ in range(600):
-        if "worker polling" in path.read_text(errors="replace"):
-            return proc
-        if proc.poll() is not None:
-            raise RuntimeError(path.read_text(errors="replace")[-2000:])
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"worker {name} did not start")
 
 
 async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from client.devserver import temporal_cli_path
+
+ROOT = Path(__file__).resolve().parent.parent  # where worker.py is
 
 # The dev server's default (20) makes every workflow task wait for the transfer-queue poller, tens of
 # milliseconds, which would hide what the workflow itself costs.
@@ -36,6 +39,19 @@ def spawn(args: list[str], log_path: Path, **options: Any) -> subprocess.Popen:
         return subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, **options
         )
+
+
+async def start_worker(tmp: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
+    """Start ``worker.py`` with ``env`` (its output in ``<tmp>/<name>.log``) and wait until it polls."""
+    path = tmp / f"{name}.log"
+    proc = spawn([sys.executable, "worker.py"], path, cwd=ROOT, env=env)
+    for _ in range(600):
+        if "worker polling" in path.read_text(errors="replace"):
+            return proc
+        if proc.poll() is not None:
+            raise RuntimeError(path.read_text(errors="replace")[-2000:])
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"worker {name} did not start")
 
 
 def stop_all(procs: list[subprocess.Popen], grace: float = 5.0) -> None:

@@ -32,31 +32,18 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from benchmarks.processes import Server, spawn, stop_all
+from benchmarks.processes import Server, start_worker, stop_all
 from client import Settings, connect, execution_store
 from client.api import start_request
 from demo.pipeline import DEMO_PIPELINE
 from tests.postgres_cluster import Cluster
 
-ROOT = Path(__file__).resolve().parent.parent
 ASK = "What is the price of ACME?"
 WRITES_PER_REQUEST = 2  # the accepted plan and the terminal snapshot
 
 
 def log(message: str) -> None:
     print(f"[store-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-async def start_worker(tmp: Path, name: str, env: dict[str, str]) -> Any:
-    path = tmp / f"{name}.log"
-    proc = spawn([sys.executable, "worker.py"], path, cwd=ROOT, env=env)
-    for _ in range(600):
-        if "worker polling" in path.read_text(errors="replace"):
-            return proc
-        if proc.poll() is not None:
-            raise RuntimeError(path.read_text(errors="replace")[-2000:])
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"worker {name} did not start")
 
 
 async def measure(requests: int, burst: int) -> dict[str, Any]:
