@@ -41,6 +41,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +50,17 @@ from temporalio.exceptions import ApplicationError
 
 from benchmarks.processes import Server, cpu_seconds, spawn, stop_all
 from client import Settings, connect
+from client.api import review
 from demo.pipeline import DEMO_PIPELINE
 from workflows import WORKFLOW_TYPE, search_attributes
-from workflows.models import Checkpoint, RequestInput, RequestResult, ReviewAck, ReviewRequest
+from workflows.models import Checkpoint, RequestInput, RequestResult
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKERS = ("ACME", "GBX", "MSFT", "AAPL", "NVDA", "ORCL")
 PEOPLE = ("alice", "bob", "carol", "dave")
 REVIEWER = "load-reviewer"
+SLOW_REVIEW_SECONDS = 10.0
+SLOW_REVIEWS_SHOWN = 5
 
 
 def log(message: str) -> None:
@@ -102,6 +106,9 @@ class Figures:
     latency_s: dict[str, float | None] = field(default_factory=dict)
     review_latency_s: dict[str, float | None] = field(default_factory=dict)
     reviews: int = 0
+    # The slowest reviews (over SLOW_REVIEW_SECONDS): the events of the request's history from the update's
+    # send to its acceptance, each with its offset from the send, to see where a slow review waited.
+    slow_reviews: list[dict[str, Any]] = field(default_factory=list)
     killed_worker: bool = False
     duplicate_deliveries: int = 0  # messages delivered more than once for one request
     lost_deliveries: int = 0  # approved message requests that succeeded without a delivery
@@ -152,10 +159,12 @@ class Workers:
 
 async def _reviewer(client: Client, queue_ids: set[str], figures: Figures, stop: asyncio.Event) -> None:
     """Find requests waiting for review (the inbox's visibility query) and approve each checkpoint once,
-    through the ``review`` update; its round trip is the review latency."""
+    through the client's ``review`` (the request put first, then the ``review`` update); its round trip
+    is the review latency."""
     decided: set[str] = set()
     latencies: list[float] = []
     figures.review_latency_s = {}
+    slow: list[tuple[float, float, str]] = []  # (latency, wall-clock send time, workflow id)
 
     async def decide(workflow_id: str) -> None:
         handle = client.get_workflow_handle(workflow_id)
@@ -164,13 +173,11 @@ async def _reviewer(client: Client, queue_ids: set[str], figures: Figures, stop:
             if checkpoint is None or checkpoint.checkpoint_id in decided:
                 return
             decided.add(checkpoint.checkpoint_id)
-            began = time.perf_counter()
-            await handle.execute_update(
-                "review",
-                ReviewRequest(checkpoint_id=checkpoint.checkpoint_id, reviewer=REVIEWER, decision="approve"),
-                result_type=ReviewAck,
-            )
+            began, sent = time.perf_counter(), time.time()
+            await review(client, workflow_id, "approve", REVIEWER, checkpoint_id=checkpoint.checkpoint_id)
             latencies.append(time.perf_counter() - began)
+            if latencies[-1] >= SLOW_REVIEW_SECONDS:
+                slow.append((latencies[-1], sent, workflow_id))
 
     while not stop.is_set():
         waiting = []
@@ -187,6 +194,27 @@ async def _reviewer(client: Client, queue_ids: set[str], figures: Figures, stop:
         }
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
+    for latency, sent, workflow_id in sorted(slow, reverse=True)[:SLOW_REVIEWS_SHOWN]:
+        with contextlib.suppress(Exception):
+            figures.slow_reviews.append(await _review_events(client, workflow_id, latency, sent))
+
+
+async def _review_events(client: Client, workflow_id: str, latency: float, sent: float) -> dict[str, Any]:
+    """What a slow review's request did between the update's send and its acceptance (offsets in s)."""
+    from temporalio.api.enums.v1 import EventType
+
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    events = []
+    for event in history.events:
+        at = event.event_time.ToDatetime(tzinfo=UTC).timestamp() - sent
+        if -1.0 <= at <= latency + 1.0:
+            name = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_").lower()
+            queue = ""
+            if event.HasField("workflow_task_scheduled_event_attributes"):
+                kind = event.workflow_task_scheduled_event_attributes.task_queue.kind
+                queue = " (sticky)" if kind == 2 else " (normal)"
+            events.append(f"{at:+.1f} {name}{queue}")
+    return {"workflow_id": workflow_id, "latency_s": round(latency, 2), "events": events}
 
 
 async def drive(
@@ -222,6 +250,7 @@ async def drive(
             id=f"load-{request.kind}-{uuid.uuid4().hex[:10]}",
             task_queue=queue,
             result_type=RequestResult,
+            search_attributes=search_attributes.listed_at_start(),  # as the project's client starts one
         )
         ids.add(handle.id)
         figures.started += 1
@@ -400,6 +429,8 @@ def print_figures(figures: Figures) -> None:
         ),
         flush=True,
     )
+    for slow in figures.slow_reviews:
+        print(f"  slow review {slow['latency_s']} s of {slow['workflow_id']}: " + "; ".join(slow["events"]))
 
 
 async def main_async(args: argparse.Namespace) -> list[Figures]:

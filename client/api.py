@@ -21,11 +21,16 @@ Every method that names a request takes its request id or its workflow id (``req
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from google.protobuf.field_mask_pb2 import FieldMask
+from temporalio.api.common.v1 import Priority, WorkflowExecution
+from temporalio.api.workflow.v1 import WorkflowExecutionOptions
+from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionOptionsRequest
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
@@ -68,6 +73,8 @@ from workflows.models import (
 )
 
 from .settings import Settings
+
+logger = logging.getLogger(__name__)
 
 REQUEST_PREFIX = "request-"
 _OPTIONAL_CHECKPOINT: Any = Checkpoint | None  # a query result that may be null
@@ -353,7 +360,8 @@ async def start_request(
     request_id = request_id or uuid.uuid4().hex[:12]
     request = RequestInput(request=text, metadata=metadata or {}, request_id=request_id, stream_answer=stream_answer)
     workflow_id = workflow_id_for(request_id)
-    try:
+
+    async def start(attributes: TypedSearchAttributes | None) -> WorkflowHandle[Any, RequestResult]:
         return await client.start_workflow(
             WORKFLOW_TYPE,
             request,
@@ -364,7 +372,17 @@ async def start_request(
             static_details=story.request_details(text, request_id),
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            search_attributes=attributes,
         )
+
+    try:
+        try:
+            # Listed (kind, first stage) from its start: the request costs no upsert to be found.
+            return await start(sa.listed_at_start())
+        except RPCError as err:
+            if not _search_attributes_missing(err):
+                raise
+            return await start(None)  # a namespace without them: the request runs, unlisted
     except WorkflowAlreadyStartedError:
         pass
     handle = client.get_workflow_handle(workflow_id, result_type=RequestResult)
@@ -374,6 +392,11 @@ async def start_request(
     if existing.model_dump(mode="json") != request.model_dump(mode="json"):
         raise RequestIdConflict(request_id, workflow_id, "its request or metadata differ")
     return handle
+
+
+def _search_attributes_missing(err: RPCError) -> bool:
+    """Whether the server refused a start because the namespace lacks the lifecycle search attributes."""
+    return err.status is RPCStatusCode.INVALID_ARGUMENT and any(key.name in err.message for key in sa.ALL)
 
 
 async def submit_turn(
@@ -473,7 +496,33 @@ async def review(
     request = ReviewRequest(
         checkpoint_id=checkpoint_id, reviewer=reviewer, decision=decision, comment=comment, declined=list(declined)
     )
+    await put_first(client, workflow_id)
     return await client.get_workflow_handle(workflow_id).execute_update("review", request, result_type=ReviewAck)
+
+
+# Temporal's highest task priority (1 is first, 3 the default, 5 the last).
+REVIEWED_PRIORITY_KEY = 1
+
+
+async def put_first(client: Client, workflow_id: str) -> None:
+    """Give a request a person is deciding Temporal's highest task priority, before the decision is sent:
+    the workflow task that answers the review, and everything the request does after it, go ahead of the
+    tasks of requests no one waits on. A worker past its capacity still answers a reviewer in the time one
+    task takes, however long its task queue is. Only the priority key changes (a fairness key stays); a
+    server that cannot (no permission, no priorities) leaves the order as it was, and the review goes on."""
+    try:
+        await client.workflow_service.update_workflow_execution_options(
+            UpdateWorkflowExecutionOptionsRequest(
+                namespace=client.namespace,
+                workflow_execution=WorkflowExecution(workflow_id=workflow_id),
+                workflow_execution_options=WorkflowExecutionOptions(
+                    priority=Priority(priority_key=REVIEWED_PRIORITY_KEY)
+                ),
+                update_mask=FieldMask(paths=["priority.priority_key"]),
+            )
+        )
+    except RPCError as err:
+        logger.debug("could not raise the priority of %s: %s", workflow_id, err.message)
 
 
 def describe_failure(err: WorkflowFailureError) -> dict[str, Any]:

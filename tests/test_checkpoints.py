@@ -827,3 +827,60 @@ async def test_the_reviewer_cli_lists_shows_approves_and_rejects(client, dev_env
     # The CLI decided through the update; the refused attempt left no trace.
     assert len(events(approved, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED)) == 1
     assert approved.record.ignored_reviews == []
+
+
+async def test_a_review_through_the_client_puts_the_request_ahead_of_requests_no_one_waits_on(
+    client, tmp_path, leftovers
+):
+    # A person is waiting on a request they decide: the client gives it Temporal's highest task priority
+    # before sending the decision, so the task that answers the review (and the rest of the request) is
+    # served ahead of a worker's backlog. The order of other requests is unchanged.
+    from client.api import REVIEWED_PRIORITY_KEY, review
+
+    planner = FixedPlanner(quote("quote-acme", "ACME"), message("notify", "bob", "hi bob"))
+    async with Harness(client, tmp_path, planner=planner) as h:
+        handle = await start(h, leftovers)
+        other = await start(h, leftovers)
+        checkpoint = await h.wait_for_checkpoint(handle)
+        await h.wait_for_checkpoint(other)
+        ack = await review(client, handle.id, "approve", "alice", checkpoint_id=checkpoint.checkpoint_id)
+        out = await h.finish(handle)
+        waiting = (await other.describe()).raw_description.workflow_execution_info.priority.priority_key
+        await review(client, other.id, "reject", "alice")
+        rejected = await h.finish(other)
+
+    assert (ack.checkpoint_id, ack.decision) == (checkpoint.checkpoint_id, "approve") and out.result is not None
+    priority = (await handle.describe()).raw_description.workflow_execution_info.priority
+    assert priority.priority_key == REVIEWED_PRIORITY_KEY
+    assert waiting == 0  # not decided yet: the server's default order
+    assert (await other.describe()).raw_description.workflow_execution_info.priority.priority_key == 1
+    assert out.record is not None and [c.status.value for c in out.record.checkpoints] == ["approved"]
+    assert rejected.failure is not None
+
+
+async def test_a_review_goes_on_where_the_priority_cannot_be_raised(client, tmp_path):
+    # Raising the priority is best effort: where the server cannot (a request that already ended, one that
+    # never was) nothing is raised, and the review itself says what happened.
+    from client.api import put_first
+
+    async with Harness(client, tmp_path, planner=FixedPlanner(quote("quote-acme", "ACME"))) as h:
+        out = await h.run("quote")
+    await put_first(client, out.workflow_id)  # no error: the request ended
+    await put_first(client, "request-that-never-was")
+    assert out.result is not None
+    # Only the priority key changes: a fairness key the request was started with stays.
+    from temporalio.common import Priority
+
+    from workflows.models import RequestInput
+
+    fair = await client.start_workflow(
+        "RequestLifecycle",
+        RequestInput(request="no worker polls this queue"),
+        id=f"fair-{os.getpid()}-{id(out)}",
+        task_queue="nobody-polls",
+        priority=Priority(fairness_key="tenant-a"),
+    )
+    await put_first(client, fair.id)
+    priority = (await fair.describe()).raw_description.workflow_execution_info.priority
+    await fair.terminate("test over")
+    assert (priority.priority_key, priority.fairness_key) == (1, "tenant-a")

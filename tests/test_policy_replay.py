@@ -255,3 +255,56 @@ async def test_a_stricter_allow_list_reports_exactly_the_requests_it_would_block
             await replayer.replay_workflow(await handle.fetch_history())
     finally:
         hits.close()
+
+
+async def test_a_worker_killed_mid_replay_is_replaced_and_the_report_is_whole(
+    client: Client, tmp_path: Path, leftovers: list
+) -> None:
+    # The replay runs on worker processes a supervisor keeps alive; the one running a batch is SIGKILLed.
+    # The batch's missing heartbeats give it to the next worker within seconds; every record is replayed,
+    # and the report has the findings of a replay that was never interrupted, each request once.
+    import os
+    import signal
+
+    from worker import build_worker
+
+    from .test_worker_loss import supervised_workers
+
+    settings = _settings(client, tmp_path, None)
+    async with build_worker(client, settings.task_queue, recorded(settings)):
+        ids = await _record_traffic(client, settings, leftovers)
+    async with supervised_workers(
+        client, tmp_path, settings.task_queue, AGENT_PIPELINE=f"{PIPELINES}:recorded"
+    ) as pids:
+        handle = await start_policy_replay(
+            client, settings, f"{PIPELINES}:slow", ReplayWindow(), batch_size=1, parallel_batches=1
+        )
+        async with asyncio.timeout(120):
+            while (progress := await replay_progress(client, handle.id)).replayed < 1:
+                await asyncio.sleep(0.1)
+        os.kill(pids[-1], signal.SIGKILL)
+        result = await asyncio.wait_for(handle.result(), timeout=180)
+        reference = await asyncio.wait_for(
+            (await start_policy_replay(client, settings, f"{PIPELINES}:slow", ReplayWindow())).result(), timeout=180
+        )
+        history = await handle.fetch_history()
+
+    assert len(pids) >= 2 and progress.replayed < len(TRAFFIC)
+    assert result.total == result.replayed == len(TRAFFIC)
+    # The same findings, request by request, as the replay that was never interrupted, and each once.
+    found = replay_report(settings, result, ReplayWindow())["requests"]
+    expected = replay_report(settings, reference, ReplayWindow())["requests"]
+    assert found == expected and len({r["request_id"] for r in found}) == len(found)
+    assert {r["request_id"] for r in found} <= set(ids.values())
+    assert (result.counts, result.changed) == (reference.counts, reference.changed)
+    # The lost batch was run again by the new worker: a heartbeat timeout in the replay's history.
+    timed_out = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT]
+    retried = [
+        e
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        and e.activity_task_started_event_attributes.attempt > 1
+    ]
+    assert timed_out or retried
+    replayer = Replayer(workflows=[PolicyReplayWorkflow], data_converter=client.data_converter)
+    await replayer.replay_workflow(history)

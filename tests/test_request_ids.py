@@ -86,3 +86,39 @@ async def test_a_new_run_under_a_reused_workflow_id_never_gets_the_earlier_runs_
     keys = [s.idempotency_key for out in (first, second, same_again) for s in out.record.steps]
     assert len(set(keys)) == 3
     assert keys[1] == second.idempotency_key("trade-acme", {"symbol": "ACME", "side": "buy", "quantity": 20})
+
+
+async def test_a_namespace_without_the_lifecycle_search_attributes_still_takes_requests(client):
+    # The client starts a request listed with its kind and first stage; a namespace that lacks those
+    # attributes refuses such a start, and the client starts it unlisted instead of failing.
+    from google.protobuf.duration_pb2 import Duration
+    from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
+    from temporalio.client import Client
+    from temporalio.service import RPCError
+
+    from workflows import data_converter
+    from workflows import search_attributes as sa
+
+    from .doubles import eventually
+
+    namespace = f"bare-{uuid.uuid4().hex[:8]}"
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(namespace=namespace, workflow_execution_retention_period=Duration(seconds=86400))
+    )
+    bare = Client(client.service_client, namespace=namespace, data_converter=data_converter)
+    handles = []
+
+    async def started() -> bool:
+        try:
+            handles.append(await start_request(bare, Settings(task_queue="nobody-polls"), "What is ACME at?"))
+        except RPCError as err:  # the namespace not yet known to every part of the server
+            if "namespace" not in err.message.lower():
+                raise
+            return False
+        return True
+
+    await eventually(started, what="a request started on the new namespace", timeout=60)
+    handle = handles[0]
+    attributes = (await handle.describe()).typed_search_attributes
+    assert attributes.get(sa.WORKFLOW_KIND) is None and attributes.get(sa.LIFECYCLE_STAGE) is None
+    await handle.terminate("test over")

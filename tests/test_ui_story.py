@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import traceback
+import uuid
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.failure.v1 import Failure
@@ -28,7 +29,7 @@ from workflows import data_converter, detached_workflow_id
 from workflows import search_attributes as sa
 from workflows.converter import LifecycleFailureConverter
 from workflows.listing import LISTING_TIMER_SUMMARY
-from workflows.models import Checkpoint, RequestResult
+from workflows.models import Checkpoint, RequestInput, RequestResult
 
 from .doubles import FixedPlanner, HeldTool, eventually
 from .harness import Harness, Outcome
@@ -330,6 +331,50 @@ async def test_with_a_listing_delay_a_request_lists_its_first_stage_its_checkpoi
     assert attributes.get(sa.LIFECYCLE_STAGE) == "completed" and attributes.get(sa.AWAITING_REVIEW) is False
     # The record and the current details still pass through every stage.
     assert out.record is not None and out.record.lifecycle_stage == "completed"
+
+
+async def test_a_request_started_through_the_client_is_listed_from_its_start_without_an_upsert(
+    client: Client, tmp_path
+):
+    # The client starts a request with its kind and first stage, so it is found from the start; its first
+    # wait is then listed as any later stage is (after the delay), and the upserts left are the ones that
+    # must show at once: the checkpoint opening and closing, the end.
+    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path)), stage_listing_delay=600) as h:
+        handle = await start_request(client, Settings(task_queue=h.task_queue), MESSAGE, metadata={"cache": "bypass"})
+        query = f"WorkflowId = '{handle.id}' AND {sa.REQUESTS_QUERY} AND {sa.LIFECYCLE_STAGE.name} = 'resolve_pipeline'"
+
+        async def listed_at_start() -> bool:
+            return bool([e.id async for e in client.list_workflows(query)])
+
+        await eventually(listed_at_start, what="the request listed with its kind and first stage")
+        out = await h.finish(handle, approve_as="ops")
+
+    assert out.result is not None
+    upserts = stage_upserts(out)
+    assert [u[sa.LIFECYCLE_STAGE.name] for u in upserts] == ["awaiting_review", "executing", "completed"]
+    assert all(sa.WORKFLOW_KIND.name not in u for u in upserts)
+    assert listing_timers(out) == (1, 0, 0)
+    attributes = (await client.get_workflow_handle(out.workflow_id).describe()).typed_search_attributes
+    assert attributes.get(sa.WORKFLOW_KIND) == "request" and attributes.get(sa.LIFECYCLE_STAGE) == "completed"
+
+
+async def test_a_request_started_with_a_different_kind_is_listed_by_its_own(client: Client, tmp_path):
+    # Attributes a request did not start with from the client (here: another kind) are not taken as its
+    # listing: its first wait lists its own kind and stage at once.
+    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path)), stage_listing_delay=600) as h:
+        handle = await client.start_workflow(
+            "RequestLifecycle",
+            RequestInput(request="What is the price of ACME?", metadata={"cache": "bypass"}),
+            id=f"req-{uuid.uuid4()}",
+            task_queue=h.task_queue,
+            result_type=RequestResult,
+            search_attributes=sa.listed_at_start(sa.KIND_CONVERSATION),
+        )
+        out = await h.finish(handle)
+
+    assert out.result is not None
+    upserts = stage_upserts(out)
+    assert upserts[0][sa.LIFECYCLE_STAGE.name] == "planning" and upserts[0][sa.WORKFLOW_KIND.name] == "request"
 
 
 async def test_with_a_listing_delay_a_stage_the_request_waits_in_that_long_is_listed(client: Client, tmp_path):

@@ -249,6 +249,7 @@ class RequestLifecycleWorkflow:
             raise ApplicationError(self._input_problem, type=decisions.INVALID_REQUEST, non_retryable=True)
         state.behaviour = patches.detect()
         state.leases.by_timer = state.behaviour.lease_renewal_by_timer
+        self._listing.started()
         try:
             return await self._run_to_end()
         finally:

@@ -17,7 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from .run_state import RunState
 
 # The stages of a request besides its hook stages (each named by its ``Stage``), in lifecycle order.
-RESOLVING_PIPELINE = "resolve_pipeline"
+RESOLVING_PIPELINE = sa.STAGE_AT_START
 RECALLING = "recalling"
 PLANNING = "planning"
 AWAITING_REVIEW = "awaiting_review"
@@ -39,6 +39,17 @@ class StageListing:
         self._upserted_awaiting = False  # whether AgentAwaitingReview holds true
         self._unpublished: tuple[str, bool] | None = None  # (stage, terminal) entered since the last upsert
         self._timer: asyncio.Task[None] | None = None  # lists the stage once the listing delay has passed
+
+    def started(self) -> None:
+        """Take the listing a client started the request with (its kind and first stage, see
+        ``search_attributes.listed_at_start``) as its first: the request is already found, so its first
+        wait is listed as any later stage is, without an upsert of its own."""
+        if not (self._state.behaviour.stage_listed_at_start and self._state.behaviour.stage_upserts):
+            return
+        at_start = workflow.info().typed_search_attributes
+        stage = at_start.get(sa.LIFECYCLE_STAGE)
+        if stage is not None and at_start.get(sa.WORKFLOW_KIND) == self._state.kind():
+            self._upserted_stage = stage
 
     def enter(self, stage: str, detail: str = "", *, outcome: str = "", more: Sequence[str] = ()) -> None:
         """Enter ``stage``: the record and the current details an operator reads (what was asked, the

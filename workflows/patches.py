@@ -66,7 +66,9 @@ class Behaviour:
     - ``decision_marks``: ``invocation.HookRunner._mark`` (no timer marks a hook's denial or termination);
     - ``conversation_turns``: a request with ``metadata.conversation_id`` not started by its conversation
       claims its turn before its first hook and releases it on every exit — ``lifecycle._take_turn``
-      and ``lifecycle.run`` (without it: the request runs at once, whatever else of its conversation runs).
+      and ``lifecycle.run`` (without it: the request runs at once, whatever else of its conversation runs);
+    - ``stage_listed_at_start``: ``listing.StageListing.started`` (the first stage a request waited in was
+      upserted with its kind at once, even when a client had started it with both).
     """
 
     local_bookkeeping: bool = True
@@ -87,6 +89,8 @@ class Behaviour:
     decision_marks: bool = True
     # A request of a conversation runs in its conversation's turn.
     conversation_turns: bool = True
+    # A request a client started with its kind and first stage is listed by them until its next listing.
+    stage_listed_at_start: bool = True
 
 
 # The fields of every change recorded under ``LIFECYCLE_2027_01``: off for executions recorded before it.
@@ -97,6 +101,7 @@ SINCE_2027_01 = (
     "named_hook_activities",
     "decision_marks",
     "conversation_turns",
+    "stage_listed_at_start",
 )
 
 

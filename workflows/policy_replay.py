@@ -36,7 +36,9 @@ BATCHES_PER_RUN = 200
 # The candidate's factory could not build it: the replay fails with this type.
 CANDIDATE_UNAVAILABLE = "CandidatePipelineUnavailable"
 BATCH_TIMEOUT = timedelta(minutes=10)
-BATCH_HEARTBEAT = timedelta(seconds=60)  # one record's hooks run between heartbeats
+# A batch heartbeats in the background while its records' hooks run: a batch whose worker died is run
+# again elsewhere within this long.
+BATCH_HEARTBEAT = timedelta(seconds=5)
 
 
 def policy_replay_workflow_id(replay_id: str) -> str:

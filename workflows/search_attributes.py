@@ -1,6 +1,6 @@
 """The search attributes a request sets so operators can find it (``temporal workflow list --query``)."""
 
-from temporalio.common import SearchAttributeKey
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 LIFECYCLE_STAGE = SearchAttributeKey.for_keyword("AgentLifecycleStage")
 AWAITING_REVIEW = SearchAttributeKey.for_bool("AgentAwaitingReview")
@@ -17,6 +17,19 @@ KIND_REVIEW_NOTIFICATION = "review_notification"
 KIND_LEASE_KEEPER = "lease_keeper"
 KIND_CONVERSATION = "conversation"
 ALL = (LIFECYCLE_STAGE, AWAITING_REVIEW, WORKFLOW_KIND)
+# The stage a request is in from its start: resolving its hook pipeline.
+STAGE_AT_START = "resolve_pipeline"
+
+
+def listed_at_start(kind: str = KIND_REQUEST) -> TypedSearchAttributes:
+    """The search attributes to start a request with: its kind and first stage. A request started with
+    them is listed from its start and costs no upsert to be found; its later stages are listed as the
+    stage listing delay says."""
+    return TypedSearchAttributes(
+        [SearchAttributePair(WORKFLOW_KIND, kind), SearchAttributePair(LIFECYCLE_STAGE, STAGE_AT_START)]
+    )
+
+
 # The visibility query of a reviewer's inbox.
 AWAITING_REVIEW_QUERY = (
     "WorkflowType = 'RequestLifecycle' AND AgentAwaitingReview = true AND ExecutionStatus = 'Running'"

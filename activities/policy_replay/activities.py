@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeat import heartbeating, report_progress
 from storage.executions import ExecutionStore
 from storage.replays import ReplayReportStore
 from workflows.models import ListRecordsInput, ListRecordsOutput, ReplayBatchInput, ReplayBatchOutput, RequestReplay
@@ -80,6 +81,7 @@ class PolicyReplayActivities:
         return ListRecordsOutput(total=len(keys), batches=len(batches))
 
     @activity.defn(name=REPLAY_BATCH_ACTIVITY)
+    @heartbeating
     async def replay_policy_batch(self, batch: ReplayBatchInput) -> ReplayBatchOutput:
         """Replay each record of the batch in shadow; write the batch's findings; return its counts. A
         record gone meanwhile (expired) is skipped."""
@@ -89,7 +91,7 @@ class PolicyReplayActivities:
 
         async def one(index: int, workflow_id: str, run_id: str) -> RequestReplay | None:
             async with slots:
-                activity.heartbeat(index)
+                report_progress(index)
                 record = await self.store.get_run(workflow_id, run_id)
                 return None if record is None else await evaluator.evaluate(record)
 
