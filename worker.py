@@ -42,6 +42,7 @@ from hooks.contracts import hook_option
 from storage.replays import ReplayReportStore
 from workflows import WORKFLOWS
 from workflows.local_payloads import LocalPayloadsInline
+from workflows.policy_replay import replay_batch_queue
 
 logger = logging.getLogger("worker")
 
@@ -146,6 +147,24 @@ def build_worker(
     )
 
 
+def build_replay_worker(
+    client: Client, task_queue: str, replay: PolicyReplayActivities, *, batches: int, **options: Any
+) -> Worker:
+    """The worker of ``PolicyReplay``'s batches, beside the one of ``task_queue``: their own task queue
+    (``workflows.policy_replay.replay_batch_queue``) and at most ``batches`` at once. A batch is CPU work in
+    this process (every record's hooks judged), so a few at a time keep a core busy; the rest wait on the
+    server for any worker with a free batch slot — a replay spreads over the workers, and never takes the
+    slots requests run in."""
+    return Worker(
+        client,
+        task_queue=replay_batch_queue(task_queue),
+        activities=replay.activities(),
+        max_concurrent_activities=batches,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        **options,
+    )
+
+
 async def prepare(client: Client, settings: Settings, activities: LifecycleActivities) -> None:
     """What a process does before it serves requests: register the lifecycle search attributes (or
     learn they cannot be), so requests set them and a reviewer's inbox can find waiting requests."""
@@ -176,14 +195,16 @@ async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool)
     )
     async with temporal_client(settings, dev=dev) as client:
         await prepare(client, settings, activities)
+        replay = policy_replay_activities(settings, activities)
         worker = build_worker(
             client,
             settings.task_queue,
             activities,
-            replay=policy_replay_activities(settings, activities),
+            replay=replay,
             sandboxed=settings.workflow_sandbox,
             **settings.worker_options(),
         )
+        replay_worker = build_replay_worker(client, settings.task_queue, replay, batches=settings.worker_replay_batches)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -198,7 +219,7 @@ async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool)
         if dev:
             print(f"Temporal UI: {settings.ui_url}/workflows")
         try:
-            async with worker:
+            async with worker, replay_worker:
                 await stop.wait()
         finally:
             await activities.aclose()  # MCP servers started over stdio and model clients end with the worker

@@ -201,7 +201,7 @@ async def _reviewer(client: Client, queue_ids: set[str], figures: Figures, stop:
 
 async def _review_events(client: Client, workflow_id: str, latency: float, sent: float) -> dict[str, Any]:
     """What a slow review's request did between the update's send and its acceptance (offsets in s)."""
-    from temporalio.api.enums.v1 import EventType
+    from temporalio.api.enums.v1 import EventType, TaskQueueKind
 
     history = await client.get_workflow_handle(workflow_id).fetch_history()
     events = []
@@ -212,7 +212,7 @@ async def _review_events(client: Client, workflow_id: str, latency: float, sent:
             queue = ""
             if event.HasField("workflow_task_scheduled_event_attributes"):
                 kind = event.workflow_task_scheduled_event_attributes.task_queue.kind
-                queue = " (sticky)" if kind == 2 else " (normal)"
+                queue = " (sticky)" if kind == TaskQueueKind.TASK_QUEUE_KIND_STICKY else " (normal)"
             events.append(f"{at:+.1f} {name}{queue}")
     return {"workflow_id": workflow_id, "latency_s": round(latency, 2), "events": events}
 

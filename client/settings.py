@@ -508,6 +508,14 @@ class Settings(BaseModel):
         description="how long a workflow task waits for the worker that has it cached before any worker may "
         "take it (after a crash, the dead worker's requests resume that much later)",
     )
+    worker_replay_batches: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        validation_alias="AGENT_WORKER_REPLAY_BATCHES",
+        description="policy-replay batches one worker runs at once, on their own task queue (CPU work: a "
+        "replay spreads over the workers)",
+    )
     worker_threads: int = Field(
         default=64,
         ge=1,

@@ -134,7 +134,7 @@ def _unchanged(before: dict[str, Any], after: dict[str, Any]) -> None:
 async def test_a_stricter_allow_list_reports_exactly_the_requests_it_would_block_and_changes_no_row(
     client: Client, backend, tmp_path: Path, leftovers: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from worker import build_worker, policy_replay_activities
+    from worker import build_replay_worker, build_worker, policy_replay_activities
 
     settings = _settings(client, tmp_path, backend.url)
     activities = recorded(settings)
@@ -145,7 +145,10 @@ async def test_a_stricter_allow_list_reports_exactly_the_requests_it_would_block
     hits = Webhook()
     replay_pipelines.HTTP_HOOK_URL = hits.url
     try:
-        async with build_worker(client, settings.task_queue, activities, replay=replay):
+        async with (
+            build_worker(client, settings.task_queue, activities, replay=replay),
+            build_replay_worker(client, settings.task_queue, replay, batches=2),
+        ):
             ids = await _record_traffic(client, settings, leftovers)
             before = await _settled(settings)
 
@@ -306,5 +309,50 @@ async def test_a_worker_killed_mid_replay_is_replaced_and_the_report_is_whole(
         and e.activity_task_started_event_attributes.attempt > 1
     ]
     assert timed_out or retried
+    replayer = Replayer(workflows=[PolicyReplayWorkflow], data_converter=client.data_converter)
+    await replayer.replay_workflow(history)
+
+
+async def test_a_replay_spreads_its_batches_over_the_workers_on_their_own_queue(
+    client: Client, tmp_path: Path, leftovers: list
+) -> None:
+    # Batches run on the batch queue, where each worker takes at most its batch slots: with one slot each,
+    # two workers share a wave of two batches, and the request queue's worker runs none of them.
+    from worker import build_replay_worker, build_worker, policy_replay_activities
+
+    settings = _settings(client, tmp_path, None)
+    activities = recorded(settings)
+    replay = policy_replay_activities(settings, activities)
+    # Two worker processes, as far as the server can tell: a connection each.
+    other = await Client.connect(
+        client.service_client.config.target_host, namespace=client.namespace, data_converter=client.data_converter
+    )
+    async with (
+        build_worker(client, settings.task_queue, activities, replay=replay),
+        build_replay_worker(client, settings.task_queue, replay, batches=1, identity="replay-a"),
+        build_replay_worker(other, settings.task_queue, replay, batches=1, identity="replay-b"),
+    ):
+        await _record_traffic(client, settings, leftovers)
+        handle = await start_policy_replay(
+            client, settings, f"{PIPELINES}:slow", ReplayWindow(), batch_size=1, parallel_batches=2
+        )
+        result = await handle.result()
+        history = await handle.fetch_history()
+
+    assert result.replayed == len(TRAFFIC)
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    }
+    batches = {i for i, a in scheduled.items() if a.activity_type.name == policy_replay.REPLAY_BATCH_ACTIVITY}
+    assert {scheduled[i].task_queue.name for i in batches} == {policy_replay.replay_batch_queue(settings.task_queue)}
+    ran_on = {
+        e.activity_task_started_event_attributes.identity
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        and e.activity_task_started_event_attributes.scheduled_event_id in batches
+    }
+    assert ran_on == {"replay-a", "replay-b"}
     replayer = Replayer(workflows=[PolicyReplayWorkflow], data_converter=client.data_converter)
     await replayer.replay_workflow(history)

@@ -41,14 +41,28 @@ BATCH_TIMEOUT = timedelta(minutes=10)
 BATCH_HEARTBEAT = timedelta(seconds=5)
 
 
+# Batches run on a task queue of their own beside the workers' (``replay_batch_queue``): each worker serves
+# it with a few slots of its own (``AGENT_WORKER_REPLAY_BATCHES``), so a replay's batches spread over the
+# workers instead of filling the first one's request slots. Replays recorded before kept every batch on
+# the workers' own queue.
+BATCH_QUEUE_PATCH = "policy-replay-batch-queue"
+BATCH_QUEUE_SUFFIX = "-policy-replay"
+
+
 def policy_replay_workflow_id(replay_id: str) -> str:
     return f"policy-replay/{replay_id}"
+
+
+def replay_batch_queue(task_queue: str) -> str:
+    """The task queue of the replay batches of the workers polling ``task_queue``."""
+    return f"{task_queue}{BATCH_QUEUE_SUFFIX}"
 
 
 @workflow.defn(name=POLICY_REPLAY_WORKFLOW_TYPE)
 class PolicyReplayWorkflow:
     def __init__(self) -> None:
         self._progress: ReplayProgress | None = None
+        self._batch_queue: str | None = None  # None: the workflow's own task queue
 
     @workflow.query(name="progress")
     def progress(self) -> ReplayProgress:
@@ -56,6 +70,8 @@ class PolicyReplayWorkflow:
 
     @workflow.run
     async def run(self, replay: PolicyReplayInput) -> PolicyReplayResult:
+        if workflow.patched(BATCH_QUEUE_PATCH):
+            self._batch_queue = replay_batch_queue(workflow.info().task_queue)
         progress = self._progress = ReplayProgress(
             replay_id=replay.replay_id,
             replayed=replay.replayed,
@@ -120,6 +136,7 @@ class PolicyReplayWorkflow:
             REPLAY_BATCH_ACTIVITY,
             ReplayBatchInput(replay_id=replay.replay_id, pipeline=replay.pipeline, batch=index),
             result_type=ReplayBatchOutput,
+            task_queue=self._batch_queue,
             start_to_close_timeout=BATCH_TIMEOUT,
             heartbeat_timeout=BATCH_HEARTBEAT,
             retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=[CANDIDATE_UNAVAILABLE]),
