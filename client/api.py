@@ -486,8 +486,10 @@ async def review(
     declined: Sequence[str] = (),
 ) -> ReviewAck:
     """Decide a checkpoint through the ``review`` update (validated, acknowledged): the one named, or the
-    oldest pending; an approval may decline some of its calls. A refused review raises
-    ``WorkflowUpdateFailedError``; no pending checkpoint, :class:`NoPendingCheckpoint`."""
+    oldest pending; an approval may decline some of its calls. The request is put first (:func:`put_first`)
+    before anything is asked of it. A refused review raises ``WorkflowUpdateFailedError``; no pending
+    checkpoint, :class:`NoPendingCheckpoint`."""
+    await put_first(client, workflow_id)
     if checkpoint_id is None:
         checkpoint = await pending_checkpoint(client, workflow_id)
         if checkpoint is None:
@@ -496,7 +498,6 @@ async def review(
     request = ReviewRequest(
         checkpoint_id=checkpoint_id, reviewer=reviewer, decision=decision, comment=comment, declined=list(declined)
     )
-    await put_first(client, workflow_id)
     return await client.get_workflow_handle(workflow_id).execute_update("review", request, result_type=ReviewAck)
 
 
