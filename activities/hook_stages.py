@@ -52,7 +52,7 @@ from workflows.models import (
     Stage,
     json_size,
 )
-from workflows.stages import HOOK_BATCH_ACTIVITY, STAGES, ResultRejected, StageSpec, hook_stage_of, next_call
+from workflows.stages import HOOK_BATCH_ACTIVITY, STAGES, ResultRejected, StageSpec, hands_on, hook_stage_of, next_call
 from workflows.support import BATCH_TIMEOUT, NON_RETRYABLE_HOOK_FAILURES, hook_retry_delay
 
 from . import telemetry
@@ -208,11 +208,26 @@ class HookStageActivities(abc.ABC):
         activity would (its span, its checks, its outcome), with its own timeout and attempts. Each hook
         after the first receives the stage as the previous one left it (``workflows.stages.next_call``).
         Stops after a hook that failed on its last attempt, or whose outcome only the workflow can carry
-        on from; the workflow runs the rest."""
-        spec = STAGES[batch.stage]
-        planned = [spec.call.model_validate(call) for call in batch.calls]
+        on from; the workflow runs the rest. Where the workflow sent the hooks of the stages that follow
+        (``batch.ahead``), runs on into each while the stages before it left the run as it was
+        (``workflows.stages.hands_on``)."""
+        entries, ran_on = await self._run_stage(batch.stage, batch.calls)
+        outcome = HookBatchOutcome(entries=entries)
+        for segment in batch.ahead:
+            if not ran_on:
+                break
+            entries, ran_on = await self._run_stage(segment.stage, segment.calls)
+            outcome.ahead.append(entries)
+        return self.bounded_result(outcome, f"{batch.stage.value} batch")
+
+    async def _run_stage(self, stage: Stage, calls: Sequence[Any]) -> tuple[list[HookBatchEntry], bool]:
+        """One stage's hooks of a batch, in order: their entries, and whether the batch may run on into
+        the next stage (every hook ran and left the run as it was)."""
+        spec = STAGES[stage]
+        planned = [spec.call.model_validate(call) for call in calls]
         entries: list[HookBatchEntry] = []
-        call: HookCall | None = planned[0]
+        ran: list[tuple[HookCall, HookOutcome]] = []
+        call: HookCall | None = planned[0] if planned else None
         for index, _ in enumerate(planned):
             if call is None:
                 break
@@ -227,10 +242,13 @@ class HookStageActivities(abc.ABC):
                     duration_ms=round((time.monotonic() - started) * 1000.0, 3),
                 )
             )
-            if outcome is None or index + 1 == len(planned):
+            if outcome is None:
+                break
+            ran.append((call, outcome))
+            if index + 1 == len(planned):
                 break
             call = next_call(spec, call, outcome, planned[index + 1])
-        return self.bounded_result(HookBatchOutcome(entries=entries), f"{batch.stage.value} batch")
+        return entries, len(ran) == len(planned) and hands_on(spec, ran)
 
     async def invoke_stage(self, spec: StageSpec, call: HookCall) -> HookOutcome:
         """The body of every stage activity: call the stage's method with what the stage passes it, and

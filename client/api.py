@@ -50,7 +50,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows import WORKFLOW_TYPE, data_converter, story
+from workflows import WORKFLOW_TYPE, data_converter, patches, story
 from workflows import search_attributes as sa
 from workflows.decisions import REQUEST_ID_CONFLICT
 from workflows.models import (
@@ -373,6 +373,7 @@ async def start_request(
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             search_attributes=attributes,
+            memo=patches.start_memo(),  # this version's workers run it without a patch marker
         )
 
     try:

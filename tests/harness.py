@@ -40,7 +40,7 @@ from workflows.models import (
     Stage,
     StageSettings,
 )
-from workflows.stages import HOOK_BATCH_ACTIVITY, STAGES, hook_stage_of
+from workflows.stages import HOOK_BATCH_ACTIVITY, STAGE_SEPARATOR, STAGES, hook_stage_of
 
 HOOK_ACTIVITY_TYPES = {"before_planning_hook", "after_planning_hook", "after_execution_hook", "after_synthesis_hook"}
 
@@ -68,22 +68,27 @@ def _is_batch(marker: Any) -> bool:
 
 def _batched_invocations(marker: Any, summary: str | None, recorded: str) -> list[ScheduledActivity]:
     """The hook invocations one batch marker records, from its result: ``<stage> · <hook>`` each, with
-    the step suffix of the batch's summary."""
+    the step suffix of the batch's summary — the hooks of each later stage the batch ran on into
+    (``<stage> · <hooks> → <stage> · <hooks>``) after the first stage's."""
     if "result" not in marker.details or summary is None:
         return []
     batch = data_converter.payload_converter.from_payloads(marker.details["result"].payloads, [HookBatchOutcome])[0]
-    stage, _, rest = summary.partition(" · ")
-    step = rest.rsplit(" · ", 1)[1] if rest.count(" · ") else None
-    return [
-        ScheduledActivity(
-            STAGES[Stage(stage)].activity,
-            f"{stage} · {entry.hook}" + (f" · {step}" if step else ""),
-            local=True,
-            batched=True,
-            recorded_type=None if recorded == HOOK_BATCH_ACTIVITY else recorded,
-        )
-        for entry in batch.entries
-    ]
+    parts = summary.split(STAGE_SEPARATOR)
+    found = []
+    for part, entries in zip(parts, [batch.entries, *batch.ahead], strict=False):
+        stage, _, rest = part.partition(" · ")
+        step = rest.rsplit(" · ", 1)[1] if rest.count(" · ") else None
+        found += [
+            ScheduledActivity(
+                STAGES[Stage(stage)].activity,
+                f"{stage} · {entry.hook}" + (f" · {step}" if step else ""),
+                local=True,
+                batched=True,
+                recorded_type=None if recorded == HOOK_BATCH_ACTIVITY else recorded,
+            )
+            for entry in entries
+        ]
+    return found
 
 
 @dataclass

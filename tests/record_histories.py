@@ -160,6 +160,28 @@ MODEL_SCENARIO = "model_plans_and_streams_its_answer"
 # Added with the planner's own answer: the model's text turn is the draft, no synthesis call; the answer
 # reaches a streaming client at the end.
 PLANNER_ANSWER_SCENARIO = "model_answers_in_its_own_turn"
+# Added with stamped starts and stages run on: started as the client starts a request (no patch marker),
+# the hooks of after_planning, after_execution, after_synthesis and after_answer after the model's text
+# answer in one local activity.
+ANSWER_STAGES_SCENARIO = "model_answer_stages_in_one_local_activity"
+
+
+class TailAudit:
+    """An in-process hook at every stage after a planning turn that leaves each as it was."""
+
+    name = "tail-audit"
+
+    async def after_planning(self, ctx, plan):
+        return plan
+
+    async def after_execution(self, ctx, execution):
+        return None
+
+    async def after_synthesis(self, ctx, response):
+        return response
+
+    async def after_answer(self, ctx, answer):
+        return None
 
 
 async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO) -> None:
@@ -169,11 +191,13 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
     from activities.tools import ToolRegistry
     from client.api import answer_chunks
     from demo.tools import demo_tools
+    from workflows import patches
     from workflows.models import StageSettings
 
     from . import openai_server as ai
 
-    planner_answers = name == PLANNER_ANSWER_SCENARIO
+    planner_answers = name in (PLANNER_ANSWER_SCENARIO, ANSWER_STAGES_SCENARIO)
+    hooks = [TailAudit()] if name == ANSWER_STAGES_SCENARIO else ()
     async with ai.OpenAIServer() as server:
         quote = function_name("demo-tools/stock-service/stock_quote")
         server.push(ai.tool_calls((quote, {"symbol": "ACME"})))
@@ -185,11 +209,20 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
         planner = OpenAIPlanner(model, ToolRegistry(demo_tools(state)))
         settings = StageSettings(dedicated_synthesis=not planner_answers)
         async with Harness(
-            client, state, planner=planner, synthesizer=OpenAISynthesizer(model), settings=settings
+            client, state, planner=planner, synthesizer=OpenAISynthesizer(model), settings=settings, hooks=hooks
         ) as h:
-            handle = await h.start(
-                {"request": "What is the price of ACME?", "stream_answer": True}, workflow_id=f"history-{name}"
-            )
+            if name == ANSWER_STAGES_SCENARIO:  # as the project's client starts a request
+                handle = await client.start_workflow(
+                    "RequestLifecycle",
+                    {"request": "What is the price of ACME?", "stream_answer": True},
+                    id=f"history-{name}",
+                    task_queue=h.task_queue,
+                    memo=patches.start_memo(),
+                )
+            else:
+                handle = await h.start(
+                    {"request": "What is the price of ACME?", "stream_answer": True}, workflow_id=f"history-{name}"
+                )
             chunks = [chunk async for chunk in answer_chunks(client, handle.id)]
             out = await h.finish(handle)
     assert out.failure is None and len(chunks) == (1 if planner_answers else 13) and chunks[-1].final, (
@@ -325,7 +358,7 @@ async def main(rewrite_all: bool) -> None:
         with tempfile.TemporaryDirectory() as state:
             async with subagent_harness(env.client, Path(state)) as h:
                 await record(h, SUBAGENT_SCENARIOS, rewrite_all, succeeded)
-        for name in (MODEL_SCENARIO, PLANNER_ANSWER_SCENARIO):
+        for name in (MODEL_SCENARIO, PLANNER_ANSWER_SCENARIO, ANSWER_STAGES_SCENARIO):
             if rewrite_all or not (HISTORIES / f"{name}.json").exists():
                 with tempfile.TemporaryDirectory() as state:
                     await record_model_scenario(env.client, Path(state), name)

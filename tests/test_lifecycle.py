@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from client.api import start_request
 from client.settings import Settings
 from demo.pipeline import demo_hooks
 from workflows import patches as patch_names
@@ -124,3 +129,60 @@ async def test_a_new_execution_records_one_patch_and_its_stage_once_per_wait(cli
     stages = [fields["AgentLifecycleStage"].data.decode() for fields in upserted if "AgentLifecycleStage" in fields]
     # Where it waits: the plan, the audit hook's detached child, then synthesis; and the end.
     assert stages == ['"planning"', '"executing"', '"after_execution"', '"synthesizing"', '"completed"'], stages
+
+
+def patch_markers(events) -> list[str]:
+    """The patches a history recorded, by name."""
+    return [
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
+        for e in events
+        if e.HasField("marker_recorded_event_attributes")
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+
+
+def change_version_upserts(events) -> int:
+    return sum(
+        1
+        for e in events
+        if e.HasField("upsert_workflow_search_attributes_event_attributes")
+        and "TemporalChangeVersion"
+        in e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+    )
+
+
+async def test_a_request_started_through_the_client_records_no_patch_and_replays(client, tmp_path):
+    """The client starts a request with this version's stamp in its memo: a worker that knows the stamp
+    runs it without the patch marker and the SDK's upsert that comes with it; its history replays."""
+    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
+        settings = Settings(task_queue=h.task_queue, state_dir=tmp_path)
+        handle = await start_request(client, settings, "What is the price of ACME?", metadata={"cache": "bypass"})
+        result = await handle.result()
+        history = await handle.fetch_history()
+        h.histories.append(history)  # replayed when the harness closes
+
+    assert result.response
+    assert await (await handle.describe()).memo_value(patch_names.STARTED_AS) == patch_names.LATEST
+    assert patch_markers(history.events) == [] and change_version_upserts(history.events) == 0
+
+
+@pytest.mark.parametrize("memo", ["ignored", "newer"])
+async def test_a_stamped_request_a_worker_ran_with_a_patch_replays_on_the_branch_it_recorded(
+    client, tmp_path, monkeypatch, memo
+):
+    """A worker that did not honour the stamp (one from before it), or a stamp of a version the worker
+    does not know, records the patch as any unstamped request does; a worker that knows the stamp replays
+    that history on the branch the patch says, not on the stamp's word."""
+    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
+        settings = Settings(task_queue=h.task_queue, state_dir=tmp_path)
+        with monkeypatch.context() as patched:
+            if memo == "ignored":
+                patched.setattr(patch_names, "_started_as_latest", lambda: False)
+            else:
+                patched.setattr(patch_names, "start_memo", lambda: {patch_names.STARTED_AS: "lifecycle-2099-01"})
+            handle = await start_request(client, settings, "What is the price of ACME?", metadata={"cache": "bypass"})
+            await handle.result()
+        history = await handle.fetch_history()
+        h.histories.append(history)  # replayed, with the stamp honoured, when the harness closes
+
+    assert patch_markers(history.events) == [patch_names.LATEST] and change_version_upserts(history.events) == 1

@@ -18,7 +18,9 @@ from client.api import answer_chunks
 from demo.tools import demo_tools, quote_price
 from hooks import PipelineHook
 from hooks.builtin.secret_redaction import SecretRedactionHook
+from workflows import data_converter
 from workflows.models import AnswerChunk, FailurePolicy, RequestStatus, StageSettings
+from workflows.stages import STAGE_SEPARATOR, hook_stage_of
 
 from . import openai_server as ai
 from .harness import Harness, Outcome
@@ -269,3 +271,172 @@ async def test_cancelling_a_request_cancels_the_model_call_in_flight(client, tmp
     assert outcome.failure is not None and outcome.record is not None
     assert outcome.record.status is RequestStatus.CANCELLED
     assert "execute_tool_step" not in outcome.activity_types()
+
+
+# --------------------------------------------------------------------------------------------------
+# The stages after a text answer: one local activity while each leaves the run as it was
+# --------------------------------------------------------------------------------------------------
+
+
+class Tail(PipelineHook):
+    """Implements every stage after a planning turn; keeps what each invocation saw. With ``count``, it
+    also changes its private state at each one (so no stage leaves the run as it was)."""
+
+    def __init__(self, name: str, *, count: bool = False) -> None:
+        self.name = name
+        self.count = count
+        self.seen: list[tuple[str, object, int]] = []
+
+    def _saw(self, stage: str, subject: object, ctx) -> None:
+        self.seen.append((stage, subject, ctx.state.get("n", 0)))
+        if self.count:
+            ctx.state["n"] = ctx.state.get("n", 0) + 1
+
+    async def after_planning(self, ctx, plan):
+        self._saw("after_planning", (ctx.plan_phase, len(plan.steps), plan.answer), ctx)
+        return plan
+
+    async def after_execution(self, ctx, execution):
+        self._saw("after_execution", [s.status.value for s in execution.steps], ctx)
+
+    async def after_synthesis(self, ctx, response):
+        self._saw("after_synthesis", response, ctx)
+        return response
+
+    async def after_answer(self, ctx, answer):
+        self._saw("after_answer", answer.text, ctx)
+
+
+def hook_markers(outcome: Outcome) -> list[tuple[str, list[str]]]:
+    """Each local activity marker of in-process hooks, in order: its type, and the stages whose hooks it
+    ran (from its result)."""
+    converter = data_converter.payload_converter
+    found = []
+    for event in outcome.history.events:
+        attrs = event.marker_recorded_event_attributes
+        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED or "data" not in attrs.details:
+            continue
+        recorded = converter.from_payloads(attrs.details["data"].payloads)[0]["activity_type"]
+        if hook_stage_of(recorded) is None:
+            continue
+        result = converter.from_payloads(attrs.details["result"].payloads)[0]
+        ran = [recorded.split(":")[0]]
+        if isinstance(result, dict) and "entries" in result:
+            parts = [part.split(":")[0] for part in recorded.split(STAGE_SEPARATOR)]
+            ran = [
+                stage
+                for stage, entries in zip(parts, [result["entries"], *result.get("ahead", [])], strict=False)
+                if entries
+            ]
+        found.append((recorded, ran))
+    return found
+
+
+def run_on_types(outcome: Outcome) -> list[str]:
+    """The local activity types that offered the hooks of more than one stage."""
+    return [recorded for recorded, _ in hook_markers(outcome) if STAGE_SEPARATOR in recorded]
+
+
+async def test_the_stages_after_a_text_answer_run_in_one_local_activity_and_each_hook_is_recorded_at_its_stage(
+    client, tmp_path, server, spans
+):
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
+    audit, second = Tail("audit"), Tail("second")
+    async with model_harness(client, tmp_path, server, hooks=[audit, second], dedicated_synthesis=False) as h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.result is not None and outcome.result.response == "ACME is up.", outcome.failure
+    tail = "audit + second"
+    assert run_on_types(outcome) == [
+        f"after_planning:{tail} → after_execution:{tail} → after_synthesis:{tail} → after_answer:{tail}"
+    ]
+    assert hook_markers(outcome)[-1][1] == ["after_planning", "after_execution", "after_synthesis", "after_answer"]
+    # Each hook saw what it would have seen had each stage run on its own.
+    assert audit.seen == [
+        ("after_planning", (1, 1, None), 0),
+        ("after_planning", (2, 0, "ACME is up."), 0),
+        ("after_execution", ["succeeded"], 0),
+        ("after_synthesis", "ACME is up.", 0),
+        ("after_answer", "ACME is up.", 0),
+    ]
+    assert second.seen == audit.seen
+    # Every invocation is its own entry, at its own stage and sequence, with its decision.
+    record = outcome.record
+    assert record is not None and not record.diagnostics
+    tail_entries = [(i.stage.value, i.hook, i.sequence) for i in record.pipeline_hooks][2:]
+    assert tail_entries == [
+        (stage, hook, n)
+        for stage in ("after_planning", "after_execution", "after_synthesis", "after_answer")
+        for n, hook in enumerate(("audit", "second"), start=1)
+    ]
+    assert all(i.decision is not None and i.outcome.value == "succeeded" for i in record.pipeline_hooks)
+    assert [h.summary for h in outcome.scheduled if h.batched][-8:] == [
+        f"{stage} · {hook}"
+        for stage in ("after_planning", "after_execution", "after_synthesis", "after_answer")
+        for hook in ("audit", "second")
+    ]
+    names = [s.name for s in spans.get_finished_spans() if s.name.startswith("pipeline.hook.after_answer.")]
+    assert sorted(names) == ["pipeline.hook.after_answer.audit", "pipeline.hook.after_answer.second"]
+
+
+async def test_a_stage_that_changes_the_run_hands_the_next_stage_back_to_the_workflow(client, tmp_path, server):
+    # The counter changes its private state at every stage: each stage runs on its own, and each sees
+    # what the stage before left.
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
+    counter = Tail("counter", count=True)
+    async with model_harness(client, tmp_path, server, hooks=[counter], dedicated_synthesis=False) as h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.result is not None, outcome.failure
+    # Each activity was offered the stages after its own, and ran only its own: the record says which.
+    assert [ran for _, ran in hook_markers(outcome)] == [
+        ["after_planning"],
+        ["after_planning"],
+        ["after_execution"],
+        ["after_synthesis"],
+        ["after_answer"],
+    ]
+    assert run_on_types(outcome)[0] == (
+        "after_planning:counter → after_execution:counter → after_synthesis:counter → after_answer:counter"
+    )
+    assert [(stage, n) for stage, _, n in counter.seen] == [
+        ("after_planning", 0),
+        ("after_planning", 1),
+        ("after_execution", 2),
+        ("after_synthesis", 3),
+        ("after_answer", 4),
+    ]
+    assert outcome.record is not None and not outcome.record.diagnostics
+
+
+async def test_an_answer_rewritten_at_after_synthesis_reaches_after_answer_as_rewritten(client, tmp_path, server):
+    answer = "ACME is up; key sk-live-0123456789abcdefghij."
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer(answer))
+    audit = Tail("audit")
+    async with model_harness(
+        client, tmp_path, server, hooks=[audit, SecretRedactionHook()], dedicated_synthesis=False
+    ) as h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.result is not None, outcome.failure
+    response = outcome.result.response
+    assert "sk-live-" not in response
+    # after_planning ran on into after_execution and after_synthesis; the redaction changed the answer,
+    # so after_answer ran on its own, on the redacted answer.
+    assert [ran for _, ran in hook_markers(outcome)][-2:] == [
+        ["after_planning", "after_execution", "after_synthesis"],
+        ["after_answer"],
+    ]
+    assert audit.seen[-1] == ("after_answer", response, 0)
+    assert audit.seen[-2] == ("after_synthesis", answer, 0)
+
+
+async def test_after_synthesis_runs_on_into_after_answer_after_a_synthesis_call(client, tmp_path, server):
+    server.push(ai.answer("Nothing to call."), ai.answer("A fine answer."))
+    audit = Tail("audit")
+    async with model_harness(client, tmp_path, server, hooks=[audit]) as h:
+        outcome = await h.run("Say something")
+
+    assert outcome.result is not None and outcome.result.response == "A fine answer.", outcome.failure
+    assert run_on_types(outcome) == ["after_synthesis:audit → after_answer:audit"]
+    assert audit.seen[-2:] == [("after_synthesis", "A fine answer.", 0), ("after_answer", "A fine answer.", 0)]

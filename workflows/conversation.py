@@ -37,6 +37,7 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    from . import patches
     from .models import (
         DONE_TURNS_KEPT,
         INVALID_TURN,
@@ -249,6 +250,7 @@ class ConversationWorkflow:
                 result_type=RequestResult,
                 parent_close_policy=workflow.ParentClosePolicy.REQUEST_CANCEL,
                 static_summary=f"turn {entry.turn} of {self._id}",
+                memo=patches.start_memo(),
             )
         except ChildWorkflowError as err:
             if isinstance(err.cause, CancelledError):

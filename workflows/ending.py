@@ -80,6 +80,7 @@ class RunEnding:
     ) -> None:
         """Managed-lease cleanup (renewal joined first), finalizers, then the terminal record."""
         state = self._state
+        self._runner.unreached()
         try:
             await self._release_leases(exit)
             cache = cache_verdict(state.record, state.manifest.tools, exit, state.synthesized)

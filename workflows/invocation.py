@@ -13,7 +13,7 @@ result, and at a finalizer stage any failure is a diagnostic. Workflow code only
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,7 +35,9 @@ with workflow.unsafe.imports_passed_through():
         DetachedWork,
         Diagnostic,
         HookBatchCall,
+        HookBatchEntry,
         HookBatchOutcome,
+        HookBatchSegment,
         HookCall,
         HookChain,
         HookDecision,
@@ -49,7 +51,15 @@ with workflow.unsafe.imports_passed_through():
     )
     from .run_state import RunState
     from .scheduling import Scheduler
-    from .stages import HOOK_BATCH_ACTIVITY, Fold, StageSpec, hook_activity_type
+    from .stages import (
+        HOOK_BATCH_ACTIVITY,
+        STAGE_SEPARATOR,
+        STAGES,
+        Fold,
+        StageSpec,
+        hook_activity_type,
+        stages_activity_type,
+    )
     from .support import (
         HOOK_RETRY_BACKOFF,
         HOOK_RETRY_INITIAL_INTERVAL,
@@ -70,6 +80,8 @@ _MARKED = {
     DecisionAction.TERMINATE: "ended the request",
 }
 DECISION_MARK = timedelta(milliseconds=1)
+# The diagnostic of a hook a local activity ran ahead for a stage the run reached changed, or never reached.
+STALE_RUN_AHEAD = "StaleRunAhead"
 # What the workflow does with each outcome besides folding it: (hook, outcome, subject before, the fold).
 OnOutcome = Callable[[HookEntry, Any, Any, Fold], None]
 _Result = tuple[HookEntry, Any, InvocationFailure | None]
@@ -96,6 +108,27 @@ class StageRun:
         return self.ended_by is not None
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """A stage the run goes on to with nothing between, if the stage before leaves the run as it is:
+    ``subject`` is what its hooks would then work on. Its in-process hooks may run in the same local
+    activity as the stage before (see :meth:`HookRunner.run`)."""
+
+    stage: Stage
+    subject: Any
+    plan_phase: int | None = None
+
+
+@dataclass
+class _RanAhead:
+    """What a local activity ran of a later stage's hooks: the calls the workflow built for them, their
+    entries, and when the first of them started."""
+
+    calls: list[HookCall]
+    entries: list[HookBatchEntry]
+    started: datetime
+
+
 @dataclass
 class ChainClock:
     """The time each chain has spent in one run of a stage (one occurrence of its event), in workflow time:
@@ -117,6 +150,7 @@ class HookRunner:
         self._state = state
         self._scheduler = scheduler
         self._listing = listing
+        self._ran_ahead: dict[Stage, _RanAhead] = {}  # later stages' hooks a local activity already ran
 
     async def run(
         self,
@@ -128,6 +162,7 @@ class HookRunner:
         step: PlanStep | None = None,
         plan_phase: int | None = None,
         refresh: Callable[[Any], Any] | None = None,
+        ahead: Sequence[Ahead] = (),
         **extras: Any,
     ) -> StageRun:
         """Run ``spec``'s hooks (``hooks``, or every participant) in order on ``subject``: each call is
@@ -136,7 +171,14 @@ class HookRunner:
         handed to ``on_outcome``, and an outcome that ends the stage ends the run of hooks. A failed
         invocation is handled as its decision says (see the module docstring). Consecutive in-process
         hooks run in one local activity (see :meth:`_invoke_batch`); their outcomes are folded in the
-        same way, one by one."""
+        same way, one by one.
+
+        ``ahead``: the stages the caller goes on to with nothing between when this one leaves the run as
+        it is. The local activity that runs this stage's last in-process hooks then runs theirs too, in
+        order, while each stage leaves the run as it found it (``workflows.stages.hands_on``): one
+        workflow activation and one marker for several stages. Each of their invocations is recorded,
+        decided and marked when the workflow reaches its stage, exactly as if it ran then, once the calls
+        the workflow builds there are found equal to those the activity ran."""
         state = self._state
         participants = state.manifest.participants(spec.stage) if hooks is None else hooks
         done = 0
@@ -148,11 +190,18 @@ class HookRunner:
                 subject = refresh(subject)
             return spec.build(hook, state.view(hook, plan_phase), subject, **extras)
 
+        ran_ahead = self._ran_ahead.pop(spec.stage, None)
         while done < len(participants):
             batch = self._batchable(participants, done)
+            segments = self._segments(ahead) if done + len(batch) == len(participants) and self._local(batch) else []
             try:
-                if len(batch) > 1:
-                    results = await self._invoke_batch(spec, batch, done + 1, call_for, plan_phase, step)
+                if ran_ahead is not None:
+                    results = await self._results_ran_ahead(spec, participants, ran_ahead, call_for, plan_phase, step)
+                    ran_ahead = None
+                    if not results:
+                        continue
+                elif len(batch) > 1 or segments:
+                    results = await self._invoke_batch(spec, batch, done + 1, call_for, plan_phase, step, segments)
                 elif chains is not None and participants[done].chain is not None:
                     hook = participants[done]
                     results = [
@@ -194,6 +243,85 @@ class HookRunner:
                     await self._mark(spec, hook, failure.decision, step, error.message)
                     raise error
         return StageRun(subject)
+
+    def _local(self, hooks: list[HookEntry]) -> bool:
+        """Whether ``hooks`` run in one local activity (in-process, outside any chain, batching on)."""
+        return (
+            self._state.manifest.settings.batch_local_hooks
+            and self._state.behaviour.hook_batches
+            and all(hook.run_mode is RunMode.LOCAL_ACTIVITY and hook.chain is None for hook in hooks)
+        )
+
+    def _segments(self, ahead: Sequence[Ahead]) -> list[tuple[StageSpec, list[HookEntry], list[HookCall]]]:
+        """The later stages whose in-process hooks the local activity of a stage's last hooks may run on
+        into: each stage of ``ahead`` in order (one without hooks passed over), up to the first whose
+        hooks are not all in-process — that one's leading in-process hooks included. Their calls are
+        built now, as the workflow would build them on reaching the stage with the run unchanged.
+        Nothing for executions recorded before (``Behaviour.stage_lookahead``)."""
+        state = self._state
+        if not (ahead and state.behaviour.stage_lookahead and state.behaviour.named_hook_activities):
+            return []
+        segments: list[tuple[StageSpec, list[HookEntry], list[HookCall]]] = []
+        for later in ahead:
+            spec = STAGES[later.stage]
+            hooks = state.manifest.participants(later.stage)
+            if spec.finalizer or spec.tool_stage:
+                break
+            if not hooks:
+                continue
+            leading = self._batchable(hooks, 0) if self._local(hooks[:1]) else []
+            if not leading:
+                break
+            view = state.view
+            calls = [spec.build(hook, view(hook, later.plan_phase), later.subject) for hook in leading]
+            segments.append((spec, leading, calls))
+            if len(leading) < len(hooks):
+                break
+        return segments
+
+    async def _results_ran_ahead(
+        self,
+        spec: StageSpec,
+        participants: list[HookEntry],
+        ran: _RanAhead,
+        call_for: Callable[[HookEntry], HookCall],
+        plan_phase: int | None,
+        step: PlanStep | None,
+    ) -> list[_Result]:
+        """The results of this stage's leading hooks that a local activity of an earlier stage ran, when
+        the calls built for them now are the ones it ran. Otherwise (the run changed between: not a path
+        a caller announces ``ahead`` on) none: each hook that ran on what the run no longer is becomes a
+        diagnostic, and the stage's hooks run as usual."""
+        hooks = participants[: len(ran.calls)]
+        # Compared as JSON: what the hooks received is what counts (and a sandboxed replay may build the
+        # same call from another copy of its class).
+        if [call_for(hook).model_dump(mode="json") for hook in hooks] == [c.model_dump(mode="json") for c in ran.calls]:
+            return await self._batch_results(spec, hooks, 1, plan_phase, step, ran.entries, ran.started)
+        for entry in ran.entries:
+            self._state.record.diagnostics.append(
+                Diagnostic(
+                    extension=entry.hook,
+                    phase=spec.stage.value,
+                    error="ran ahead on a request the run had changed by the time it reached the stage; run again",
+                    error_type=STALE_RUN_AHEAD,
+                )
+            )
+        return []
+
+    def unreached(self) -> None:
+        """Record the hooks a local activity ran ahead for a stage the run never reached (it ended first)
+        as diagnostics: they ran, and the record says so."""
+        for stage, ran in self._ran_ahead.items():
+            for entry in ran.entries:
+                self._state.record.diagnostics.append(
+                    Diagnostic(
+                        extension=entry.hook,
+                        phase=stage.value,
+                        error="ran ahead for a stage the run ended before reaching",
+                        error_type=STALE_RUN_AHEAD,
+                    )
+                )
+        self._ran_ahead.clear()
 
     def _batchable(self, hooks: list[HookEntry], start: int) -> list[HookEntry]:
         """The run of in-process hooks from ``start`` that one local activity may invoke together (at
@@ -385,28 +513,46 @@ class HookRunner:
         call_for: Callable[[HookEntry], HookCall],
         plan_phase: int | None,
         step: PlanStep | None,
+        segments: Sequence[tuple[StageSpec, list[HookEntry], list[HookCall]]] = (),
     ) -> list[_Result]:
         """Run consecutive in-process hooks of a stage in one local activity: one workflow activation and
         one marker (summarised ``<stage> · <hook>, <hook>, ...``) instead of one per hook, while each hook
         keeps its own invocation — its attempts, its timeout, its span, its record entry. The activity
         passes each hook what the ones before it made of the stage, as this workflow would
         (``workflows.stages.next_call``), and stops at a failure or at an outcome that ends the stage; the
-        hooks it did not reach are left to the caller. Returns (hook, outcome, failure) for each hook that
-        ran, in order."""
+        hooks it did not reach are left to the caller. ``segments``: later stages' in-process hooks the
+        activity runs on into (see :meth:`run`); what it ran of them is kept for their stage. Returns
+        (hook, outcome, failure) for each hook of this stage that ran, in order."""
         stage = spec.stage
         calls = [call_for(hook) for hook in hooks]
-        names = ", ".join(hook.name for hook in hooks)
-        summary = f"{stage.value} · {names}" + (f" · {step.step_id}" if step else "")
+        parts = [(stage, hooks)] + [(later.stage, later_hooks) for later, later_hooks, _ in segments]
+        summary = STAGE_SEPARATOR.join(
+            f"{part.value} · {', '.join(hook.name for hook in part_hooks)}" for part, part_hooks in parts
+        )
+        summary += f" · {step.step_id}" if step else ""
         # Every hook's every attempt, and the pauses between them: each hook's own bounds apply inside.
         budget = sum(
             hook.timeout_seconds * hook.max_attempts + sum(hook_retry_delay(n) for n in range(1, hook.max_attempts))
-            for hook in hooks
+            for _, part_hooks in parts
+            for hook in part_hooks
         )
+        if segments:
+            activity_type = stages_activity_type(
+                [(part, [hook.name for hook in part_hooks]) for part, part_hooks in parts]
+            )
+        else:
+            activity_type = self._local_type(spec, hooks, HOOK_BATCH_ACTIVITY)
         started = workflow.now()
         try:
             batch = await workflow.execute_local_activity(
-                self._local_type(spec, hooks, HOOK_BATCH_ACTIVITY),
-                HookBatchCall(stage=stage, calls=calls),
+                activity_type,
+                HookBatchCall(
+                    stage=stage,
+                    calls=calls,
+                    ahead=[
+                        HookBatchSegment(stage=later.stage, calls=later_calls) for later, _, later_calls in segments
+                    ],
+                ),
                 result_type=HookBatchOutcome,
                 start_to_close_timeout=timedelta(seconds=budget + 10),
                 retry_policy=RetryPolicy(maximum_attempts=1),
@@ -415,7 +561,8 @@ class HookRunner:
         except (ActivityError, ApplicationError, TimeoutError) as err:
             raise_if_cancelled(err)
             # The batch itself broke (not one of its hooks, whose failures are entries): each hook's
-            # invocation is recorded as failed with the batch's error, and decided as usual.
+            # invocation is recorded as failed with the batch's error, and decided as usual. The later
+            # stages' hooks run at their stage.
             results: list[_Result] = []
             for offset, hook in enumerate(hooks):
                 invocation = self._invocation(hook, stage, first_sequence + offset, plan_phase, step)
@@ -424,10 +571,30 @@ class HookRunner:
                 if failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
                     break
             return results
-        results = []
+        clock = started + _spent(batch.entries)
+        for (later, _, later_calls), entries in zip(segments, batch.ahead, strict=False):
+            if entries:
+                self._ran_ahead[later.stage] = _RanAhead(
+                    calls=later_calls[: len(entries)], entries=entries, started=clock
+                )
+            clock += _spent(entries)
+        return await self._batch_results(spec, hooks, first_sequence, plan_phase, step, batch.entries, started)
+
+    async def _batch_results(
+        self,
+        spec: StageSpec,
+        hooks: list[HookEntry],
+        first_sequence: int,
+        plan_phase: int | None,
+        step: PlanStep | None,
+        entries: list[HookBatchEntry],
+        started: datetime,
+    ) -> list[_Result]:
+        """Each entry of a batch recorded as its hook's invocation (from ``started``, one after another)."""
+        results: list[_Result] = []
         clock = started
-        for offset, (hook, entry) in enumerate(zip(hooks, batch.entries, strict=False)):
-            invocation = self._invocation(hook, stage, first_sequence + offset, plan_phase, step)
+        for offset, (hook, entry) in enumerate(zip(hooks, entries, strict=False)):
+            invocation = self._invocation(hook, spec.stage, first_sequence + offset, plan_phase, step)
             invocation.started_at, invocation.duration_ms = clock, entry.duration_ms
             clock += timedelta(milliseconds=entry.duration_ms)
             if entry.failure is not None:
@@ -560,6 +727,10 @@ def _refusal_text(outcome: Any) -> str | None:
         if text:
             return text
     return None
+
+
+def _spent(entries: Sequence[HookBatchEntry]) -> timedelta:
+    return timedelta(milliseconds=sum(entry.duration_ms for entry in entries))
 
 
 def _seconds_until(moment: datetime) -> float:

@@ -30,8 +30,8 @@ with workflow.unsafe.imports_passed_through():
     from . import decisions, patches, stages, story
     from . import search_attributes as sa
     from .detached import EFFECT_UPDATE_SIGNAL, accept_effect_update
-    from .ending import RunEnding
-    from .invocation import HookRunner, RunStopped, error_text, raise_if_cancelled
+    from .ending import RunEnding, step_summaries
+    from .invocation import Ahead, HookRunner, RunStopped, error_text, raise_if_cancelled
     from .leases import ManagedLeases
     from .listing import RECALLING, REMEMBERING, RESOLVING_PIPELINE, StageListing
     from .model_steps import ModelSteps
@@ -72,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         ReviewRequest,
         ShortCircuitInfo,
         ShortCircuitProposal,
+        StepResult,
         StepSummary,
         bounded_value,
         conversation_id_problem,
@@ -305,7 +306,7 @@ class RequestLifecycleWorkflow:
         if result is None:
             plan = await self._run_phases()
             execution = ExecutionResult(steps=list(state.record.steps))
-            await self._after_execution(execution)
+            await self._after_execution(execution, self._draft_stages(plan))
             synthesis = await self._models.synthesize(plan, execution)
             response = await self._after_synthesis(synthesis.response)
             state.synthesized = response
@@ -316,7 +317,7 @@ class RequestLifecycleWorkflow:
                 response=response,
                 confidence=synthesis.confidence,
                 metadata={"pipeline": state.manifest.pipeline, "planner": state.record.planner},
-                steps=[StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in execution.steps],
+                steps=step_summaries(state),
             )
         handled_by = "short_circuit" if result.short_circuit else "pipeline"
         result.response = await self._after_answer(result.response, handled_by, result.steps)
@@ -450,7 +451,7 @@ class RequestLifecycleWorkflow:
         while True:
             state.phase = phase
             planned = await self._models.plan(phase)
-            plan = await self._after_planning(planned.plan, planned.available)
+            plan = await self._after_planning(planned.plan, planned.available, self._after_plan_accepted(planned.plan))
             if plan.steps or not state.behaviour.planner_answers:
                 # A plan without steps runs nothing: the next write (the terminal one) records it.
                 await self._records.persist(LifecycleBoundary.ACCEPTED_PLAN)
@@ -467,7 +468,29 @@ class RequestLifecycleWorkflow:
                 return plan
             phase += 1
 
-    async def _after_planning(self, plan: Plan, available: list[str] | None = None) -> Plan:
+    # -- the stages that follow one another with nothing between (see ``HookRunner.run``'s ``ahead``) --
+
+    def _after_plan_accepted(self, plan: Plan) -> list[Ahead]:
+        """After a plan that is the planner's text answer, if its after_planning hooks leave it as it is:
+        after_execution (on the steps so far), then the draft's stages — no tool, checkpoint, record write
+        or model call comes between them. None for any other plan."""
+        if plan.continue_after or self._models.text_answer(plan) is None:
+            return []
+        return [Ahead(Stage.AFTER_EXECUTION, _observed(self._state.record.steps)), *self._draft_stages(plan)]
+
+    def _draft_stages(self, plan: Plan) -> list[Ahead]:
+        """After after_execution, when the last plan's text answer is the draft (no synthesis call):
+        after_synthesis on it, then after_answer."""
+        text = self._models.text_answer(plan)
+        return [] if text is None else [Ahead(Stage.AFTER_SYNTHESIS, text), self._answer_stage(text)]
+
+    def _answer_stage(self, response: str) -> Ahead:
+        """after_answer on ``response``, where after_synthesis leaves it as it is."""
+        return Ahead(Stage.AFTER_ANSWER, self._answer_view(response, "pipeline", step_summaries(self._state)))
+
+    async def _after_planning(
+        self, plan: Plan, available: list[str] | None = None, ahead: list[Ahead] | None = None
+    ) -> Plan:
         """Chain copy-on-write mutations, each validated against the tools the planning attempt had; the
         required hook's failure ends the request before any checkpoint or tool; a stop ends the run."""
         record = self._state.record
@@ -490,20 +513,21 @@ class RequestLifecycleWorkflow:
             plan_phase=plan.phase,
             prior_step_ids=prior,
             available_tools=available,
+            ahead=ahead or (),
         )
         record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=workflow.now()))
         return plan
 
-    async def _after_execution(self, execution: ExecutionResult) -> None:
+    async def _after_execution(self, execution: ExecutionResult, ahead: list[Ahead]) -> None:
         """Observers of every step's outcome: its status, result text (capped) and error, not each raw
         output, so what every after_execution hook receives stays small however much the tools returned
         (the record keeps the raw outputs)."""
-        await self._stage(Stage.AFTER_EXECUTION, ExecutionResult(steps=[s.observer_view() for s in execution.steps]))
+        await self._stage(Stage.AFTER_EXECUTION, _observed(execution.steps), ahead=ahead)
 
     async def _after_synthesis(self, response: str) -> str:
         """Rewrite the answer, chained; a hook that fails closed (redaction) ends the request rather than
         let its unguarded input out."""
-        return await self._stage(Stage.AFTER_SYNTHESIS, response)
+        return await self._stage(Stage.AFTER_SYNTHESIS, response, ahead=[self._answer_stage(response)])
 
     async def _after_answer(
         self, text: str, handled_by: Literal["pipeline", "short_circuit"], steps: list[StepSummary]
@@ -514,8 +538,12 @@ class RequestLifecycleWorkflow:
             if outcome.stop is not None:
                 raise RunStopped(hook.name, Stage.AFTER_ANSWER.value, outcome.stop.reason, outcome.stop.text)
 
-        answer = AnswerView(text=text, handled_by=handled_by, steps=steps, answered_by=self._state.record.handled_by)
-        return (await self._stage(Stage.AFTER_ANSWER, answer, on_outcome)).text
+        return (await self._stage(Stage.AFTER_ANSWER, self._answer_view(text, handled_by, steps), on_outcome)).text
+
+    def _answer_view(
+        self, text: str, handled_by: Literal["pipeline", "short_circuit"], steps: list[StepSummary]
+    ) -> AnswerView:
+        return AnswerView(text=text, handled_by=handled_by, steps=steps, answered_by=self._state.record.handled_by)
 
     async def _remember(self, answer: str) -> None:
         """Offer the exchange to before_remember hooks, then save it to conversation memory. A failed
@@ -599,6 +627,11 @@ def record_enrichment_changes(
             )
         )
     record.enrichments = dict(enrichments)
+
+
+def _observed(steps: Sequence[StepResult]) -> ExecutionResult:
+    """What after_execution hooks observe of the steps: each one's status, result text (capped) and error."""
+    return ExecutionResult(steps=[s.observer_view() for s in steps])
 
 
 def conversation_id(metadata: dict[str, Any]) -> str | None:

@@ -170,24 +170,30 @@ class ModelSteps:
         drafted = self._planner_answer(plan, execution)
         return drafted if drafted is not None else await self._synthesize(plan, execution)
 
+    def text_answer(self, plan: Plan) -> str | None:
+        """The planner's text answer that ``plan``, accepted as it is, ends the run with as the draft."""
+        state = self._state
+        if (
+            not state.behaviour.planner_answers
+            or state.manifest.settings.dedicated_synthesis
+            or plan.steps
+            or state.planner_draft is None
+        ):
+            return None
+        return plan.answer or None
+
     def _planner_answer(self, plan: Plan, execution: ExecutionResult) -> SynthesizeOutput | None:
         """The last planning turn's text answer as the draft, when it is one: the accepted plan of the last
         phase has no step (so its phase was not cut by the cap), the planner answered in text, and the
         pipeline does not ask for a dedicated synthesis call. No model call is made for it."""
         state = self._state
-        draft = state.planner_draft
-        if (
-            not state.behaviour.planner_answers
-            or state.manifest.settings.dedicated_synthesis
-            or plan.steps
-            or not plan.answer
-            or draft is None
-        ):
+        draft, text = state.planner_draft, self.text_answer(plan)
+        if draft is None or text is None:
             return None
-        if not draft.matches(plan.answer):  # an after_planning hook rewrote the answer: keep what it wrote
-            draft = ModelDraft.of(plan.answer).model_copy(update={"stage": "planning", "phase": plan.phase})
+        if not draft.matches(text):  # an after_planning hook rewrote the answer: keep what it wrote
+            draft = ModelDraft.of(text).model_copy(update={"stage": "planning", "phase": plan.phase})
         state.record.model_draft = draft
-        return SynthesizeOutput(response=plan.answer, confidence=execution.confidence)
+        return SynthesizeOutput(response=text, confidence=execution.confidence)
 
     async def _synthesize(self, plan: Plan, execution: ExecutionResult) -> SynthesizeOutput:
         state = self._state

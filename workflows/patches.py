@@ -10,7 +10,15 @@ activity, say — can land in a different workflow task than the code that check
 then miss it.) :class:`Behaviour` says which branch each change takes (``RunState.behaviour``); each old branch
 stays beside the new one and names the field it reads — :class:`Behaviour` lists where.
 
-Workflow code only.
+A request started by a client that knows this worker's newest patch carries it in its memo
+(``STARTED_AS``, :func:`start_memo`): a worker that knows that patch runs it without recording the marker
+(and the upsert the SDK adds to it), two events less per request. Only a first run may take the stamp at
+its word: on replay, the history says which worker ran it — a marker of an older patch means a worker that
+did not know the stamp started it, and the execution replays that branch; no marker at all means a worker
+that knew the stamp did. (A worker from before the first patch, which records no marker, must not run
+stamped requests.)
+
+Workflow code, and :func:`start_memo` for the clients that start requests.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ LIFECYCLE_2026_12_B = "lifecycle-2026-12-b"
 # Every change made since (each listed on its ``Behaviour`` field, ``False`` for older executions).
 LIFECYCLE_2027_01 = "lifecycle-2027-01"
 LATEST = LIFECYCLE_2027_01
+# The memo key under which a starter says which patch it expects the request to run (see the docstring).
+STARTED_AS = "agent_lifecycle"
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,9 @@ class Behaviour:
       claims its turn before its first hook and releases it on every exit — ``lifecycle._take_turn``
       and ``lifecycle.run`` (without it: the request runs at once, whatever else of its conversation runs);
     - ``stage_listed_at_start``: ``listing.StageListing.started`` (the first stage a request waited in was
-      upserted with its kind at once, even when a client had started it with both).
+      upserted with its kind at once, even when a client had started it with both);
+    - ``stage_lookahead``: ``invocation.HookRunner._segments`` (each stage's in-process hooks ran in a
+      local activity of their own, even where the stages before left the run as it was).
     """
 
     local_bookkeeping: bool = True
@@ -91,6 +103,9 @@ class Behaviour:
     conversation_turns: bool = True
     # A request a client started with its kind and first stage is listed by them until its next listing.
     stage_listed_at_start: bool = True
+    # The in-process hooks of consecutive stages run in one local activity while each stage leaves the run
+    # as it was (the stages after a model's text answer).
+    stage_lookahead: bool = True
 
 
 # The fields of every change recorded under ``LIFECYCLE_2027_01``: off for executions recorded before it.
@@ -102,6 +117,7 @@ SINCE_2027_01 = (
     "decision_marks",
     "conversation_turns",
     "stage_listed_at_start",
+    "stage_lookahead",
 )
 
 
@@ -110,8 +126,16 @@ def _before_2027_01(**fields: bool) -> Behaviour:
     return Behaviour(**{name: False for name in SINCE_2027_01}, **fields)
 
 
+def start_memo() -> dict[str, str]:
+    """The memo a request is started with so that a worker of this version runs it without a patch marker."""
+    return {STARTED_AS: LATEST}
+
+
 def detect() -> Behaviour:
     """The behaviour of this execution; call it before the workflow sends any other command."""
+    stamped = _started_as_latest()
+    if stamped and not workflow.unsafe.is_replaying():
+        return Behaviour()  # this worker runs the stamped request from its first task: no marker needed
     if workflow.patched(LIFECYCLE_2027_01):
         return Behaviour()
     if workflow.patched(LIFECYCLE_2026_12_B):
@@ -123,6 +147,8 @@ def detect() -> Behaviour:
         return earlier
     in_process = workflow.patched(IN_PROCESS_PATCH)
     stage_upserts = workflow.patched(STAGE_SEARCH_ATTRIBUTES_PATCH)
+    if stamped and not (in_process or stage_upserts):
+        return Behaviour()  # a stamped request replayed without any marker: a worker that knew the stamp ran it
     return _before_2027_01(
         local_bookkeeping=in_process,
         hook_batches=in_process,
@@ -131,3 +157,10 @@ def detect() -> Behaviour:
         handled_tool_error_succeeds=False,
         lease_renewal_by_timer=False,
     )
+
+
+def _started_as_latest() -> bool:
+    try:
+        return workflow.memo_value(STARTED_AS, None, type_hint=str) == LATEST
+    except Exception:  # noqa: BLE001 - a memo value that is not a string is no stamp
+        return False

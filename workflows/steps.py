@@ -30,8 +30,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from . import patches, stages, story
     from . import search_attributes as sa
-    from . import stages, story
     from .effects import elapsed_ms
     from .invocation import HookRunner, OnOutcome, RunStopped, StageRun, raise_if_cancelled
     from .listing import EXECUTING, StageListing
@@ -435,6 +435,7 @@ class StepExecutor:
                     static_summary=story.subagent_summary(step.tool, step.step_id, depth, asked),
                     static_details=story.subagent_details(info.workflow_id, state.request_id, asked),
                     search_attributes=self._listing.child_kind(sa.KIND_SUBAGENT),
+                    memo=patches.start_memo(),
                 )
             except FailureError as err:
                 raise_if_cancelled(err)

@@ -10,6 +10,7 @@ from workflows.models import (
     DetachedWork,
     EnrichmentChange,
     EnrichmentOperation,
+    ExecutionResult,
     FailurePolicy,
     HookDecision,
     HookEntry,
@@ -30,9 +31,23 @@ from workflows.models import (
     ToolErrorResolution,
     ToolOutcomeView,
 )
-from workflows.stages import STAGES, next_call
-from workflows.stages.answer import AfterAnswerCall, AfterAnswerOutcome, BeforeRememberCall, BeforeRememberOutcome
-from workflows.stages.execution import AfterToolCall, AfterToolOutcome, ToolErrorCall, ToolErrorOutcome
+from workflows.stages import STAGES, hands_on, hook_activity_type, hook_stage_of, next_call, stages_activity_type
+from workflows.stages._base import MAX_HOOK_ACTIVITY_TYPE
+from workflows.stages.answer import (
+    AfterAnswerCall,
+    AfterAnswerOutcome,
+    AfterSynthesisCall,
+    AfterSynthesisOutcome,
+    BeforeRememberCall,
+    BeforeRememberOutcome,
+)
+from workflows.stages.execution import (
+    AfterExecutionCall,
+    AfterToolCall,
+    AfterToolOutcome,
+    ToolErrorCall,
+    ToolErrorOutcome,
+)
 from workflows.stages.planning import AfterPlanningCall, AfterPlanningOutcome
 from workflows.stages.planning import BeforePlanningCall as PlanningCall
 from workflows.stages.planning import BeforePlanningOutcome as PlanningOutcome
@@ -141,3 +156,74 @@ def test_what_ends_a_stage_or_only_the_workflow_applies_stops_the_batch():
     assert carried(stage, first, ObserveOutcome(decision=OK, leases=[lease]), second) is None
     work = DetachedWork(effect_id="e", hook="a", stage=stage, name="audit")
     assert carried(stage, first, ObserveOutcome(decision=OK, detached=[work]), second) is None
+
+
+# --------------------------------------------------------------------------------------------------
+# Running on into the next stage (``hands_on``) and the type that names every stage's hooks
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_stage_that_left_the_run_as_it_was_hands_on_to_the_next_one():
+    stage = Stage.AFTER_SYNTHESIS
+    spec = STAGES[stage]
+    first = AfterSynthesisCall(hook=entry("a", stage), view=view({"n": 1}), response="text")
+    second = AfterSynthesisCall(hook=entry("b", stage), view=view(), response="text")
+    same = AfterSynthesisOutcome(response="text", decision=OK, state={"n": 1})
+    assert hands_on(spec, [(first, same), (second, AfterSynthesisOutcome(response="text", decision=OK, state={}))])
+    # An observer's outcome changes nothing: it hands on whatever it returned.
+    observed = AfterExecutionCall(hook=entry("a", Stage.AFTER_EXECUTION), view=view(), execution=ExecutionResult())
+    assert hands_on(STAGES[Stage.AFTER_EXECUTION], [(observed, ObserveOutcome(decision=OK))])
+
+
+def test_a_stage_that_changed_the_run_or_decided_something_hands_back_to_the_workflow():
+    stage = Stage.AFTER_SYNTHESIS
+    spec = STAGES[stage]
+    call = AfterSynthesisCall(hook=entry("a", stage), view=view({"n": 1}), response="text")
+    assert not hands_on(spec, [])  # nothing ran: the workflow goes on
+    # a rewrite, even one a later hook undoes, is the workflow's to carry
+    rewritten = AfterSynthesisOutcome(response="other", decision=OK)
+    assert not hands_on(spec, [(call, rewritten)])
+    undone = [
+        (call, rewritten),
+        (call.model_copy(update={"response": "other"}), AfterSynthesisOutcome(response="text", decision=OK)),
+    ]
+    assert hands_on(spec, undone)  # the subject is back where it started, the state untouched
+    # the hook's private state, a lease, detached work, or a decision the workflow acts on
+    assert not hands_on(spec, [(call, AfterSynthesisOutcome(response="text", decision=OK, state={"n": 2}))])
+    lease = ManagedLease(
+        lease_id="l",
+        hook="a",
+        stage=stage,
+        ttl_seconds=30,
+        renew_interval_seconds=10,
+        renewal_effect_id="renew",
+        cleanup_effect_id="release",
+    )
+    assert not hands_on(spec, [(call, AfterSynthesisOutcome(response="text", decision=OK, leases=[lease]))])
+    work = DetachedWork(effect_id="e", hook="a", stage=stage, name="audit")
+    assert not hands_on(spec, [(call, AfterSynthesisOutcome(response="text", decision=OK, detached=[work]))])
+    for action in (DecisionAction.DENY, DecisionAction.STOP, DecisionAction.TERMINATE, DecisionAction.SKIP):
+        decided = OK.model_copy(update={"action": action})
+        assert not hands_on(spec, [(call, AfterSynthesisOutcome(response="text", decision=decided))])
+    answer_stage = Stage.AFTER_ANSWER
+    answer = AnswerView(text="one", handled_by="pipeline")
+    answered = AfterAnswerCall(hook=entry("a", answer_stage), view=view(), answer=answer)
+    stop = AfterAnswerOutcome(text="one", stop=Stop(text="bye"), decision=OK)
+    assert not hands_on(STAGES[answer_stage], [(answered, stop)])
+
+
+def test_the_type_of_several_stages_names_each_stages_hooks_and_stays_within_bounds():
+    two = stages_activity_type([(Stage.AFTER_PLANNING, ["gate"]), (Stage.AFTER_EXECUTION, ["audit", "metrics"])])
+    assert two == "after_planning:gate → after_execution:audit + metrics"
+    assert hook_stage_of(two) is Stage.AFTER_PLANNING
+    assert stages_activity_type([(Stage.AFTER_ANSWER, ["a"])]) == hook_activity_type(Stage.AFTER_ANSWER, ["a"])
+    many = [(Stage.AFTER_PLANNING, [f"planning-hook-{n}" for n in range(6)])] + [
+        (stage, [f"{stage.value}-hook-{n}" for n in range(5)])
+        for stage in (Stage.AFTER_EXECUTION, Stage.AFTER_SYNTHESIS, Stage.AFTER_ANSWER)
+    ]
+    long = stages_activity_type(many)
+    assert len(long) <= MAX_HOOK_ACTIVITY_TYPE and hook_stage_of(long) is Stage.AFTER_PLANNING
+    assert long.endswith("after_execution:5 hooks → after_synthesis:5 hooks → after_answer:5 hooks")
+    huge = stages_activity_type([(Stage.AFTER_PLANNING, ["x" * 300]), (Stage.AFTER_ANSWER, ["y"])])
+    assert len(huge) <= MAX_HOOK_ACTIVITY_TYPE and hook_stage_of(huge) is Stage.AFTER_PLANNING
+    assert huge.endswith("→ after_answer:1 hook")

@@ -316,6 +316,13 @@ class ObserveOutcome(HookOutcome):
     """The outcome of an observe-only (after_execution) invocation."""
 
 
+class HookBatchSegment(BaseModel):
+    """The in-process hooks of one later stage in a batch that runs on (``HookBatchCall.ahead``)."""
+
+    stage: Stage
+    calls: list[Any]
+
+
 class HookBatchCall(ByReference):
     """Consecutive in-process hooks of one stage, run in order by one local activity. ``calls`` holds
     each hook's ``<Stage>Call`` as the workflow built it before the batch; the activity passes each hook
@@ -325,6 +332,10 @@ class HookBatchCall(ByReference):
 
     stage: Stage
     calls: list[Any]  # the stage's call models (dicts once received)
+    # The in-process hooks of the stages that follow in the run, each stage's calls built by the workflow
+    # on the premise that the stages before leave the run as it is: run on only while they do
+    # (``workflows.stages.hands_on``).
+    ahead: list[HookBatchSegment] = Field(default_factory=list)
 
 
 class HookBatchFailure(BaseModel):
@@ -348,6 +359,8 @@ class HookBatchOutcome(ByReference):
     """One entry per hook that ran, in order: all of the batch, or up to the one the batch stopped at."""
 
     entries: list[HookBatchEntry] = Field(default_factory=list)
+    # Per stage of ``HookBatchCall.ahead`` that the batch ran on into, in order: that stage's entries.
+    ahead: list[list[HookBatchEntry]] = Field(default_factory=list)
 
 
 class ShortCircuitKind:

@@ -12,15 +12,18 @@ from __future__ import annotations
 from ..models import Stage
 from . import answer, execution, planning, run
 from ._base import HOOK_BATCH_ACTIVITY as HOOK_BATCH_ACTIVITY
+from ._base import STAGE_SEPARATOR as STAGE_SEPARATOR
 from ._base import Chaining as Chaining
 from ._base import Checks as Checks
 from ._base import Fold as Fold
 from ._base import ResultRejected as ResultRejected
 from ._base import StageSpec as StageSpec
+from ._base import hands_on as hands_on
 from ._base import hook_activity_type as hook_activity_type
 from ._base import hook_stage_of as hook_stage_of
 from ._base import next_call as next_call
 from ._base import returned as returned
+from ._base import stages_activity_type as stages_activity_type
 from .answer import *  # noqa: F403
 from .execution import *  # noqa: F403
 from .planning import *  # noqa: F403

@@ -60,6 +60,30 @@ def hook_activity_type(stage: Stage, hooks: Sequence[str]) -> str:
     return text[: MAX_HOOK_ACTIVITY_TYPE - len(more) - 1] + "…" + more
 
 
+# Between the stages of one local activity's type (see ``stages_activity_type``).
+STAGE_SEPARATOR = " → "
+
+
+def stages_activity_type(segments: Sequence[tuple[Stage, Sequence[str]]]) -> str:
+    """The local activity type of in-process hooks of consecutive stages run by one local activity (see
+    ``hands_on``): each stage's part as :func:`hook_activity_type` writes it, in order,
+    ``<stage>:<hook> → <stage>:<hook> + <hook>``. Past ``MAX_HOOK_ACTIVITY_TYPE`` characters the stages
+    after the first are named with their count of hooks (``<stage>:N hooks``), and then cut as one stage
+    is. The first stage is the type's stage (:func:`hook_stage_of`)."""
+    if len(segments) == 1:
+        return hook_activity_type(*segments[0])
+    parts = [hook_activity_type(stage, hooks) for stage, hooks in segments]
+    text = STAGE_SEPARATOR.join(parts)
+    if len(text) <= MAX_HOOK_ACTIVITY_TYPE:
+        return text
+    counted = [f"{stage.value}:{len(hooks)} hook{'s' if len(hooks) != 1 else ''}" for stage, hooks in segments[1:]]
+    rest = STAGE_SEPARATOR + STAGE_SEPARATOR.join(counted)
+    first = parts[0]
+    if len(first) + len(rest) > MAX_HOOK_ACTIVITY_TYPE:
+        first = first[: max(MAX_HOOK_ACTIVITY_TYPE - len(rest) - 1, len(segments[0][0].value) + 2)] + "…"
+    return (first + rest)[:MAX_HOOK_ACTIVITY_TYPE]
+
+
 def hook_stage_of(activity_type: str) -> Stage | None:
     """The stage of a local activity type made by :func:`hook_activity_type` (None for any other type)."""
     stage, sep, _ = activity_type.partition(":")
@@ -277,6 +301,43 @@ class ObserverSpec(StageSpec[CallT, OutcomeT]):
 def _copy(value: Any) -> Any:
     copy: Callable[..., Any] | None = getattr(value, "model_copy", None)
     return copy(deep=True) if copy is not None else value
+
+
+# The decisions after which a batch never runs on into the next stage: the workflow acts on each (it
+# marks them on the Timeline, ends the stage or the run) before any later stage's hooks may run.
+_HANDED_BACK = frozenset(
+    {
+        DecisionAction.TERMINATE,
+        DecisionAction.SHORT_CIRCUIT,
+        DecisionAction.DENY,
+        DecisionAction.STOP,
+        DecisionAction.SKIP,
+    }
+)
+
+
+def hands_on(spec: StageSpec, ran: Sequence[tuple[HookCall, HookOutcome]]) -> bool:
+    """Whether a local activity that ran every in-process hook of ``spec``'s stage (``ran``: each call as
+    its hook received it, and its outcome, in order) may go on to the hooks of the next stage, whose calls
+    the workflow built before the activity on the premise that this stage leaves everything as it was.
+    True when it did: every hook's outcome folds to the subject the stage started with, keeps the hook's
+    private state, hands the workflow no lease or detached work, and decides nothing the workflow must
+    act on first (a denial, a stop, a skip, a short-circuit, a termination). Anything else hands the rest
+    back to the workflow, which then runs the next stage's hooks on what this one made of the run."""
+    if not ran:
+        return False
+    start = spec.subject(ran[0][0])
+    subject = start
+    for call, outcome in ran:
+        if outcome.leases or outcome.detached or outcome.decision.action in _HANDED_BACK:
+            return False
+        if outcome.state is not None and outcome.state != call.view.state:
+            return False
+        folded = spec.fold(subject, outcome)
+        if folded.ends or not folded.carries:
+            return False
+        subject = folded.subject
+    return subject == start
 
 
 def next_call(spec: StageSpec, applied: HookCall, outcome: HookOutcome, prebuilt: HookCall) -> HookCall | None:
