@@ -193,7 +193,8 @@ class HookRunner:
         ran_ahead = self._ran_ahead.pop(spec.stage, None)
         while done < len(participants):
             batch = self._batchable(participants, done)
-            segments = self._segments(ahead) if done + len(batch) == len(participants) and self._local(batch) else []
+            last = done + len(batch) == len(participants) and self._local(batch)
+            segments = self._segments(ahead) if last and ran_ahead is None else []
             try:
                 if ran_ahead is not None:
                     results = await self._results_ran_ahead(spec, participants, ran_ahead, call_for, plan_phase, step)
