@@ -440,3 +440,61 @@ async def test_after_synthesis_runs_on_into_after_answer_after_a_synthesis_call(
     assert outcome.result is not None and outcome.result.response == "A fine answer.", outcome.failure
     assert run_on_types(outcome) == ["after_synthesis:audit → after_answer:audit"]
     assert audit.seen[-2:] == [("after_synthesis", "A fine answer.", 0), ("after_answer", "A fine answer.", 0)]
+
+
+async def test_hooks_run_ahead_on_a_run_that_changed_are_kept_as_diagnostics_and_run_again(
+    client, tmp_path, server, monkeypatch
+):
+    # A broken carry rule (every stage "hands on") makes the activity run after_execution, after_synthesis
+    # and after_answer on what the run no longer is: the workflow finds their calls changed when it
+    # reaches each stage, keeps what ran as a diagnostic and runs the stage's hooks again on the run as
+    # it is — no outcome of a stale call is taken.
+    import activities.hook_stages
+
+    monkeypatch.setattr(activities.hook_stages, "hands_on", lambda spec, ran: bool(ran))
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
+    counter = Tail("counter", count=True)
+    async with model_harness(client, tmp_path, server, hooks=[counter], dedicated_synthesis=False) as h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.result is not None and outcome.result.response == "ACME is up.", outcome.failure
+    record = outcome.record
+    assert record is not None
+    stale = [(d.phase, d.extension) for d in record.diagnostics if d.error_type == "StaleRunAhead"]
+    assert stale and {phase for phase, _ in stale} <= {"after_execution", "after_synthesis", "after_answer"}
+    # What the record keeps as each stage's invocation saw what the stage before left.
+    taken = [(i.stage.value, i.sequence) for i in record.pipeline_hooks]
+    assert taken == [
+        ("after_planning", 1),
+        ("after_planning", 1),
+        ("after_execution", 1),
+        ("after_synthesis", 1),
+        ("after_answer", 1),
+    ]
+    last_seen = {stage: n for stage, _, n in counter.seen}
+    assert last_seen == {"after_planning": 1, "after_execution": 2, "after_synthesis": 3, "after_answer": 4}
+
+
+async def test_hooks_run_ahead_for_stages_a_stopped_run_never_reached_are_kept_as_diagnostics(
+    client, tmp_path, server, monkeypatch
+):
+    import activities.hook_stages
+    from hooks import Stop
+
+    class Stops(Tail):
+        async def after_planning(self, ctx, plan):
+            await super().after_planning(ctx, plan)
+            return Stop(text="Stopped here.", reason="enough") if ctx.plan_phase == 2 else plan
+
+    monkeypatch.setattr(activities.hook_stages, "hands_on", lambda spec, ran: bool(ran))
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
+    stops = Stops("stops")
+    async with model_harness(client, tmp_path, server, hooks=[stops], dedicated_synthesis=False) as h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.result is not None and outcome.result.response == "Stopped here.", outcome.failure
+    record = outcome.record
+    assert record is not None and record.stopped is not None
+    unreached = {(d.phase, d.extension) for d in record.diagnostics if d.error_type == "StaleRunAhead"}
+    assert unreached == {("after_execution", "stops"), ("after_synthesis", "stops"), ("after_answer", "stops")}
+    assert [i.stage.value for i in record.pipeline_hooks] == ["after_planning", "after_planning"]
