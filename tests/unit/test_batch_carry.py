@@ -64,6 +64,18 @@ def view(state: dict | None = None, **fields) -> HookRequestView:
     return HookRequestView(request="ask", request_id="r", workflow_id="w", state=state or {}, **fields)
 
 
+def a_lease(stage: Stage) -> ManagedLease:
+    return ManagedLease(
+        lease_id="l",
+        hook="a",
+        stage=stage,
+        ttl_seconds=30,
+        renew_interval_seconds=10,
+        renewal_effect_id="renew",
+        cleanup_effect_id="release",
+    )
+
+
 def carried(stage: Stage, first, outcome, second):
     return next_call(STAGES[stage], first, outcome, second)
 
@@ -144,15 +156,7 @@ def test_what_ends_a_stage_or_only_the_workflow_applies_stops_the_batch():
     first = OnFinishCall(hook=entry("a", stage), view=view(), outcome=RunOutcomeView(status="completed"))
     second = OnFinishCall(hook=entry("b", stage), view=view(), outcome=RunOutcomeView(status="completed"))
     assert carried(stage, first, ObserveOutcome(decision=OK), second) is not None
-    lease = ManagedLease(
-        lease_id="l",
-        hook="a",
-        stage=stage,
-        ttl_seconds=30,
-        renew_interval_seconds=10,
-        renewal_effect_id="renew",
-        cleanup_effect_id="release",
-    )
+    lease = a_lease(stage)
     assert carried(stage, first, ObserveOutcome(decision=OK, leases=[lease]), second) is None
     work = DetachedWork(effect_id="e", hook="a", stage=stage, name="audit")
     assert carried(stage, first, ObserveOutcome(decision=OK, detached=[work]), second) is None
@@ -190,15 +194,7 @@ def test_a_stage_that_changed_the_run_or_decided_something_hands_back_to_the_wor
     assert hands_on(spec, undone)  # the subject is back where it started, the state untouched
     # the hook's private state, a lease, detached work, or a decision the workflow acts on
     assert not hands_on(spec, [(call, AfterSynthesisOutcome(response="text", decision=OK, state={"n": 2}))])
-    lease = ManagedLease(
-        lease_id="l",
-        hook="a",
-        stage=stage,
-        ttl_seconds=30,
-        renew_interval_seconds=10,
-        renewal_effect_id="renew",
-        cleanup_effect_id="release",
-    )
+    lease = a_lease(stage)
     assert not hands_on(spec, [(call, AfterSynthesisOutcome(response="text", decision=OK, leases=[lease]))])
     work = DetachedWork(effect_id="e", hook="a", stage=stage, name="audit")
     assert not hands_on(spec, [(call, AfterSynthesisOutcome(response="text", decision=OK, detached=[work]))])
