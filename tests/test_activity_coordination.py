@@ -368,10 +368,13 @@ async def test_direct_cleanup_hook_removes_the_signal_itself_when_no_owner_holds
 
 class SeeEachOther:
     """The real registry, whose ``active()`` waits until both agents have announced (so neither request
-    reads before the other has written)."""
+    reads before the other has written), and whose ``remove()`` waits until both have read (so the quicker
+    request cannot withdraw its signal before the slower one has seen it)."""
 
     def __init__(self, memory: MemoryStore) -> None:
         self.memory = memory
+        self.readers = 0
+        self.both_read = asyncio.Event()
 
     async def announce(self, signal, *, ttl_seconds):
         return await self.memory.announce(signal, ttl_seconds=ttl_seconds)
@@ -380,13 +383,18 @@ class SeeEachOther:
         return await self.memory.renew(signal_id, ttl_seconds=ttl_seconds)
 
     async def remove(self, signal_id):
+        async with asyncio.timeout(30):
+            await self.both_read.wait()
         return await self.memory.remove(signal_id)
 
     async def active(self):
         async with asyncio.timeout(30):
-            while len((await self.memory.active()).items) < 2:
+            while len((read := await self.memory.active()).items) < 2:
                 await asyncio.sleep(0.05)
-        return await self.memory.active()
+        self.readers += 1
+        if self.readers == 2:
+            self.both_read.set()
+        return read
 
 
 async def test_two_concurrent_requests_of_different_agents_see_each_others_activity(client, tmp_path):
