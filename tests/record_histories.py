@@ -167,9 +167,16 @@ ANSWER_STAGES_SCENARIO = "model_answer_stages_in_one_local_activity"
 
 
 class TailAudit:
-    """An in-process hook at every stage after a planning turn that leaves each as it was."""
+    """An in-process hook before the run, before planning and at every stage after a planning turn, that
+    leaves each as it was (so before_run runs on into before_planning, after_planning into the rest)."""
 
     name = "tail-audit"
+
+    async def before_run(self, ctx, run):
+        return None
+
+    async def before_planning(self, ctx):
+        return None
 
     async def after_planning(self, ctx, plan):
         return plan

@@ -16,7 +16,7 @@ from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, f
 from activities.tools import ToolRegistry
 from client.api import answer_chunks
 from demo.tools import demo_tools, quote_price
-from hooks import PipelineHook
+from hooks import PipelineHook, RunPatch
 from hooks.builtin.secret_redaction import SecretRedactionHook
 from workflows import data_converter
 from workflows.models import AnswerChunk, FailurePolicy, RequestStatus, StageSettings
@@ -498,3 +498,67 @@ async def test_hooks_run_ahead_for_stages_a_stopped_run_never_reached_are_kept_a
     unreached = {(d.phase, d.extension) for d in record.diagnostics if d.error_type == "StaleRunAhead"}
     assert unreached == {("after_execution", "stops"), ("after_synthesis", "stops"), ("after_answer", "stops")}
     assert [i.stage.value for i in record.pipeline_hooks] == ["after_planning", "after_planning"]
+
+
+class Front(PipelineHook):
+    """A before_run and before_planning hook that keeps what each invocation saw; with ``rewrite`` its
+    before_run rewrites the ask (so before_run does not leave the run as it was)."""
+
+    def __init__(self, name: str, *, rewrite: str | None = None) -> None:
+        self.name = name
+        self.rewrite = rewrite
+        self.seen: list[tuple[str, str, dict]] = []
+
+    async def before_run(self, ctx, run):
+        self.seen.append(("before_run", run.ask, dict(ctx.enrichments)))
+        return RunPatch(ask=self.rewrite) if self.rewrite else None
+
+    async def before_planning(self, ctx):
+        self.seen.append(("before_planning", ctx.request, dict(ctx.enrichments)))
+        ctx.enrichments[f"{self.name}_note"] = "checked"
+
+
+async def test_before_run_runs_on_into_before_planning_in_one_local_activity(client, tmp_path, server):
+    server.push(ai.answer("Hello."))
+    guard, context = Front("guard"), Front("context")
+    async with model_harness(client, tmp_path, server, hooks=[guard, context], dedicated_synthesis=False) as h:
+        outcome = await h.run("Say hello", {"rag_context": "Greetings are short."})
+
+    assert outcome.result is not None and outcome.result.response == "Hello.", outcome.failure
+    both = "guard + context"
+    assert run_on_types(outcome)[0] == f"before_run:{both} → before_planning:{both}"
+    assert hook_markers(outcome)[0][1] == ["before_run", "before_planning"]
+    # before_planning saw the enrichments the metadata promotes, and each hook what the one before left.
+    assert guard.seen[:2] == [
+        ("before_run", "Say hello", {}),
+        ("before_planning", "Say hello", {"rag_context": "Greetings are short."}),
+    ]
+    assert context.seen[1] == (
+        "before_planning",
+        "Say hello",
+        {"rag_context": "Greetings are short.", "guard_note": "checked"},
+    )
+    record = outcome.record
+    assert record is not None and not record.diagnostics
+    assert [(i.stage.value, i.hook, i.sequence) for i in record.pipeline_hooks][:4] == [
+        ("before_run", "guard", 1),
+        ("before_run", "context", 2),
+        ("before_planning", "guard", 1),
+        ("before_planning", "context", 2),
+    ]
+    assert outcome.result.metadata["pipeline"]
+    assert "Greetings are short." in str(server.requests[0].messages)
+
+
+async def test_a_before_run_rewrite_hands_before_planning_back_to_the_workflow(client, tmp_path, server):
+    server.push(ai.answer("Hello."))
+    guard = Front("guard", rewrite="Say hello politely")
+    async with model_harness(client, tmp_path, server, hooks=[guard], dedicated_synthesis=False) as h:
+        outcome = await h.run("Say hello")
+
+    assert outcome.result is not None, outcome.failure
+    assert [ran for _, ran in hook_markers(outcome)][:2] == [["before_run"], ["before_planning"]]
+    assert run_on_types(outcome)[0] == "before_run:guard → before_planning:guard"
+    # before_planning ran on the rewritten ask.
+    assert guard.seen[1] == ("before_planning", "Say hello politely", {})
+    assert outcome.record is not None and not outcome.record.diagnostics

@@ -296,7 +296,7 @@ class RequestLifecycleWorkflow:
         state = self._state
         await self._resolve_pipeline()
         await self._take_turn()
-        await self._before_run()
+        await self._before_run(self._planning_ahead())
         state.enrichments = promote_metadata(state.input.metadata)
         state.record.promoted_enrichments = sorted(state.enrichments)
         await self._recall()
@@ -366,7 +366,7 @@ class RequestLifecycleWorkflow:
         self._listing.enter(stage)
         return (await self._hooks.run(STAGES[stage], subject, on_outcome, **options)).subject
 
-    async def _before_run(self) -> None:
+    async def _before_run(self, ahead: list[Ahead]) -> None:
         """Rewrite the ask, instructions or facts (facts merge, later values win), or stop the run."""
 
         def on_outcome(hook: HookEntry, outcome: stages.run.BeforeRunOutcome, before: Any, folded: Fold) -> None:
@@ -375,15 +375,30 @@ class RequestLifecycleWorkflow:
             if outcome.patch is not None:
                 self._state.apply_run(folded.subject)
 
-        await self._stage(Stage.BEFORE_RUN, self._state.run_view(), on_outcome)
+        await self._stage(Stage.BEFORE_RUN, self._state.run_view(), on_outcome, ahead=ahead)
+
+    def _planning_ahead(self) -> list[Ahead]:
+        """before_planning, on the enrichments the request's metadata promotes, where no memory is
+        recalled after before_run: nothing else comes between the two stages."""
+        if self._recalls() is not None:
+            return []
+        return [Ahead(Stage.BEFORE_PLANNING, promote_metadata(self._state.input.metadata))]
+
+    def _recalls(self) -> str | None:
+        """The conversation whose memory this run loads before planning, if it loads one."""
+        state = self._state
+        conversation = conversation_id(state.input.metadata)
+        if state.behaviour.run_extensions and state.manifest.memory and conversation:
+            return conversation
+        return None
 
     async def _recall(self) -> None:
         """Load the conversation's memory, let after_recall hooks change the view of it this run plans with,
         and put that view ahead of the conversation history the planner reads. Loading that fails is a
         ``memory`` error the run recovers from: it plans without the memory."""
         state = self._state
-        conversation = conversation_id(state.input.metadata)
-        if not (state.behaviour.run_extensions and state.manifest.memory and conversation):
+        conversation = self._recalls()
+        if conversation is None:
             return
         self._listing.enter(RECALLING)
         outcome = RecallOutcome(conversation_id=conversation)
