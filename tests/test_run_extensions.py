@@ -786,3 +786,59 @@ async def test_later_phases_replay_the_models_own_turn_and_answer_each_call_by_i
     assert replayed[0]["tool_calls"][1]["function"]["arguments"] == '{"symbol":"BOLT"}'  # as the model wrote it
     assert [(m["role"], m["tool_call_id"]) for m in replayed[1:]] == [("tool", "call_Xy1"), ("tool", "call_Zq2")]
     assert str(quote_price("BOLT")) in replayed[2]["content"]
+
+
+class RecallAudit:
+    """after_recall and before_planning: leaves the memory as loaded and notes what planning is given."""
+
+    name = "recall-audit"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def after_recall(self, ctx, recall: RecallView) -> RecallPatch | None:
+        self.seen.append(f"after_recall:{len(recall.memory.exchanges)}")
+        return None
+
+    def before_planning(self, ctx) -> None:
+        self.seen.append(f"before_planning:{ctx.enrichments.get('conversation_history', '')}")
+
+
+@pytest.mark.parametrize("forget", [False, True], ids=["as-loaded", "changed"])
+async def test_after_recall_runs_on_into_before_planning_while_it_leaves_the_memory_as_loaded(
+    client, tmp_path, forget
+):
+    memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
+    audit = RecallAudit()
+    hooks = [ForgetAcme(), audit] if forget else [audit]
+    planner = PhasedPlanner([quote("q", "INIT")])
+    async with Harness(client, tmp_path, hooks=hooks, memory=memory, planner=planner) as h:
+        await memory.save(
+            MemoryCandidate(conversation_id="conv-o", request="What is the price of ACME?", answer="ACME is 1."),
+            request_id="earlier-1",
+        )
+        out = await h.run("What is the price of INIT?", {"conversation_id": "conv-o"})
+
+    assert out.failure is None, out.failure
+    types = list(
+        dict.fromkeys(
+            a.recorded_type
+            for a in out.scheduled
+            if a.recorded_type and a.recorded_type.startswith(("after_recall:", "before_planning:"))
+        )
+    )
+    if forget:  # the memory changed: before_planning ran on its own, on the view after_recall left
+        assert types == [
+            "after_recall:forget-acme + recall-audit → before_planning:recall-audit",
+            "before_planning:recall-audit",
+        ]
+        assert audit.seen == ["after_recall:0", "before_planning:"]
+    else:
+        assert types == ["after_recall:recall-audit → before_planning:recall-audit"]
+        history = "user: What is the price of ACME?\nassistant: ACME is 1."
+        assert audit.seen == ["after_recall:1", f"before_planning:{history}"]
+    assert out.record is not None and not out.record.diagnostics
+    assert [i.stage.value for i in out.record.pipeline_hooks if i.hook == "recall-audit"] == [
+        "after_recall",
+        "before_planning",
+    ]

@@ -379,7 +379,8 @@ class RequestLifecycleWorkflow:
 
     def _planning_ahead(self) -> list[Ahead]:
         """before_planning, on the enrichments the request's metadata promotes, where no memory is
-        recalled after before_run: nothing else comes between the two stages."""
+        recalled after before_run: nothing else comes between the two stages. (Where memory is recalled,
+        after_recall runs on into before_planning instead.)"""
         if self._recalls() is not None:
             return []
         return [Ahead(Stage.BEFORE_PLANNING, promote_metadata(self._state.input.metadata))]
@@ -424,7 +425,10 @@ class RequestLifecycleWorkflow:
                 outcome.changed_by.append(hook.name)
 
         view = await self._stage(
-            Stage.AFTER_RECALL, RecallView(conversation_id=conversation, memory=memory), on_outcome
+            Stage.AFTER_RECALL,
+            RecallView(conversation_id=conversation, memory=memory),
+            on_outcome,
+            ahead=[Ahead(Stage.BEFORE_PLANNING, with_recalled_memory(state.enrichments, memory))],
         )
         state.enrichments = with_recalled_memory(state.enrichments, view.memory)
 
