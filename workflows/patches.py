@@ -104,7 +104,7 @@ class Behaviour:
     # A request a client started with its kind and first stage is listed by them until its next listing.
     stage_listed_at_start: bool = True
     # The in-process hooks of consecutive stages run in one local activity while each stage leaves the run
-    # as it was (the stages after a model's text answer).
+    # as it was (before_run or after_recall, then before_planning; the stages after a text answer).
     stage_lookahead: bool = True
 
 
