@@ -805,9 +805,7 @@ class RecallAudit:
 
 
 @pytest.mark.parametrize("forget", [False, True], ids=["as-loaded", "changed"])
-async def test_after_recall_runs_on_into_before_planning_while_it_leaves_the_memory_as_loaded(
-    client, tmp_path, forget
-):
+async def test_after_recall_runs_on_into_before_planning_while_it_leaves_the_memory_as_loaded(client, tmp_path, forget):
     memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
     audit = RecallAudit()
     hooks = [ForgetAcme(), audit] if forget else [audit]
