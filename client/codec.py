@@ -28,7 +28,8 @@ from urllib.parse import urlsplit
 
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payload, Payloads
-from temporalio.converter import ExternalStorage
+from temporalio.api.sdk.v1.external_storage_pb2 import ExternalStorageReference
+from temporalio.converter import ExternalStorage, StorageDriverClaim, StorageDriverRetrieveContext
 
 from workflows.masking import redact
 
@@ -36,6 +37,10 @@ DEFAULT_PORT = 8888
 DEFAULT_HOST = "127.0.0.1"
 _JSON_ENCODINGS = (b"json/plain", b"json/protobuf")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+# How the SDK writes a payload stored by reference: the JSON form of an ``ExternalStorageReference``
+# (the driver's name and its claim), and, from before that message existed, a JSON object of its own.
+_REFERENCE_TYPE = ExternalStorageReference.DESCRIPTOR.full_name.encode()
+_EARLIER_REFERENCE_ENCODING = b"json/external-storage-reference"
 
 
 def _masked_json(value: Any) -> Any:
@@ -81,13 +86,53 @@ class Codec:
         """Each payload resolved from the payload store where it is a reference, then masked."""
         resolved = list(payloads)
         if self._storage is not None and resolved:
-            # The SDK's own retrieval (what a worker does with a reference): the driver named in each
-            # reference reads its claim; a payload that is no reference comes back as it is.
-            resolved = await self._storage._retrieve_payload_sequence(resolved)
+            resolved = await self._resolved(resolved)
         return [mask_payload(p) for p in resolved]
+
+    async def _resolved(self, payloads: list[Payload]) -> list[Payload]:
+        """``payloads`` with each reference replaced by what the driver it names reads for its claim (one
+        call per driver), as a worker resolves it; a payload that is no reference stays as it is. A
+        reference to a driver this deployment does not have is a ``ValueError``."""
+        assert self._storage is not None
+        drivers = {driver.name(): driver for driver in self._storage.drivers}
+        claims: dict[str, list[tuple[int, StorageDriverClaim]]] = {}
+        for index, payload in enumerate(payloads):
+            reference = storage_reference(payload)
+            if reference is None:
+                continue
+            name, claim = reference
+            if name not in drivers:
+                raise ValueError(f"a payload is stored by the driver {name!r}, which this deployment does not have")
+            claims.setdefault(name, []).append((index, claim))
+        resolved = list(payloads)
+        for name, indexed in claims.items():
+            stored = await drivers[name].retrieve(StorageDriverRetrieveContext(), [claim for _, claim in indexed])
+            if len(stored) != len(indexed):
+                raise ValueError(f"the driver {name!r} returned {len(stored)} payloads for {len(indexed)} claims")
+            for (index, _), payload in zip(indexed, stored, strict=True):
+                resolved[index] = payload
+        return resolved
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         return list(payloads)
+
+
+def storage_reference(payload: Payload) -> tuple[str, StorageDriverClaim] | None:
+    """The driver's name and claim of a payload stored by reference; None for any other payload."""
+    encoding = payload.metadata.get("encoding", b"")
+    try:
+        if encoding == b"json/protobuf" and payload.metadata.get("messageType") == _REFERENCE_TYPE:
+            reference = json_format.Parse(payload.data, ExternalStorageReference(), ignore_unknown_fields=True)
+            return reference.driver_name, StorageDriverClaim(claim_data=dict(reference.claim_data))
+        if encoding == _EARLIER_REFERENCE_ENCODING:
+            earlier = json.loads(payload.data)
+            claim = earlier["driver_claim"]["claim_data"]
+            return str(earlier["driver_name"]), StorageDriverClaim(
+                claim_data={str(k): str(v) for k, v in claim.items()}
+            )
+    except (ValueError, KeyError, TypeError, AttributeError, json_format.ParseError):
+        return None
+    return None
 
 
 def loopback_origin(origin: str) -> bool:

@@ -17,7 +17,7 @@ from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.api.enums.v1 import EventType
 
 from client import Settings, process_data_converter
-from client.codec import Codec, mask_payload, serve
+from client.codec import Codec, mask_payload, serve, storage_reference
 from demo.screenshots import free_port
 
 from .conftest import with_payload_store
@@ -116,6 +116,35 @@ async def test_the_ui_reads_a_plan_stored_by_reference_decoded_and_masked(client
 
         bad = await http.post(f"{base}/decode", content=b"not json")
         assert bad.status_code == 400
+
+
+async def test_references_resolve_in_either_form_the_sdk_writes_and_an_unknown_driver_is_named(client, tmp_path):
+    client = with_payload_store(client, tmp_path)
+    planner = FixedPlanner(step("say", Echo, text="hello"), *STEPS)
+    async with Harness(client, tmp_path, tools=[Echo()], planner=planner) as h:
+        out = await h.run("say it", {"cache": "bypass"})
+    assert out.failure is None, out.failure
+    stored = plan_result(out.history)
+    name, claim = storage_reference(stored) or pytest.fail("the plan was not stored by reference")
+    codec = Codec(process_data_converter(Settings(state_dir=tmp_path)).external_storage)
+    [as_written] = await codec.decode([stored])
+    assert b"padding text number 29" in as_written.data
+
+    # The form from before the reference message: the same driver and claim, as a JSON object.
+    earlier = Payload(
+        metadata={"encoding": b"json/external-storage-reference"},
+        data=json.dumps({"driver_name": name, "driver_claim": {"claim_data": dict(claim.claim_data)}}).encode(),
+    )
+    plain = Payload(metadata={"encoding": b"json/plain"}, data=b'"not a reference"')
+    assert await codec.decode([earlier, plain, stored]) == [as_written, plain, as_written]
+
+    # A reference to a driver this deployment does not have: the UI is told which.
+    elsewhere = Payload()
+    elsewhere.CopyFrom(stored)
+    elsewhere.data = stored.data.replace(name.encode(), b"s3-archive")
+    async with codec_server(codec) as base, httpx.AsyncClient() as http:
+        answer = await http.post(f"{base}/decode", json={"payloads": [json_format.MessageToDict(elsewhere)]})
+    assert answer.status_code == 500 and "s3-archive" in answer.text
 
 
 @pytest.mark.parametrize(
