@@ -86,35 +86,35 @@ class Codec:
         """Each payload resolved from the payload store where it is a reference, then masked."""
         resolved = list(payloads)
         if self._storage is not None and resolved:
-            resolved = await self._resolved(resolved)
+            resolved = await resolve_references(self._storage, resolved)
         return [mask_payload(p) for p in resolved]
-
-    async def _resolved(self, payloads: list[Payload]) -> list[Payload]:
-        """``payloads`` with each reference replaced by what the driver it names reads for its claim (one
-        call per driver), as a worker resolves it; a payload that is no reference stays as it is. A
-        reference to a driver this deployment does not have is a ``ValueError``."""
-        assert self._storage is not None
-        drivers = {driver.name(): driver for driver in self._storage.drivers}
-        claims: dict[str, list[tuple[int, StorageDriverClaim]]] = {}
-        for index, payload in enumerate(payloads):
-            reference = storage_reference(payload)
-            if reference is None:
-                continue
-            name, claim = reference
-            if name not in drivers:
-                raise ValueError(f"a payload is stored by the driver {name!r}, which this deployment does not have")
-            claims.setdefault(name, []).append((index, claim))
-        resolved = list(payloads)
-        for name, indexed in claims.items():
-            stored = await drivers[name].retrieve(StorageDriverRetrieveContext(), [claim for _, claim in indexed])
-            if len(stored) != len(indexed):
-                raise ValueError(f"the driver {name!r} returned {len(stored)} payloads for {len(indexed)} claims")
-            for (index, _), payload in zip(indexed, stored, strict=True):
-                resolved[index] = payload
-        return resolved
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         return list(payloads)
+
+
+async def resolve_references(storage: ExternalStorage, payloads: list[Payload]) -> list[Payload]:
+    """``payloads`` with each reference replaced by what the driver it names reads for its claim (one
+    call per driver), as a worker resolves it; a payload that is no reference stays as it is. A
+    reference to a driver this deployment does not have is a ``ValueError``."""
+    drivers = {driver.name(): driver for driver in storage.drivers}
+    claims: dict[str, list[tuple[int, StorageDriverClaim]]] = {}
+    for index, payload in enumerate(payloads):
+        reference = storage_reference(payload)
+        if reference is None:
+            continue
+        name, claim = reference
+        if name not in drivers:
+            raise ValueError(f"a payload is stored by the driver {name!r}, which this deployment does not have")
+        claims.setdefault(name, []).append((index, claim))
+    resolved = list(payloads)
+    for name, indexed in claims.items():
+        stored = await drivers[name].retrieve(StorageDriverRetrieveContext(), [claim for _, claim in indexed])
+        if len(stored) != len(indexed):
+            raise ValueError(f"the driver {name!r} returned {len(stored)} payloads for {len(indexed)} claims")
+        for (index, _), payload in zip(indexed, stored, strict=True):
+            resolved[index] = payload
+    return resolved
 
 
 def storage_reference(payload: Payload) -> tuple[str, StorageDriverClaim] | None:
