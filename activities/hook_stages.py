@@ -200,7 +200,8 @@ class HookStageActivities(abc.ABC):
         value = converter.from_payload(args[0].payload)
         if isinstance(value, dict) and "calls" in value:
             return await self.run_hook_batch(HookBatchCall.model_validate(value))
-        return await self.invoke_stage(spec, spec.call.model_validate(value))
+        call = spec.call.model_validate(value)
+        return spec.entry_outcome(call, await self.invoke_stage(spec, call))
 
     @activity.defn(name=HOOK_BATCH_ACTIVITY)
     async def run_hook_batch(self, batch: HookBatchCall) -> HookBatchOutcome:
@@ -221,8 +222,9 @@ class HookStageActivities(abc.ABC):
         return self.bounded_result(outcome, f"{batch.stage.value} batch")
 
     async def _run_stage(self, stage: Stage, calls: Sequence[Any]) -> tuple[list[HookBatchEntry], bool]:
-        """One stage's hooks of a batch, in order: their entries, and whether the batch may run on into
-        the next stage (every hook ran and left the run as it was)."""
+        """One stage's hooks of a batch, in order: their entries (each outcome without the subject it would
+        only hand back unchanged, ``StageSpec.entry_outcome``), and whether the batch may run on into the
+        next stage (every hook ran and left the run as it was)."""
         spec = STAGES[stage]
         planned = [spec.call.model_validate(call) for call in calls]
         entries: list[HookBatchEntry] = []
@@ -236,7 +238,7 @@ class HookStageActivities(abc.ABC):
             entries.append(
                 HookBatchEntry(
                     hook=call.hook.name,
-                    outcome=outcome,
+                    outcome=spec.entry_outcome(call, outcome) if outcome is not None else None,
                     failure=failure,
                     attempts=attempts,
                     duration_ms=round((time.monotonic() - started) * 1000.0, 3),

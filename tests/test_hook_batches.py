@@ -266,3 +266,65 @@ async def test_tool_hooks_see_the_arguments_the_hooks_before_them_set_and_a_deni
         "before_tool · watch · q",
         "before_tool · deny · q",
     ]
+
+
+class Keep:
+    """after_synthesis: returns the answer as it received it; remembers what it received."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.received: list[str] = []
+
+    def after_synthesis(self, ctx, response: str) -> str:
+        self.received.append(response)
+        return response
+
+
+class KeepPlan:
+    name = "keep-plan"
+
+    def after_planning(self, ctx, plan):
+        return plan
+
+
+def marker_result(out: Outcome, activity_type: str) -> dict:
+    """What a local activity's marker recorded as its result, as history holds it."""
+    converter = data_converter.payload_converter
+    for event in out.history.events:
+        details = event.marker_recorded_event_attributes.details
+        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED or "data" not in details:
+            continue
+        if converter.from_payloads(details["data"].payloads)[0]["activity_type"] == activity_type:
+            return converter.from_payloads(details["result"].payloads)[0]
+    raise AssertionError(f"no marker {activity_type!r}")
+
+
+async def test_an_outcome_records_the_subject_only_where_its_hook_changed_it(client, tmp_path):
+    first, last = Keep("first"), Keep("last")
+    hooks = [KeepPlan(), first, Suffix("a"), last]
+    async with Harness(client, tmp_path, hooks=hooks, planner=FixedPlanner(quote("q", "ACME"))) as h:
+        out = await h.run("price of ACME")
+
+    assert out.failure is None
+    assert out.result.response == ACME + "A"
+    assert (first.received, last.received) == ([ACME], [ACME + "A"])
+    # The hooks that left the answer as they received it hand nothing back to history; the one that
+    # changed it hands its answer. The workflow takes the others' from what each received.
+    batch = marker_result(out, "after_synthesis:first + a + last")["entries"]
+    assert [("response" in e["outcome"], e["outcome"].get("response")) for e in batch] == [
+        (False, None),
+        (True, ACME + "A"),
+        (False, None),
+    ]
+    assert [e["outcome"]["decision"]["reason"] for e in batch] == ["accepted"] * 3
+    # A stage's only in-process hook has a marker of its own, and the plan it left as it was stays out of
+    # it: the tools still run the plan.
+    kept = marker_result(out, "after_planning:keep-plan")
+    assert "plan" not in kept and kept["changed"] is False and kept["decision"]["reason"] == "accepted"
+    assert [(s.step_id, s.status.value) for s in out.record.steps] == [("q", "succeeded")]
+    assert invocations(out, Stage.AFTER_PLANNING) == [("keep-plan", 1, "succeeded")]
+    assert invocations(out, Stage.AFTER_SYNTHESIS) == [
+        ("first", 1, "succeeded"),
+        ("a", 2, "succeeded"),
+        ("last", 3, "succeeded"),
+    ]

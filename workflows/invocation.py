@@ -58,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
         Fold,
         StageSpec,
         hook_activity_type,
+        next_call,
         stages_activity_type,
     )
     from .support import (
@@ -297,7 +298,7 @@ class HookRunner:
         # Compared as JSON: what the hooks received is what counts (and a sandboxed replay may build the
         # same call from another copy of its class).
         if [call_for(hook).model_dump(mode="json") for hook in hooks] == [c.model_dump(mode="json") for c in ran.calls]:
-            return await self._batch_results(spec, hooks, 1, plan_phase, step, ran.entries, ran.started)
+            return await self._batch_results(spec, hooks, ran.calls, 1, plan_phase, step, ran.entries, ran.started)
         for entry in ran.entries:
             self._state.record.diagnostics.append(
                 Diagnostic(
@@ -422,15 +423,16 @@ class HookRunner:
 
         try:
             if hook.run_mode is RunMode.LOCAL_ACTIVITY:
-                outcome = await workflow.execute_local_activity(
+                recorded = await workflow.execute_local_activity(
                     self._local_type(spec, [hook], spec.activity),
                     call,
-                    result_type=spec.outcome,
+                    result_type=dict,
                     start_to_close_timeout=timedelta(seconds=hook.timeout_seconds),
                     schedule_to_close_timeout=deadline - workflow.now() if deadline is not None else None,
                     retry_policy=retry,
                     summary=summary,
                 )
+                outcome = spec.outcome_of(call, recorded)
             else:
                 outcome = await self._scheduler.activity(
                     spec.activity,
@@ -579,21 +581,26 @@ class HookRunner:
                     calls=later_calls[: len(entries)], entries=entries, started=clock
                 )
             clock += _spent(entries)
-        return await self._batch_results(spec, hooks, first_sequence, plan_phase, step, batch.entries, started)
+        return await self._batch_results(spec, hooks, calls, first_sequence, plan_phase, step, batch.entries, started)
 
     async def _batch_results(
         self,
         spec: StageSpec,
         hooks: list[HookEntry],
+        calls: Sequence[HookCall],
         first_sequence: int,
         plan_phase: int | None,
         step: PlanStep | None,
         entries: list[HookBatchEntry],
         started: datetime,
     ) -> list[_Result]:
-        """Each entry of a batch recorded as its hook's invocation (from ``started``, one after another)."""
+        """Each entry of a batch recorded as its hook's invocation (from ``started``, one after another).
+        ``calls``: the calls the workflow built for ``hooks`` before the batch; each hook after the first
+        received its call as the batch passed it on (``next_call``), and an entry that left out an
+        unchanged subject gets it back from there."""
         results: list[_Result] = []
         clock = started
+        received = calls[0]
         for offset, (hook, entry) in enumerate(zip(hooks, entries, strict=False)):
             invocation = self._invocation(hook, spec.stage, first_sequence + offset, plan_phase, step)
             invocation.started_at, invocation.duration_ms = clock, entry.duration_ms
@@ -602,8 +609,10 @@ class HookRunner:
                 failure = InvocationFailure.from_batch(entry.failure, hook)
                 results.append((hook, None, self._failed(spec, invocation, hook, failure)))
             else:
-                outcome = spec.outcome.model_validate(entry.outcome)
+                outcome = spec.outcome_of(received, entry.outcome)
                 results.append((hook, await self._succeeded(invocation, hook, outcome), None))
+                if offset + 1 < len(calls):  # None: the batch stopped at this hook, no entry follows
+                    received = next_call(spec, received, outcome, calls[offset + 1]) or received
         return results
 
     def _failed(

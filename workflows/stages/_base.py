@@ -186,6 +186,10 @@ class StageSpec(Generic[CallT, OutcomeT]):
     failure_policy: ClassVar[FailurePolicy]  # unless the hook sets its own (where ``own_policy`` allows)
     chaining: ClassVar[Chaining]
     subject_field: ClassVar[str | None] = None  # None: the stage's hooks work on nothing but the request
+    # The outcome field that hands the stage's subject back whole (the plan, the answer, ...), where the
+    # outcome has one. A local activity records the outcome without it when the hook left the subject as
+    # it received it (:meth:`entry_outcome`): history grows with what hooks change, not with what they read.
+    echo: ClassVar[str | None] = None
     tool_stage: ClassVar[bool] = False  # invoked per plan step; ``matcher`` / ``subagent_only`` filter it
     own_policy: ClassVar[bool] = True  # a hook's ``failure_policy`` replaces the default here
     finalizer: ClassVar[bool] = False  # runs on every exit; a failure is a diagnostic, never the run's outcome
@@ -211,6 +215,28 @@ class StageSpec(Generic[CallT, OutcomeT]):
 
     def with_subject(self, call: CallT, subject: Any) -> CallT:
         return call.model_copy(update={self.subject_field: subject}) if self.subject_field else call
+
+    def echoed(self, call: CallT) -> Any:
+        """What the ``echo`` field holds when the hook left the subject as ``call`` carried it."""
+        return self.subject(call)
+
+    def entry_outcome(self, call: CallT, outcome: OutcomeT) -> dict[str, Any]:
+        """``outcome`` as a local activity records it (one in-process hook's result, a batch's entry):
+        without its ``echo`` field when that only hands back what ``call`` carried (:meth:`outcome_of`
+        puts it back)."""
+        data = outcome.model_dump(mode="json")
+        if self.echo is not None and getattr(outcome, self.echo) == self.echoed(call):
+            del data[self.echo]
+        return data
+
+    def outcome_of(self, call: CallT, data: dict[str, Any]) -> OutcomeT:
+        """The outcome a local activity recorded for the hook that received ``call``: its ``echo`` field
+        back from the call where the record left it out (one recorded before holds it whole)."""
+        if self.echo is not None and self.echo not in data:
+            echoed = self.echoed(call)
+            dump: Callable[..., Any] | None = getattr(echoed, "model_dump", None)
+            data = {**data, self.echo: dump(mode="json") if dump is not None else echoed}
+        return self.outcome.model_validate(data)  # type: ignore[return-value]
 
     # -- the activity side ---------------------------------------------------------------------------
 

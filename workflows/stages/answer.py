@@ -55,6 +55,7 @@ class AfterSynthesisSpec(StageSpec[AfterSynthesisCall, AfterSynthesisOutcome]):
     failure_policy = FailurePolicy.FAIL_OPEN
     chaining = Chaining.CHAIN
     subject_field = "response"
+    echo = "response"
 
     def judge(
         self, call: AfterSynthesisCall, value: Any, ctx: PipelineContext, checks: Checks
@@ -98,6 +99,10 @@ class AfterAnswerSpec(StageSpec[AfterAnswerCall, AfterAnswerOutcome]):
     failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.CHAIN
     subject_field = "answer"
+    echo = "text"
+
+    def echoed(self, call: AfterAnswerCall) -> str:
+        return call.answer.text
 
     def judge(self, call: AfterAnswerCall, value: Any, ctx: PipelineContext, checks: Checks) -> AfterAnswerOutcome:
         value = returned(value, "after_answer", str, Stop)
@@ -151,6 +156,7 @@ class BeforeRememberSpec(StageSpec[BeforeRememberCall, BeforeRememberOutcome]):
     failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.GATE
     subject_field = "candidate"
+    echo = "candidate"
 
     def judge(
         self, call: BeforeRememberCall, value: Any, ctx: PipelineContext, checks: Checks

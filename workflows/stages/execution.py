@@ -203,7 +203,11 @@ class AfterToolSpec(StageSpec[AfterToolCall, AfterToolOutcome]):
     failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.CHAIN
     subject_field = "outcome"
+    echo = "result"
     tool_stage = True
+
+    def echoed(self, call: AfterToolCall) -> str:
+        return call.outcome.result
 
     def arguments(self, call: AfterToolCall, ctx: PipelineContext) -> tuple[Any, ...]:
         return call.call.model_copy(deep=True), call.outcome.model_copy(deep=True)

@@ -356,6 +356,7 @@ class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
     failure_policy = FailurePolicy.FAIL_OPEN
     chaining = Chaining.CHAIN
     subject_field = "plan"
+    echo = "plan"
     own_policy = False
 
     def policy(self, hook: HookEntry) -> FailurePolicy:
