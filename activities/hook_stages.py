@@ -48,6 +48,7 @@ from workflows.models import (
     PipelineManifest,
     Plan,
     PlanStep,
+    RecordedOutcome,
     ShortCircuitProposal,
     Stage,
     json_size,
@@ -201,7 +202,7 @@ class HookStageActivities(abc.ABC):
         if isinstance(value, dict) and "calls" in value:
             return await self.run_hook_batch(HookBatchCall.model_validate(value))
         call = spec.call.model_validate(value)
-        return spec.entry_outcome(call, await self.invoke_stage(spec, call))
+        return RecordedOutcome.model_validate(spec.entry_outcome(call, await self.invoke_stage(spec, call)))
 
     @activity.defn(name=HOOK_BATCH_ACTIVITY)
     async def run_hook_batch(self, batch: HookBatchCall) -> HookBatchOutcome:

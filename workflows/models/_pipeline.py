@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage
 from ._plans import ToolCall, ToolSpec
@@ -314,6 +314,14 @@ class HookOutcome(ByReference):
 
 class ObserveOutcome(HookOutcome):
     """The outcome of an observe-only (after_execution) invocation."""
+
+
+class RecordedOutcome(ByReference):
+    """A hook's outcome as the local activity that ran it records it: the stage's outcome fields, without
+    the subject the hook only hands back unchanged (``StageSpec.entry_outcome``; the workflow puts it
+    back with ``StageSpec.outcome_of``)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class HookBatchSegment(BaseModel):
