@@ -65,7 +65,7 @@ async def test_the_sweep_deletes_only_what_was_not_used_within_the_retention(mak
     old, fresh = payload("old " * 100), payload("fresh " * 100)
     first = make_store(retention=timedelta(seconds=1))
     [old_claim] = await first.store(None, [old])  # type: ignore[arg-type]
-    await asyncio.sleep(1.2)
+    await asyncio.sleep(1.5)
     await make_store(retention=timedelta(seconds=1)).store(None, [fresh])  # type: ignore[arg-type]  # sweeps
 
     reader = make_store()
@@ -73,3 +73,27 @@ async def test_the_sweep_deletes_only_what_was_not_used_within_the_retention(mak
         await reader.retrieve(None, [old_claim])  # type: ignore[arg-type]
     [fresh_claim] = await first.store(None, [fresh])  # type: ignore[arg-type]
     assert await reader.retrieve(None, [fresh_claim]) == [fresh]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("use", ["store", "retrieve"])
+async def test_an_entry_a_process_keeps_using_from_its_cache_is_never_swept(make_store, use):
+    """A long-lived worker that keeps sending (or reading) the same payload serves it from its cache; the
+    store's last use of it is still brought up to date, so a sweep elsewhere never deletes what new
+    histories reference. An entry nobody uses is swept as before."""
+    kept, dropped = payload("kept " * 100), payload("dropped " * 100)
+    retention = timedelta(seconds=2)
+    writer = make_store(retention=retention)
+    [kept_claim, dropped_claim] = await writer.store(None, [kept, dropped])  # type: ignore[arg-type]
+    user = writer if use == "store" else make_store(retention=retention)
+    for _ in range(7):  # 3.5 s of use: well past the retention
+        if use == "store":
+            await user.store(None, [kept])  # type: ignore[arg-type]
+        else:
+            assert await user.retrieve(None, [kept_claim]) == [kept]  # type: ignore[arg-type]
+        await asyncio.sleep(0.5)
+    await make_store(retention=retention).store(None, [payload("another process sweeps")])  # type: ignore[arg-type]
+
+    reader = make_store()
+    assert await reader.retrieve(None, [kept_claim]) == [kept]  # type: ignore[arg-type]
+    with pytest.raises(PayloadNotFound):
+        await reader.retrieve(None, [dropped_claim])  # type: ignore[arg-type]

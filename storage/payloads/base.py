@@ -9,8 +9,12 @@ worker makes of what it just wrote. ``external_storage()`` builds the ``External
 workers of one deployment share; every process that reads a request's history or result (the CLI too)
 needs the same store.
 
-Retention: an entry is kept for ``retention`` after it was last written or read (the sweep runs at
-most once an hour per process, from any process); it must outlive the histories that reference it.
+Retention: an entry is kept for at least ``retention`` after it was last written or read, by any process
+(the sweep runs at most once an hour per process, from any process); it must outlive the histories that
+reference it. A process that keeps writing or reading an entry from its cache brings the entry's last use
+in the store up to date at most once every eighth of the retention, and the sweep allows for that lag: an
+entry a long-lived worker keeps sending (a conversation's state carried across continue-as-new, a large
+prompt part) is never swept from under the histories that still reference it.
 
 Two backends share everything here but the two statements that write and read entries: one SQLite file
 for the processes of one machine (``SQLitePayloadStore``), PostgreSQL for workers on several machines
@@ -20,6 +24,7 @@ for the processes of one machine (``SQLitePayloadStore``), PostgreSQL for worker
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from abc import abstractmethod
 from collections import OrderedDict
@@ -38,6 +43,8 @@ from temporalio.converter import (
 
 from workflows.converter import BY_REFERENCE_METADATA
 
+logger = logging.getLogger(__name__)
+
 DRIVER_NAME = "agent-payload-store"
 # Activity inputs and results (``ByReference`` models) at or above this size go to the store; a local
 # activity's result (recorded in its marker) from a larger size; workflow inputs, results, signals and
@@ -49,6 +56,9 @@ OTHER_THRESHOLD_BYTES = 1024 * 1024
 _THRESHOLDS = {b"reference": ACTIVITY_THRESHOLD_BYTES, b"marker": MARKER_THRESHOLD_BYTES}
 DEFAULT_RETENTION = timedelta(days=31)
 SWEEP_INTERVAL_SECONDS = 3600.0
+# A process brings an entry's last use in the store up to date when the one it knows is older than this
+# share of the retention.
+REFRESH_SHARE = 1 / 8
 
 
 class PayloadNotFound(LookupError):
@@ -57,7 +67,8 @@ class PayloadNotFound(LookupError):
 
 class PayloadStore(StorageDriver):
     """The payload driver: content-addressed entries, a bounded in-process cache of what this process
-    wrote or read, and an hourly sweep. A backend implements :meth:`_write` and :meth:`_read`.
+    wrote or read (with the last use the store holds for each), and an hourly sweep. A backend implements
+    :meth:`_write` and :meth:`_read`.
 
     Args:
         retention: How long an entry is kept after it was last written or read.
@@ -66,7 +77,9 @@ class PayloadStore(StorageDriver):
 
     def __init__(self, *, retention: timedelta = DEFAULT_RETENTION, cache_bytes: int = 64 * 1024 * 1024) -> None:
         self.retention = retention
-        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self.refresh_seconds = retention.total_seconds() * REFRESH_SHARE
+        # key -> (data, the entry's last use as the store holds it, as far as this process knows)
+        self._cache: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._swept_at = 0.0
@@ -81,53 +94,79 @@ class PayloadStore(StorageDriver):
 
     @abstractmethod
     async def _write(self, entries: list[tuple[str, bytes]], now: float, sweep_before: float | None) -> None:
-        """Insert ``entries`` (key, data), or refresh their last use; with ``sweep_before``, also delete
-        entries last used before it."""
+        """Insert ``entries`` (key, data), or bring their last use up to ``now`` (never back); with
+        ``sweep_before``, also delete entries last used before it."""
 
     @abstractmethod
-    async def _read(self, keys: list[str]) -> dict[str, bytes]:
-        """The stored data of those ``keys`` that are stored."""
+    async def _read(self, keys: list[str]) -> dict[str, tuple[bytes, float]]:
+        """The stored data and last use (epoch seconds) of those ``keys`` that are stored."""
 
-    def _remember(self, key: str, data: bytes) -> None:
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return
-        self._cache[key] = data
+    def _remember(self, key: str, data: bytes, used: float) -> None:
+        known = self._cache.pop(key, None)
+        if known is not None:
+            self._cache_bytes -= len(known[0])
+            used = max(used, known[1])
+        self._cache[key] = (data, used)
         self._cache_bytes += len(data)
         while self._cache_bytes > self._cache_limit and self._cache:
-            _, dropped = self._cache.popitem(last=False)
+            _, (dropped, _) = self._cache.popitem(last=False)
             self._cache_bytes -= len(dropped)
+
+    async def _write_used(self, entries: list[tuple[str, bytes]], now: float) -> None:
+        """Write ``entries`` as used ``now`` (this process's hourly sweep with them), and cache them so."""
+        sweep = now - self._swept_at > SWEEP_INTERVAL_SECONDS
+        if sweep:
+            self._swept_at = now
+        # An entry's last use in the store lags its last use by up to ``refresh_seconds``: the sweep allows
+        # for that, so nothing used within the retention is deleted.
+        sweep_before = now - self.retention.total_seconds() - self.refresh_seconds if sweep else None
+        await self._write(entries, now, sweep_before)
+        for key, data in entries:
+            self._remember(key, data, now)
 
     async def store(self, context: StorageDriverStoreContext, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
         entries = []
         for payload in payloads:
             data = payload.SerializeToString(deterministic=True)
             entries.append((hashlib.sha256(data).hexdigest(), data))
-        fresh = [(key, data) for key, data in entries if key not in self._cache]
-        if fresh:
-            now = time.time()
-            sweep = now - self._swept_at > SWEEP_INTERVAL_SECONDS
-            if sweep:
-                self._swept_at = now
-            await self._write(fresh, now, now - self.retention.total_seconds() if sweep else None)
-        for key, data in entries:
-            self._remember(key, data)
+        now = time.time()
+        due = {
+            key: data
+            for key, data in entries
+            if key not in self._cache or now - self._cache[key][1] > self.refresh_seconds
+        }
+        if due:
+            await self._write_used(list(due.items()), now)
+        for key, _ in entries:
+            if key in self._cache:  # (one larger than the whole cache is never kept)
+                self._cache.move_to_end(key)
         return [StorageDriverClaim({"key": key, "size": str(len(data))}) for key, data in entries]
 
     async def retrieve(
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
     ) -> list[Payload]:
         keys = [claim.claim_data["key"] for claim in claims]
-        missing = [key for key in keys if key not in self._cache]
+        found = {key: self._cache[key] for key in keys if key in self._cache}
+        for key in found:
+            self._cache.move_to_end(key)
+        missing = [key for key in keys if key not in found]
         if missing:
-            for key, data in (await self._read(missing)).items():
-                self._remember(key, data)
+            read = await self._read(missing)
+            found.update(read)
+            for key, (data, used) in read.items():
+                self._remember(key, data, used)
         payloads = []
         for key in keys:
-            data = self._cache.get(key)
-            if data is None:
+            if key not in found:
                 raise PayloadNotFound(f"payload {key} is not in the payload store {self.location}")
-            payloads.append(Payload.FromString(data))
+            payloads.append(Payload.FromString(found[key][0]))
+        now = time.time()
+        due = {key: data for key, (data, used) in found.items() if now - used > self.refresh_seconds}
+        if due:  # a read is a use: the entry must outlive the history that just read it
+            try:
+                await self._write_used(list(due.items()), now)
+            except Exception as err:  # noqa: BLE001 - the read succeeded; only its refresh did not
+                logger.warning("could not bring the last use of %d payloads up to date: %s", len(due), err)
         return payloads
 
 

@@ -56,7 +56,7 @@ class PostgresPayloadStore(PayloadStore):
         async with self.database.transaction() as conn, conn.cursor() as cursor:
             await cursor.executemany(
                 "INSERT INTO agent_payloads (key, data, size, last_used_at) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT (key) DO UPDATE SET last_used_at = EXCLUDED.last_used_at",
+                "ON CONFLICT (key) DO UPDATE SET last_used_at = GREATEST(agent_payloads.last_used_at, EXCLUDED.last_used_at)",
                 [(key, data, len(data), used) for key, data in entries],
             )
             if sweep_before is not None:
@@ -66,8 +66,10 @@ class PostgresPayloadStore(PayloadStore):
                     (datetime.fromtimestamp(sweep_before, UTC), SWEEP_BATCH),
                 )
 
-    async def _read(self, keys: list[str]) -> dict[str, bytes]:
+    async def _read(self, keys: list[str]) -> dict[str, tuple[bytes, float]]:
         await self.migrate()
         async with self.database.transaction() as conn:
-            cursor = await conn.execute("SELECT key, data FROM agent_payloads WHERE key = ANY(%s)", (keys,))
-            return {key: bytes(data) for key, data in await cursor.fetchall()}
+            cursor = await conn.execute(
+                "SELECT key, data, last_used_at FROM agent_payloads WHERE key = ANY(%s)", (keys,)
+            )
+            return {key: (bytes(data), used.timestamp()) for key, data, used in await cursor.fetchall()}

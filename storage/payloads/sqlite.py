@@ -49,23 +49,23 @@ class SQLitePayloadStore(PayloadStore):
         with self._connections.immediate() as db:
             db.executemany(
                 "INSERT INTO payloads (key, data, size, last_used_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET last_used_at = excluded.last_used_at",
+                "ON CONFLICT (key) DO UPDATE SET last_used_at = max(last_used_at, excluded.last_used_at)",
                 [(key, data, len(data), now) for key, data in entries],
             )
             if sweep_before is not None:
                 db.execute("DELETE FROM payloads WHERE last_used_at < ?", (sweep_before,))
 
-    def _read_now(self, keys: list[str]) -> dict[str, bytes]:
-        found: dict[str, bytes] = {}
+    def _read_now(self, keys: list[str]) -> dict[str, tuple[bytes, float]]:
+        found: dict[str, tuple[bytes, float]] = {}
         with self._connections.reading() as db:
             for key in keys:
-                row = db.execute("SELECT data FROM payloads WHERE key = ?", (key,)).fetchone()
+                row = db.execute("SELECT data, last_used_at FROM payloads WHERE key = ?", (key,)).fetchone()
                 if row is not None:
-                    found[key] = row[0]
+                    found[key] = (row[0], row[1])
         return found
 
     async def _write(self, entries: list[tuple[str, bytes]], now: float, sweep_before: float | None) -> None:
         await asyncio.to_thread(self._write_now, entries, now, sweep_before)
 
-    async def _read(self, keys: list[str]) -> dict[str, bytes]:
+    async def _read(self, keys: list[str]) -> dict[str, tuple[bytes, float]]:
         return await asyncio.to_thread(self._read_now, keys)
