@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +25,7 @@ def connect(
     """An autocommit connection with WAL and a busy timeout (the caller closes it)."""
     db = sqlite3.connect(path, timeout=busy_timeout_seconds, isolation_level=None)
     try:
-        db.execute("PRAGMA journal_mode=WAL")
+        _journal_in_wal(db, busy_timeout_seconds)
         db.execute(f"PRAGMA busy_timeout={int(busy_timeout_seconds * 1000)}")
         if foreign_keys:
             db.execute("PRAGMA foreign_keys=ON")
@@ -32,6 +33,23 @@ def connect(
         db.close()
         raise
     return db
+
+
+def _journal_in_wal(db: sqlite3.Connection, timeout_seconds: float) -> None:
+    """Put the file in WAL mode (a no-op once it is). SQLite answers a switch that meets another
+    connection's lock — several processes opening a new file at once — with "database is locked" at
+    once, without its busy timeout: the switch is tried again until that timeout has passed."""
+    deadline = time.monotonic() + timeout_seconds
+    pause = 0.01
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if err.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
 
 
 @contextmanager
