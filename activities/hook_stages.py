@@ -31,12 +31,14 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from hooks.contracts import HookRejection, PipelineContext
 from hooks.registry import HookRegistry
-from workflows import decisions
+from workflows import decisions, snapshots
 from workflows.models import (
     MAX_INLINE_PAYLOAD_BYTES,
     MAX_STORED_PAYLOAD_BYTES,
+    AcceptedPlanWrite,
     DecisionAction,
     EffectStatus,
+    ExecutionRecord,
     HookBatchCall,
     HookBatchEntry,
     HookBatchFailure,
@@ -50,6 +52,7 @@ from workflows.models import (
     PlanStep,
     RecordedOutcome,
     ShortCircuitProposal,
+    SnapshotAttempt,
     Stage,
     json_size,
 )
@@ -169,6 +172,11 @@ class HookStageActivities(abc.ABC):
         return result
 
     @abc.abstractmethod
+    async def save_record(self, record: ExecutionRecord) -> tuple[int, bool]:
+        """Write a record snapshot to the execution store: (the revision stored, whether this one was
+        written — an older or equal revision never replaces a newer one)."""
+
+    @abc.abstractmethod
     def plan_problems(
         self, plan: Plan, phase: int, prior_step_ids: Sequence[str] = (), available: Sequence[str] | None = None
     ) -> list[str]:
@@ -212,20 +220,39 @@ class HookStageActivities(abc.ABC):
         Stops after a hook that failed on its last attempt, or whose outcome only the workflow can carry
         on from; the workflow runs the rest. Where the workflow sent the hooks of the stages that follow
         (``batch.ahead``), runs on into each while the stages before it left the run as it was
-        (``workflows.stages.hands_on``)."""
-        entries, ran_on = await self._run_stage(batch.stage, batch.calls)
+        (``workflows.stages.hands_on``). Where the workflow sent the accepted plan's snapshot
+        (``batch.write``) and every hook left the plan and the run as they were, writes it."""
+        entries, ran, ran_on = await self._run_stage(batch.stage, batch.calls)
         outcome = HookBatchOutcome(entries=entries)
+        if batch.write is not None and ran_on:
+            outcome.snapshot = await self._write_accepted_plan(batch.write, ran, entries)
         for segment in batch.ahead:
             if not ran_on:
                 break
-            entries, ran_on = await self._run_stage(segment.stage, segment.calls)
+            entries, _, ran_on = await self._run_stage(segment.stage, segment.calls)
             outcome.ahead.append(entries)
         return self.bounded_result(outcome, f"{batch.stage.value} batch")
 
-    async def _run_stage(self, stage: Stage, calls: Sequence[Any]) -> tuple[list[HookBatchEntry], bool]:
+    async def _write_accepted_plan(
+        self, write: AcceptedPlanWrite, ran: Sequence[tuple[HookCall, HookOutcome]], entries: Sequence[HookBatchEntry]
+    ) -> SnapshotAttempt:
+        """Write the accepted plan's snapshot as the workflow would build it from these outcomes. Not
+        written when the store fails or already holds that revision (an earlier attempt's): the workflow
+        then writes its own, with the next revision."""
+        tried = SnapshotAttempt(revision=write.record.record_revision + 1)
+        try:
+            _, tried.written = await self.save_record(snapshots.accepted_plan_snapshot(write, ran, entries))
+        except Exception as err:  # noqa: BLE001 - the hooks' outcomes stand; the workflow writes the snapshot
+            logger.warning("accepted plan of %s not written with its hooks: %s", write.record.workflow_id, err)
+        return tried
+
+    async def _run_stage(
+        self, stage: Stage, calls: Sequence[Any]
+    ) -> tuple[list[HookBatchEntry], list[tuple[HookCall, HookOutcome]], bool]:
         """One stage's hooks of a batch, in order: their entries (each outcome without the subject it would
-        only hand back unchanged, ``StageSpec.entry_outcome``), and whether the batch may run on into the
-        next stage (every hook ran and left the run as it was)."""
+        only hand back unchanged, ``StageSpec.entry_outcome``), each call as its hook received it with its
+        outcome, and whether the batch may run on into the next stage (every hook ran and left the run as
+        it was)."""
         spec = STAGES[stage]
         planned = [spec.call.model_validate(call) for call in calls]
         entries: list[HookBatchEntry] = []
@@ -251,7 +278,7 @@ class HookStageActivities(abc.ABC):
             if index + 1 == len(planned):
                 break
             call = next_call(spec, call, outcome, planned[index + 1])
-        return entries, len(ran) == len(planned) and hands_on(spec, ran)
+        return entries, ran, len(ran) == len(planned) and hands_on(spec, ran)
 
     async def invoke_stage(self, spec: StageSpec, call: HookCall) -> HookOutcome:
         """The body of every stage activity: call the stage's method with what the stage passes it, and

@@ -36,6 +36,7 @@ from workflows.models import (
     DetachedEffectInput,
     DetachedWorkResult,
     EffectUpdateInput,
+    ExecutionRecord,
     LeaseCall,
     LeaseKeeperReport,
     LeaseObservation,
@@ -504,8 +505,11 @@ class LifecycleActivities(HookStageActivities):
     @heartbeating
     async def persist_execution_record(self, input: PersistRecordInput) -> PersistRecordOutput:
         """Write a full record snapshot; an older or equal revision never replaces a newer one."""
-        revision, written = await self.store.save(input.record)
+        revision, written = await self.save_record(input.record)
         return PersistRecordOutput(stored_revision=revision, written=written)
+
+    async def save_record(self, record: ExecutionRecord) -> tuple[int, bool]:
+        return await self.store.save(record)
 
     # ------------------------------------------------------------------------------------------------
     # Detached effects

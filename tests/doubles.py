@@ -16,8 +16,9 @@ from demo.agent import RulePlanner
 from workflows import data_converter
 from workflows.detached import detached_workflow_id
 from workflows.models import EffectStatus, ExecutionRecord, HookInvocation, PipelineHookEffect, Plan, PlanStep
+from workflows.stages import HOOK_BATCH_ACTIVITY
 
-from .harness import Harness, Outcome, marker_activity_type
+from .harness import Harness, Outcome, marker_activity_type, marker_stage_activity
 
 NS = "demo-tools"
 
@@ -96,7 +97,8 @@ def decision(invocation: HookInvocation) -> tuple[str, str, str]:
 
 def started_attempts(out: Outcome, activity_type: str) -> list[int]:
     """The attempt of each ActivityTaskStarted of ``activity_type`` (the last attempt the server ran), or,
-    for a local activity, the attempt its marker recorded."""
+    for a local activity, the attempt its marker recorded — for the hooks of a batch whose stage's
+    activity is ``activity_type``, the attempts each hook's entry recorded."""
     types = {
         e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
         for e in out.history.events
@@ -110,9 +112,14 @@ def started_attempts(out: Outcome, activity_type: str) -> list[int]:
         elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
             marker = e.marker_recorded_event_attributes
             if marker.marker_name == "core_local_activity" and "data" in marker.details:
-                data = data_converter.payload_converter.from_payloads(marker.details["data"].payloads)[0]
-                if marker_activity_type(marker) == activity_type:
+                converter = data_converter.payload_converter
+                data = converter.from_payloads(marker.details["data"].payloads)[0]
+                kind = marker_activity_type(marker)
+                if kind == activity_type:
                     attempts.append(data["attempt"])
+                elif kind == HOOK_BATCH_ACTIVITY and marker_stage_activity(marker) == activity_type:
+                    result = converter.from_payloads(marker.details["result"].payloads)[0]
+                    attempts.extend(entry["attempts"] for entry in result["entries"])
     return attempts
 
 

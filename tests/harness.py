@@ -58,6 +58,17 @@ def marker_activity_type(marker: Any) -> str | None:
     return HOOK_BATCH_ACTIVITY if _is_batch(marker) else STAGES[stage].activity
 
 
+def marker_stage_activity(marker: Any) -> str | None:
+    """The ``<stage>_hook`` activity of the stage whose in-process hooks a local activity's marker ran
+    (the first stage of a batch that ran on into later ones); None for a marker of anything else."""
+    if marker.marker_name != "core_local_activity" or "data" not in marker.details:
+        return None
+    stage = hook_stage_of(
+        data_converter.payload_converter.from_payloads(marker.details["data"].payloads)[0]["activity_type"]
+    )
+    return STAGES[stage].activity if stage is not None else None
+
+
 def _is_batch(marker: Any) -> bool:
     """Whether a local activity marker recorded a batch's result (each hook's entry)."""
     if "result" not in marker.details:
@@ -138,6 +149,19 @@ class Outcome:
                         found.append(ScheduledActivity(STAGES[stage].activity, summary, True, False, recorded))
                     else:
                         found.append(ScheduledActivity(recorded, summary, local=True))
+        return found
+
+    def local_results(self) -> list[tuple[str, Any]]:
+        """Each local activity marker, in history order: its activity type and the result it recorded."""
+        converter = data_converter.payload_converter
+        found = []
+        for event in self.history.events:
+            attrs = event.marker_recorded_event_attributes
+            if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED or "data" not in attrs.details:
+                continue
+            recorded = converter.from_payloads(attrs.details["data"].payloads)[0]["activity_type"]
+            result = attrs.details["result"].payloads if "result" in attrs.details else None
+            found.append((recorded, converter.from_payloads(result)[0] if result else None))
         return found
 
     @property

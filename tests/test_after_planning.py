@@ -357,7 +357,7 @@ async def test_an_ordinary_plain_exception_is_retried_and_can_succeed(client, tm
     assert out.failure is None
     assert Flaky.attempts == 2
     assert started_attempts(out, "after_planning_hook") == [2]
-    assert out.hook_summaries() == ["after_planning · flaky"]  # one activity, retried by the server
+    assert out.hook_summaries() == ["after_planning · flaky"]  # one invocation, retried
     inv = out.record.invocations(Stage.AFTER_PLANNING, "flaky")
     assert len(inv) == 1
     assert inv[0].outcome.value == "succeeded" and inv[0].error is None
@@ -659,5 +659,7 @@ async def test_a_required_local_activity_hook_rejection_is_a_required_after_plan
     assert out.tool_activities == [] and "synthesize" not in out.activity_types()
     stored = await out.stored()
     assert stored.status is RequestStatus.FAILED and stored.steps == [] and stored.plans == []
+    # The hooks' local activity wrote no snapshot of the plan it rejected: the terminal one is the first.
+    assert stored.record_revision == 1 and stored.lifecycle.boundary == "terminal"
     [inv] = stored.invocations(Stage.AFTER_PLANNING, "local-gate")
     assert decision(inv) == ("fail_closed", "terminate", "hook_error")

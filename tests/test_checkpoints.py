@@ -25,7 +25,7 @@ from workflows import search_attributes as sa
 from workflows.models import ApprovalReason, Checkpoint, ExecutionRecord, ReviewAck, ReviewRequest, ReviewSettings
 
 from .doubles import FixedPlanner, eventually, quote
-from .harness import Harness, Outcome, marker_activity_type
+from .harness import Harness, Outcome, marker_activity_type, marker_stage_activity
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "demo-tools"
@@ -153,7 +153,8 @@ def signal_events(out: Outcome) -> list:
 
 
 def scheduled_ids(out: Outcome, activity_type: str) -> list[int]:
-    """Event ids at which ``activity_type`` was scheduled, or recorded as a local activity's marker."""
+    """Event ids at which ``activity_type`` was scheduled, or recorded as a local activity's marker (a
+    stage's ``<stage>_hook`` also where a batch ran that stage's hooks)."""
     found = []
     for e in out.history.events:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -161,7 +162,7 @@ def scheduled_ids(out: Outcome, activity_type: str) -> list[int]:
                 found.append(e.event_id)
         elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
             marker = e.marker_recorded_event_attributes
-            if marker_activity_type(marker) == activity_type:
+            if activity_type in (marker_activity_type(marker), marker_stage_activity(marker)):
                 found.append(e.event_id)
     return found
 

@@ -289,13 +289,9 @@ class KeepPlan:
 
 def marker_result(out: Outcome, activity_type: str) -> dict:
     """What a local activity's marker recorded as its result, as history holds it."""
-    converter = data_converter.payload_converter
-    for event in out.history.events:
-        details = event.marker_recorded_event_attributes.details
-        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED or "data" not in details:
-            continue
-        if converter.from_payloads(details["data"].payloads)[0]["activity_type"] == activity_type:
-            return converter.from_payloads(details["result"].payloads)[0]
+    for recorded, result in out.local_results():
+        if recorded == activity_type:
+            return result
     raise AssertionError(f"no marker {activity_type!r}")
 
 
@@ -317,10 +313,14 @@ async def test_an_outcome_records_the_subject_only_where_its_hook_changed_it(cli
         (False, None),
     ]
     assert [e["outcome"]["decision"]["reason"] for e in batch] == ["accepted"] * 3
-    # A stage's only in-process hook has a marker of its own, and the plan it left as it was stays out of
-    # it: the tools still run the plan.
+    # The phase's only after_planning hook runs in a local activity that also writes the accepted plan
+    # (see tests/test_records.py), and the plan it left as it was stays out of its marker: the tools
+    # still run the plan.
     kept = marker_result(out, "after_planning:keep-plan")
-    assert "plan" not in kept and kept["changed"] is False and kept["decision"]["reason"] == "accepted"
+    [entry] = kept["entries"]
+    assert kept["snapshot"]["revision"] == 1 and kept["snapshot"]["written"] is True
+    assert "plan" not in entry["outcome"] and entry["outcome"]["changed"] is False
+    assert entry["outcome"]["decision"]["reason"] == "accepted"
     assert [(s.step_id, s.status.value) for s in out.record.steps] == [("q", "succeeded")]
     assert invocations(out, Stage.AFTER_PLANNING) == [("keep-plan", 1, "succeeded")]
     assert invocations(out, Stage.AFTER_SYNTHESIS) == [

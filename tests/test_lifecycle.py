@@ -27,8 +27,7 @@ async def test_quote_request_runs_every_stage_as_labelled_activities(client, tmp
         "before_planning_hook",
         "before_planning_hook",
         "plan",
-        "after_planning_hook",
-        "persist_execution_record",
+        "after_planning_hook",  # a local activity, which also writes the accepted plan's snapshot
         "before_tool_hook",  # the allow-list plugin, a local activity
         "execute_tool_step",
         "after_tool_hook",  # the redact plugin, a local activity

@@ -18,7 +18,6 @@ from client.api import answer_chunks
 from demo.tools import demo_tools, quote_price
 from hooks import PipelineHook, RunPatch
 from hooks.builtin.secret_redaction import SecretRedactionHook
-from workflows import data_converter
 from workflows.models import AnswerChunk, FailurePolicy, RequestStatus, StageSettings
 from workflows.stages import STAGE_SEPARATOR, hook_stage_of
 
@@ -310,16 +309,10 @@ class Tail(PipelineHook):
 def hook_markers(outcome: Outcome) -> list[tuple[str, list[str]]]:
     """Each local activity marker of in-process hooks, in order: its type, and the stages whose hooks it
     ran (from its result)."""
-    converter = data_converter.payload_converter
     found = []
-    for event in outcome.history.events:
-        attrs = event.marker_recorded_event_attributes
-        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED or "data" not in attrs.details:
-            continue
-        recorded = converter.from_payloads(attrs.details["data"].payloads)[0]["activity_type"]
+    for recorded, result in outcome.local_results():
         if hook_stage_of(recorded) is None:
             continue
-        result = converter.from_payloads(attrs.details["result"].payloads)[0]
         ran = [recorded.split(":")[0]]
         if isinstance(result, dict) and "entries" in result:
             parts = [part.split(":")[0] for part in recorded.split(STAGE_SEPARATOR)]

@@ -145,6 +145,11 @@ def persist_summaries(out: Outcome) -> list[str]:
     return [a.summary for a in out.scheduled if a.activity_type == "persist_execution_record"]
 
 
+def snapshots_with_hooks(out: Outcome) -> list[dict | None]:
+    """Per local activity of in-process after_planning hooks: the accepted plan's snapshot it wrote."""
+    return [result.get("snapshot") for kind, result in out.local_results() if kind.startswith("after_planning:")]
+
+
 def harness(client, tmp_path, planner, *, hooks=(), settings=None, lookups=None, echoes=None) -> Harness:
     return Harness(
         client,
@@ -220,11 +225,9 @@ async def test_a_two_phase_request_uses_a_phase_one_output_in_phase_two(client, 
     ]
     assert record.phase_cap_reached is False
     assert [s.step_id for s in out.result.steps] == ["a", "a2", "b", "c"]
-    assert persist_summaries(out) == [
-        "bookkeeping · persist record · accepted_plan · revision 1",
-        "bookkeeping · persist record · accepted_plan · revision 2",
-        "bookkeeping · persist record · terminal · revision 3",
-    ]
+    # Each phase's accepted plan was written by its after_planning hook's local activity.
+    assert snapshots_with_hooks(out) == [{"revision": 1, "written": True}, {"revision": 2, "written": True}]
+    assert persist_summaries(out) == ["bookkeeping · persist record · terminal · revision 3"]
     stored = await out.stored()
     assert [p.phase for p in stored.plans] == [1, 2] and stored.record_revision == 3
     assert stored.steps == record.steps
@@ -456,11 +459,9 @@ async def test_a_second_phase_required_rejection_keeps_phase_one_in_the_failed_r
     assert (first.plan_phase, decision(first)) == (1, ("fail_closed", "continue", "accepted"))
     assert (second.plan_phase, second.outcome.value) == (2, "failed")
     assert decision(second) == ("fail_closed", "terminate", "hook_error")
-    # The rejected phase was never persisted as accepted.
-    assert persist_summaries(out) == [
-        "bookkeeping · persist record · accepted_plan · revision 1",
-        "bookkeeping · persist record · terminal · revision 2",
-    ]
+    # The rejected phase was never persisted as accepted: phase 1's hook wrote its plan, phase 2's nothing.
+    assert snapshots_with_hooks(out) == [{"revision": 1, "written": True}, None]
+    assert persist_summaries(out) == ["bookkeeping · persist record · terminal · revision 2"]
     assert stored == out.record
 
 

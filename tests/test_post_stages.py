@@ -394,7 +394,14 @@ async def test_a_local_activity_hook_is_recorded_but_not_scheduled_on_the_server
     assert out.result.response == f"{ACME} [local] [remote]"
     assert local_tag.observed == [["quote-acme"]]
     assert local_activities(out) == [
-        ScheduledActivity("after_planning_hook", "after_planning · local-tag", local=True),
+        # Batched with the accepted plan's snapshot, which its local activity writes.
+        ScheduledActivity(
+            "after_planning_hook",
+            "after_planning · local-tag",
+            local=True,
+            batched=True,
+            recorded_type="after_planning:local-tag",
+        ),
         ScheduledActivity("after_execution_hook", "after_execution · local-tag", local=True),
         ScheduledActivity("after_synthesis_hook", "after_synthesis · local-tag", local=True),
     ]

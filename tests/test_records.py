@@ -14,6 +14,7 @@ import json
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from temporalio.exceptions import CancelledError
@@ -168,6 +169,17 @@ class Hold(Tool):
         return {"held": True}
 
 
+def hold_plan() -> FixedPlanner:
+    return FixedPlanner(PlanStep(step_id="hold", namespace="test-tools", agent="hold", capability="wait"))
+
+
+async def held(h: Harness, hold: Hold) -> tuple[Any, ExecutionRecord | None]:
+    """Start a request whose plan is ``hold``'s step; once the tool runs, what the store holds of it."""
+    handle = await h.start("hold on")
+    await asyncio.wait_for(hold.entered.wait(), 60)
+    return handle, await h.store.get(handle.id)
+
+
 def marked_quote() -> PlanStep:
     step = quote("quote-acme", "ACME")
     step.metadata = {"approval_required": "a reviewer looks at every quote"}
@@ -185,14 +197,11 @@ async def stored_at(out_or_store, key: str, boundary: str) -> ExecutionRecord:
 
 async def test_a_snapshot_is_persisted_at_accepted_plan_and_terminal(client, tmp_path):
     hold = Hold()
-    planner = FixedPlanner(PlanStep(step_id="hold", namespace="test-tools", agent="hold", capability="wait"))
-    h = Harness(client, tmp_path, tools=[hold], planner=planner)
+    h = Harness(client, tmp_path, tools=[hold], planner=hold_plan())
     recording = h.activities.store = RecordingStore(h.store)
     async with h:
-        handle = await h.start("hold on")
-        await asyncio.wait_for(hold.entered.wait(), 60)
         # The tool is running: the accepted plan's snapshot is what the store holds.
-        accepted = await h.store.get(handle.id)
+        handle, accepted = await held(h, hold)
         assert accepted.lifecycle == RecordLifecycle(
             boundary="accepted_plan", completion="pending", snapshot_revision=1
         )
@@ -252,6 +261,140 @@ async def test_a_checkpoint_persists_accepted_plan_checkpoint_opened_and_termina
         "bookkeeping · persist record · checkpoint_opened · revision 2",
         "bookkeeping · persist record · terminal · revision 3",
     ]
+
+
+class AcceptPlan:
+    """after_planning, in-process: accepts the plan as it is, with an effect of its own."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def after_planning(self, ctx, plan):
+        ctx.report_effect(f"{self.name}-seen", name="Plan seen", status="succeeded", data={"steps": len(plan.steps)})
+        return plan
+
+
+class Enrich:
+    """before_planning, in-process: adds an enrichment (its local activity comes before planning)."""
+
+    name = "enrich"
+
+    def before_planning(self, ctx):
+        ctx.enrichments["desk"] = "equities"
+
+
+class RewritePlan:
+    """after_planning, in-process: renames the plan's steps."""
+
+    name = "rewrite-plan"
+
+    def after_planning(self, ctx, plan):
+        return plan.model_copy(update={"steps": [s.model_copy(update={"step_id": "hold-2"}) for s in plan.steps]})
+
+
+class FailingFirstSave(RecordingStore):
+    """Refuses the first snapshot it is asked to save, as a store that is down for a moment would."""
+
+    async def save(self, record: ExecutionRecord) -> tuple[int, bool]:
+        if not self.saved and not getattr(self, "refused", False):
+            self.refused = True
+            raise ConnectionError("store unavailable")
+        return await super().save(record)
+
+
+def after_planning_marker(out: Outcome) -> dict:
+    """What the after_planning hooks' local activity recorded as its result."""
+    found = [result for kind, result in out.local_results() if kind.startswith("after_planning:")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+async def test_after_planning_hooks_that_accept_the_plan_write_its_snapshot_themselves(client, tmp_path):
+    """The local activity that runs a phase's after_planning hooks writes the accepted plan's snapshot
+    when they leave the plan as it is: the store has it, with their invocations and effects, before the
+    tool runs, and no local activity of its own writes it. The snapshot is the workflow's record at that
+    point; the harness replays the history (whose workflow clock after the first local activities reads
+    differently in replay)."""
+    hold = Hold()
+    hooks = [Enrich(), AcceptPlan("a"), AcceptPlan("b")]
+    h = Harness(client, tmp_path, tools=[hold], planner=hold_plan(), hooks=hooks)
+    recording = h.activities.store = RecordingStore(h.store)
+    async with h:
+        handle, accepted = await held(h, hold)
+        assert accepted.lifecycle == RecordLifecycle(
+            boundary="accepted_plan", completion="pending", snapshot_revision=1
+        )
+        assert [(i.hook, i.stage.value, i.sequence, i.outcome.value) for i in accepted.pipeline_hooks] == [
+            ("enrich", "before_planning", 1, "succeeded"),
+            ("a", "after_planning", 1, "succeeded"),
+            ("b", "after_planning", 2, "succeeded"),
+        ]
+        assert accepted.enrichments == {"desk": "equities"}
+        assert [e.effect_id for e in accepted.effects] == ["planning_enrichment:desk", "a-seen", "b-seen"]
+        assert [[s.step_id for s in p.plan.steps] for p in accepted.plans] == [["hold"]] and accepted.steps == []
+        hold.release.set()
+        out = await h.finish(handle)
+
+    assert out.failure is None
+    assert persist_summaries(out) == ["bookkeeping · persist record · terminal · revision 2"]
+    written, final = recording.saved[0][0], out.record
+    assert after_planning_marker(out)["snapshot"] == {"revision": 1, "written": True}
+    assert boundaries(recording) == [
+        ("accepted_plan", "pending", 1, 1, "running", (1, True)),
+        ("terminal", "completed", 2, 2, "succeeded", (2, True)),
+    ]
+    # What the hooks' activity wrote is what the workflow went on with: the same invocations (their times
+    # too), and the plan accepted as the last of them ended.
+    assert written.pipeline_hooks == final.pipeline_hooks[:3]
+    assert written.plans == final.plans
+    last = final.pipeline_hooks[-1]
+    assert final.plans[0].accepted_at == last.started_at + timedelta(milliseconds=last.duration_ms)
+    assert await out.stored() == final
+
+
+async def test_after_planning_hooks_that_change_the_plan_leave_its_snapshot_to_the_workflow(client, tmp_path):
+    h = Harness(client, tmp_path, tools=[Hold()], planner=hold_plan(), hooks=[RewritePlan(), AcceptPlan("after")])
+    recording = h.activities.store = RecordingStore(h.store)
+    tool = h.tools[0]
+    assert isinstance(tool, Hold)
+    async with h:
+        handle, accepted = await held(h, tool)
+        assert [[s.step_id for s in p.plan.steps] for p in accepted.plans] == [["hold-2"]]
+        tool.release.set()
+        out = await h.finish(handle)
+
+    assert out.failure is None
+    assert after_planning_marker(out).get("snapshot") is None  # not tried: the hooks changed the plan
+    assert persist_summaries(out) == [
+        "bookkeeping · persist record · accepted_plan · revision 1",
+        "bookkeeping · persist record · terminal · revision 2",
+    ]
+    assert [b[:3] for b in boundaries(recording)] == [("accepted_plan", "pending", 1), ("terminal", "completed", 2)]
+
+
+async def test_a_snapshot_the_hooks_could_not_write_is_written_by_the_workflow_with_the_next_revision(client, tmp_path):
+    """A store that fails the hooks' write fails neither the hooks nor the request: their outcomes stand
+    (they ran once), and the workflow writes the snapshot itself, with the revision after the one offered
+    (an attempt whose result was lost may have written that one)."""
+    hold = Hold()
+    h = Harness(client, tmp_path, tools=[hold], planner=hold_plan(), hooks=[AcceptPlan("a")])
+    recording = h.activities.store = FailingFirstSave(h.store)
+    async with h:
+        handle, accepted = await held(h, hold)
+        assert accepted.lifecycle.boundary == "accepted_plan" and accepted.record_revision == 2
+        hold.release.set()
+        out = await h.finish(handle)
+
+    assert out.failure is None
+    tried = after_planning_marker(out)["snapshot"]
+    assert (tried["revision"], tried["written"]) == (1, False)
+    assert persist_summaries(out) == [
+        "bookkeeping · persist record · accepted_plan · revision 2",
+        "bookkeeping · persist record · terminal · revision 3",
+    ]
+    assert [b[:3] for b in boundaries(recording)] == [("accepted_plan", "pending", 2), ("terminal", "completed", 3)]
+    assert [(i.hook, i.outcome.value) for i in out.record.pipeline_hooks] == [("a", "succeeded")]
+    assert await out.stored() == out.record
 
 
 async def test_a_rejected_checkpoint_persists_a_failed_terminal_snapshot(client, tmp_path):

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from .listing import StageListing
     from .models import (
         MIN_CHAIN_START_SECONDS,
+        AcceptedPlanWrite,
         DecisionAction,
         DetachedEffectInput,
         DetachedWork,
@@ -47,10 +48,12 @@ with workflow.unsafe.imports_passed_through():
         InvocationOutcome,
         PlanStep,
         RunMode,
+        SnapshotAttempt,
         Stage,
     )
     from .run_state import RunState
     from .scheduling import Scheduler
+    from .snapshots import invocation_entry
     from .stages import (
         HOOK_BATCH_ACTIVITY,
         STAGE_SEPARATOR,
@@ -98,11 +101,14 @@ class RunStopped(Exception):
 
 @dataclass
 class StageRun:
-    """What a stage's hooks made of its subject; ``ended_by``: the hook whose outcome ended the stage."""
+    """What a stage's hooks made of its subject; ``ended_by``: the hook whose outcome ended the stage;
+    ``snapshot``: what became of the accepted plan's snapshot its local activity tried to write (see
+    ``HookRunner.run``'s ``write_accepted_plan``)."""
 
     subject: Any
     ended_by: HookEntry | None = None
     outcome: Any = None
+    snapshot: SnapshotAttempt | None = None
 
     @property
     def ended(self) -> bool:
@@ -164,6 +170,7 @@ class HookRunner:
         plan_phase: int | None = None,
         refresh: Callable[[Any], Any] | None = None,
         ahead: Sequence[Ahead] = (),
+        write_accepted_plan: bool = False,
         **extras: Any,
     ) -> StageRun:
         """Run ``spec``'s hooks (``hooks``, or every participant) in order on ``subject``: each call is
@@ -179,11 +186,24 @@ class HookRunner:
         order, while each stage leaves the run as it found it (``workflows.stages.hands_on``): one
         workflow activation and one marker for several stages. Each of their invocations is recorded,
         decided and marked when the workflow reaches its stage, exactly as if it ran then, once the calls
-        the workflow builds there are found equal to those the activity ran."""
+        the workflow builds there are found equal to those the activity ran.
+
+        ``write_accepted_plan`` (after_planning, for a plan whose snapshot is written next): where one local
+        activity runs every hook of the stage, it is handed that snapshot and writes it once the hooks have
+        left the plan and the run as they were (``workflows.snapshots``); the stage's run says what became
+        of it, for ``records.RecordKeeper.persist``."""
         state = self._state
         participants = state.manifest.participants(spec.stage) if hooks is None else hooks
         done = 0
         chains = ChainClock() if state.behaviour.hook_chain_budget else None
+        offer = (
+            write_accepted_plan
+            and state.behaviour.accepted_plan_with_hooks
+            and bool(participants)
+            and spec.stage not in self._ran_ahead
+            and self._local(participants)
+        )
+        snapshot: SnapshotAttempt | None = None
 
         def call_for(hook: HookEntry) -> HookCall:
             nonlocal subject
@@ -195,15 +215,17 @@ class HookRunner:
         while done < len(participants):
             batch = self._batchable(participants, done)
             last = done + len(batch) == len(participants) and self._local(batch)
-            segments = self._segments(ahead) if last and ran_ahead is None else []
+            segments = self._segments(ahead) if last and ran_ahead is None and not offer else []
             try:
                 if ran_ahead is not None:
                     results = await self._results_ran_ahead(spec, participants, ran_ahead, call_for, plan_phase, step)
                     ran_ahead = None
                     if not results:
                         continue
-                elif len(batch) > 1 or segments:
-                    results = await self._invoke_batch(spec, batch, done + 1, call_for, plan_phase, step, segments)
+                elif len(batch) > 1 or segments or offer:
+                    results, snapshot = await self._invoke_batch(
+                        spec, batch, done + 1, call_for, plan_phase, step, segments, write=offer
+                    )
                 elif chains is not None and participants[done].chain is not None:
                     hook = participants[done]
                     results = [
@@ -228,7 +250,7 @@ class HookRunner:
                     subject = folded.subject
                     await self._mark(spec, hook, outcome.decision, step, _refusal_text(outcome))
                     if folded.ends:
-                        return StageRun(subject, hook, outcome)
+                        return StageRun(subject, hook, outcome, snapshot)
                 elif failure is None:
                     continue
                 elif spec.finalizer:
@@ -244,7 +266,7 @@ class HookRunner:
                     error = _stage_error(hook, spec.stage, failure, plan_phase)
                     await self._mark(spec, hook, failure.decision, step, error.message)
                     raise error
-        return StageRun(subject)
+        return StageRun(subject, snapshot=snapshot)
 
     def _local(self, hooks: list[HookEntry]) -> bool:
         """Whether ``hooks`` run in one local activity (in-process, outside any chain, batching on)."""
@@ -381,15 +403,13 @@ class HookRunner:
         self, hook: HookEntry, stage: Stage, sequence: int, plan_phase: int | None, step: PlanStep | None
     ) -> HookInvocation:
         """The record entry of one invocation, as it starts."""
-        return HookInvocation(
-            hook=hook.name,
-            stage=stage,
-            sequence=sequence,
-            plan_phase=self._state.phase if step is not None else plan_phase,
-            step_id=step.step_id if step else None,
-            started_at=workflow.now(),
-            duration_ms=0.0,
-            outcome=InvocationOutcome.SUCCEEDED,
+        return invocation_entry(
+            hook.name,
+            stage,
+            sequence,
+            self._state.phase if step is not None else plan_phase,
+            step.step_id if step else None,
+            workflow.now(),
         )
 
     async def _invoke(
@@ -517,15 +537,18 @@ class HookRunner:
         plan_phase: int | None,
         step: PlanStep | None,
         segments: Sequence[tuple[StageSpec, list[HookEntry], list[HookCall]]] = (),
-    ) -> list[_Result]:
+        *,
+        write: bool = False,
+    ) -> tuple[list[_Result], SnapshotAttempt | None]:
         """Run consecutive in-process hooks of a stage in one local activity: one workflow activation and
         one marker (summarised ``<stage> · <hook>, <hook>, ...``) instead of one per hook, while each hook
         keeps its own invocation — its attempts, its timeout, its span, its record entry. The activity
         passes each hook what the ones before it made of the stage, as this workflow would
         (``workflows.stages.next_call``), and stops at a failure or at an outcome that ends the stage; the
         hooks it did not reach are left to the caller. ``segments``: later stages' in-process hooks the
-        activity runs on into (see :meth:`run`); what it ran of them is kept for their stage. Returns
-        (hook, outcome, failure) for each hook of this stage that ran, in order."""
+        activity runs on into (see :meth:`run`); what it ran of them is kept for their stage. ``write``: the
+        activity is handed the accepted plan's snapshot (see :meth:`run`). Returns (hook, outcome, failure)
+        for each hook of this stage that ran, in order, and what became of the snapshot."""
         stage = spec.stage
         calls = [call_for(hook) for hook in hooks]
         parts = [(stage, hooks)] + [(later.stage, later_hooks) for later, later_hooks, _ in segments]
@@ -546,6 +569,11 @@ class HookRunner:
         else:
             activity_type = self._local_type(spec, hooks, HOOK_BATCH_ACTIVITY)
         started = workflow.now()
+        snapshot = None
+        if write:
+            snapshot = AcceptedPlanWrite(
+                record=self._state.record, started=started, first_sequence=first_sequence, plan_phase=plan_phase
+            )
         try:
             batch = await workflow.execute_local_activity(
                 activity_type,
@@ -555,6 +583,7 @@ class HookRunner:
                     ahead=[
                         HookBatchSegment(stage=later.stage, calls=later_calls) for later, _, later_calls in segments
                     ],
+                    write=snapshot,
                 ),
                 result_type=HookBatchOutcome,
                 start_to_close_timeout=timedelta(seconds=budget + 10),
@@ -573,7 +602,7 @@ class HookRunner:
                 results.append((hook, None, self._failed(spec, invocation, hook, failure, err)))
                 if failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
                     break
-            return results
+            return results, None
         clock = started + _spent(batch.entries)
         for (later, _, later_calls), entries in zip(segments, batch.ahead, strict=False):
             if entries:
@@ -581,7 +610,10 @@ class HookRunner:
                     calls=later_calls[: len(entries)], entries=entries, started=clock
                 )
             clock += _spent(entries)
-        return await self._batch_results(spec, hooks, calls, first_sequence, plan_phase, step, batch.entries, started)
+        results = await self._batch_results(
+            spec, hooks, calls, first_sequence, plan_phase, step, batch.entries, started
+        )
+        return results, batch.snapshot
 
     async def _batch_results(
         self,

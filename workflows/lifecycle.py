@@ -27,11 +27,11 @@ from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from . import decisions, patches, stages, story
+    from . import decisions, patches, snapshots, stages, story
     from . import search_attributes as sa
     from .detached import EFFECT_UPDATE_SIGNAL, accept_effect_update
     from .ending import RunEnding, step_summaries
-    from .invocation import Ahead, HookRunner, RunStopped, error_text, raise_if_cancelled
+    from .invocation import Ahead, HookRunner, RunStopped, StageRun, error_text, raise_if_cancelled
     from .leases import ManagedLeases
     from .listing import RECALLING, REMEMBERING, RESOLVING_PIPELINE, StageListing
     from .model_steps import ModelSteps
@@ -470,10 +470,14 @@ class RequestLifecycleWorkflow:
         while True:
             state.phase = phase
             planned = await self._models.plan(phase)
-            plan = await self._after_planning(planned.plan, planned.available, self._after_plan_accepted(planned.plan))
+            # A plan without steps runs nothing: the next write (the terminal one) records it.
+            snapshot_next = bool(planned.plan.steps) or not state.behaviour.planner_answers
+            accepted = await self._after_planning(
+                planned.plan, planned.available, self._after_plan_accepted(planned.plan), write=snapshot_next
+            )
+            plan = accepted.subject
             if plan.steps or not state.behaviour.planner_answers:
-                # A plan without steps runs nothing: the next write (the terminal one) records it.
-                await self._records.persist(LifecycleBoundary.ACCEPTED_PLAN)
+                await self._records.persist(LifecycleBoundary.ACCEPTED_PLAN, accepted.snapshot)
             reasons = approval_reasons(plan, state.manifest.tools)
             if reasons and state.behaviour.approval_after_rewrites:
                 await self._steps.review_ready_calls(plan, reasons)
@@ -508,12 +512,15 @@ class RequestLifecycleWorkflow:
         return Ahead(Stage.AFTER_ANSWER, self._answer_view(response, "pipeline", step_summaries(self._state)))
 
     async def _after_planning(
-        self, plan: Plan, available: list[str] | None = None, ahead: list[Ahead] | None = None
-    ) -> Plan:
+        self, plan: Plan, available: list[str] | None = None, ahead: list[Ahead] | None = None, *, write: bool
+    ) -> StageRun:
         """Chain copy-on-write mutations, each validated against the tools the planning attempt had; the
-        required hook's failure ends the request before any checkpoint or tool; a stop ends the run."""
+        required hook's failure ends the request before any checkpoint or tool; a stop ends the run. The
+        plan, accepted, is the run's subject; ``write``: its snapshot is written next (the hooks' local
+        activity may write it, see ``HookRunner.run``)."""
         record = self._state.record
         prior = [s.step_id for s in record.steps]
+        first_entry = len(record.pipeline_hooks)
 
         def on_outcome(
             hook: HookEntry, outcome: stages.planning.AfterPlanningOutcome, before: Any, folded: Fold
@@ -525,17 +532,23 @@ class RequestLifecycleWorkflow:
                 if step.metadata.get(APPROVAL_METADATA_KEY) and step.step_id not in marked_before:
                     self._state.approval_required_by.setdefault(step.step_id, hook.name)
 
-        plan = await self._stage(
-            Stage.AFTER_PLANNING,
+        self._listing.enter(Stage.AFTER_PLANNING)
+        accepted = await self._hooks.run(
+            STAGES[Stage.AFTER_PLANNING],
             plan,
             on_outcome,
             plan_phase=plan.phase,
             prior_step_ids=prior,
             available_tools=available,
             ahead=ahead or (),
+            write_accepted_plan=write,
         )
-        record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=workflow.now()))
-        return plan
+        plan = accepted.subject
+        at = workflow.now()
+        if self._state.behaviour.accepted_plan_with_hooks:
+            at = snapshots.accepted_at(record.pipeline_hooks[first_entry:], at)
+        record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=at))
+        return accepted
 
     async def _after_execution(self, execution: ExecutionResult, ahead: list[Ahead]) -> None:
         """Observers of every step's outcome: its status, result text (capped) and error, not each raw

@@ -80,7 +80,10 @@ class Behaviour:
     - ``stage_listed_at_start``: ``listing.StageListing.started`` (the first stage a request waited in was
       upserted with its kind at once, even when a client had started it with both);
     - ``stage_lookahead``: ``invocation.HookRunner._segments`` (each stage's in-process hooks ran in a
-      local activity of their own, even where the stages before left the run as it was).
+      local activity of their own, even where the stages before left the run as it was);
+    - ``accepted_plan_with_hooks``: ``invocation.HookRunner.run`` and ``lifecycle._after_planning`` (the
+      accepted plan's snapshot was always a local activity of its own after the after_planning hooks, and
+      the plan was accepted at the workflow's time after them).
     """
 
     local_bookkeeping: bool = True
@@ -106,6 +109,9 @@ class Behaviour:
     # The in-process hooks of consecutive stages run in one local activity while each stage leaves the run
     # as it was (before_run or after_recall, then before_planning; the stages after a text answer).
     stage_lookahead: bool = True
+    # The local activity that runs every after_planning hook of a phase writes the accepted plan's snapshot
+    # when they leave the plan and the run as they were; a plan is accepted as its last hook ends.
+    accepted_plan_with_hooks: bool = True
 
 
 # The fields of every change recorded under ``LIFECYCLE_2027_01``: off for executions recorded before it.
@@ -118,6 +124,7 @@ SINCE_2027_01 = (
     "conversation_turns",
     "stage_listed_at_start",
     "stage_lookahead",
+    "accepted_plan_with_hooks",
 )
 
 

@@ -1,9 +1,9 @@
 """The execution record's snapshots: each written, with a higher revision, by the execution store's
-activity at the lifecycle's boundaries (an accepted plan, a checkpoint, the end). Workflow code only."""
+activity at the lifecycle's boundaries (an accepted plan, a checkpoint, the end) — or, for an accepted plan
+its after_planning hooks left as it was, by the local activity that ran them (``workflows.snapshots``).
+Workflow code only."""
 
 from __future__ import annotations
-
-from typing import Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -11,16 +11,10 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 with workflow.unsafe.imports_passed_through():
     from .invocation import error_text, raise_if_cancelled
-    from .models import LifecycleBoundary, PersistRecordInput, PersistRecordOutput, RecordLifecycle, RequestStatus
+    from .models import LifecycleBoundary, PersistRecordInput, PersistRecordOutput, SnapshotAttempt
     from .run_state import RunState
     from .scheduling import Scheduler
-
-COMPLETION: dict[RequestStatus, Literal["completed", "stopped", "failed", "cancelled"]] = {
-    RequestStatus.SUCCEEDED: "completed",
-    RequestStatus.STOPPED: "stopped",
-    RequestStatus.FAILED: "failed",
-    RequestStatus.CANCELLED: "cancelled",
-}
+    from .snapshots import stamp
 
 
 class RecordKeeper:
@@ -30,16 +24,23 @@ class RecordKeeper:
         self._state = state
         self._scheduler = scheduler
 
-    async def persist(self, boundary: LifecycleBoundary) -> None:
+    async def persist(self, boundary: LifecycleBoundary, tried: SnapshotAttempt | None = None) -> None:
         """Persist the full snapshot with a higher revision; never masks the request outcome. A cancel
         arriving meanwhile cancels the request, except at the terminal boundary, where the snapshot is
-        written again so the record still says how the request ended."""
+        written again so the record still says how the request ended.
+
+        ``tried``: the local activity of the hooks just before tried to write this snapshot itself, built
+        from their outcomes as this workflow builds it (``workflows.snapshots``). Nothing more is written
+        when it did. Otherwise the snapshot is written here with the next revision: the store may hold the
+        one tried (a store that failed after taking it, an earlier attempt whose result was lost). The
+        choice rests on what history recorded alone: replay takes it again whatever the workflow's clock
+        read after a local activity (which can differ by milliseconds between a run and its replay)."""
         record = self._state.record
-        record.record_revision += 1
-        completion = COMPLETION[record.status] if record.status in COMPLETION else "pending"
-        record.lifecycle = RecordLifecycle(
-            boundary=boundary, completion=completion, snapshot_revision=record.record_revision
-        )
+        stamp(record, boundary)
+        if tried is not None:
+            if tried == SnapshotAttempt(revision=record.record_revision, written=True):
+                return
+            stamp(record, boundary)
         for attempt in (1, 2):
             try:
                 await self._scheduler.bookkeeping(

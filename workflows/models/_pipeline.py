@@ -7,12 +7,15 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage
 from ._plans import ToolCall, ToolSpec
+
+if TYPE_CHECKING:
+    from ._record import AcceptedPlanWrite
 
 # Least time a chain must have left for the workflow to start one more of its hooks: an invocation needs
 # time beyond its handler's (scheduling, the audit row), and a hook given less could only time out.
@@ -344,6 +347,9 @@ class HookBatchCall(ByReference):
     # on the premise that the stages before leave the run as it is: run on only while they do
     # (``workflows.stages.hands_on``).
     ahead: list[HookBatchSegment] = Field(default_factory=list)
+    # The accepted plan's record snapshot, which the activity writes itself once every hook of the stage
+    # has left the plan and the run as they were: the write the workflow would otherwise make next.
+    write: AcceptedPlanWrite | None = None
 
 
 class HookBatchFailure(BaseModel):
@@ -363,12 +369,22 @@ class HookBatchEntry(BaseModel):
     duration_ms: float = 0.0
 
 
+class SnapshotAttempt(BaseModel):
+    """A record snapshot a local activity tried to write: its revision, and whether the store took it —
+    not when the store failed, or already held that revision."""
+
+    revision: int
+    written: bool = False
+
+
 class HookBatchOutcome(ByReference):
     """One entry per hook that ran, in order: all of the batch, or up to the one the batch stopped at."""
 
     entries: list[HookBatchEntry] = Field(default_factory=list)
     # Per stage of ``HookBatchCall.ahead`` that the batch ran on into, in order: that stage's entries.
     ahead: list[list[HookBatchEntry]] = Field(default_factory=list)
+    # What became of ``HookBatchCall.write``; None when it was not tried (the hooks changed the run).
+    snapshot: SnapshotAttempt | None = None
 
 
 class ShortCircuitKind:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from ._common import ByReference, TextDigest
 from ._hook_calls import CacheVerdict
 from ._model_calls import ModelCall, ModelUsage
-from ._pipeline import HookInvocation, PipelineHookEffect, Stage, WorkerLoss
+from ._pipeline import HookBatchCall, HookInvocation, PipelineHookEffect, Stage, WorkerLoss
 from ._plans import Plan, StepResult, ToolMetrics
 from ._request import Diagnostic, RequestError, RequestStatus, ShortCircuitInfo, StopInfo
 
@@ -273,6 +273,19 @@ class ExecutionRecord(BaseModel):
         return next((e for e in self.effects if e.effect_id == effect_id), None)
 
 
+class AcceptedPlanWrite(BaseModel):
+    """The accepted plan's snapshot, handed to the local activity that runs every after_planning hook of a
+    phase: ``record`` as it stands when the hooks start (the stage entered, the plan not yet accepted),
+    ``started`` the workflow time the activity was scheduled at (the first hook's start), ``first_sequence``
+    the first hook's place among the stage's invocations. The activity adds what the hooks leave in the
+    record, the accepted plan and the boundary, as the workflow does (``workflows.snapshots``)."""
+
+    record: ExecutionRecord
+    started: datetime
+    first_sequence: int = 1
+    plan_phase: int | None = None
+
+
 class PersistRecordInput(ByReference):
     record: ExecutionRecord
 
@@ -280,3 +293,6 @@ class PersistRecordInput(ByReference):
 class PersistRecordOutput(ByReference):
     stored_revision: int
     written: bool
+
+
+HookBatchCall.model_rebuild(_types_namespace={"AcceptedPlanWrite": AcceptedPlanWrite})
