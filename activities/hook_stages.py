@@ -35,7 +35,6 @@ from workflows import decisions, snapshots
 from workflows.models import (
     MAX_INLINE_PAYLOAD_BYTES,
     MAX_STORED_PAYLOAD_BYTES,
-    AcceptedPlanWrite,
     DecisionAction,
     EffectStatus,
     ExecutionRecord,
@@ -221,29 +220,38 @@ class HookStageActivities(abc.ABC):
         on from; the workflow runs the rest. Where the workflow sent the hooks of the stages that follow
         (``batch.ahead``), runs on into each while the stages before it left the run as it was
         (``workflows.stages.hands_on``). Where the workflow sent the accepted plan's snapshot
-        (``batch.write``) and every hook left the plan and the run as they were, writes it."""
+        (``batch.write``) and every hook left the plan and the run as they were, writes it; where it sent
+        the terminal snapshot (``batch.end``) and every hook of every stage did, writes that."""
         entries, ran, ran_on = await self._run_stage(batch.stage, batch.calls)
         outcome = HookBatchOutcome(entries=entries)
         if batch.write is not None and ran_on:
-            outcome.snapshot = await self._write_accepted_plan(batch.write, ran, entries)
+            write = batch.write
+            outcome.snapshot = await self._write_snapshot(
+                write.record, lambda: snapshots.accepted_plan_snapshot(write, ran, entries), "accepted plan"
+            )
         for segment in batch.ahead:
             if not ran_on:
                 break
-            entries, _, ran_on = await self._run_stage(segment.stage, segment.calls)
-            outcome.ahead.append(entries)
+            later, _, ran_on = await self._run_stage(segment.stage, segment.calls)
+            outcome.ahead.append(later)
+        if batch.end is not None and ran_on and len(outcome.ahead) == len(batch.ahead):
+            end, parts = batch.end, [entries, *outcome.ahead]
+            outcome.end = await self._write_snapshot(
+                end.record, lambda: snapshots.terminal_snapshot(end, parts), "terminal snapshot"
+            )
         return self.bounded_result(outcome, f"{batch.stage.value} batch")
 
-    async def _write_accepted_plan(
-        self, write: AcceptedPlanWrite, ran: Sequence[tuple[HookCall, HookOutcome]], entries: Sequence[HookBatchEntry]
+    async def _write_snapshot(
+        self, record: ExecutionRecord, build: Callable[[], ExecutionRecord], what: str
     ) -> SnapshotAttempt:
-        """Write the accepted plan's snapshot as the workflow would build it from these outcomes. Not
-        written when the store fails or already holds that revision (an earlier attempt's): the workflow
-        then writes its own, with the next revision."""
-        tried = SnapshotAttempt(revision=write.record.record_revision + 1)
+        """Write the snapshot after ``record`` that ``build`` makes, as the workflow would build it from
+        these outcomes. Not written when the store fails or already holds that revision (an earlier
+        attempt's): the workflow then writes its own, with the next revision."""
+        tried = SnapshotAttempt(revision=record.record_revision + 1)
         try:
-            _, tried.written = await self.save_record(snapshots.accepted_plan_snapshot(write, ran, entries))
+            _, tried.written = await self.save_record(build())
         except Exception as err:  # noqa: BLE001 - the hooks' outcomes stand; the workflow writes the snapshot
-            logger.warning("accepted plan of %s not written with its hooks: %s", write.record.workflow_id, err)
+            logger.warning("%s of %s not written with its hooks: %s", what, record.workflow_id, err)
         return tried
 
     async def _run_stage(

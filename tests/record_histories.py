@@ -164,6 +164,10 @@ PLANNER_ANSWER_SCENARIO = "model_answers_in_its_own_turn"
 # the hooks of after_planning, after_execution, after_synthesis and after_answer after the model's text
 # answer in one local activity.
 ANSWER_STAGES_SCENARIO = "model_answer_stages_in_one_local_activity"
+# Added with the end written with the last hooks: the same request, whose last hooks' local activity also
+# writes the terminal snapshot (the one above kept the write a local activity of its own).
+ANSWER_END_SCENARIO = "model_answer_stages_and_end_in_one_local_activity"
+WITH_TAIL_HOOKS = (ANSWER_STAGES_SCENARIO, ANSWER_END_SCENARIO)
 
 
 class TailAudit:
@@ -203,8 +207,8 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
 
     from . import openai_server as ai
 
-    planner_answers = name in (PLANNER_ANSWER_SCENARIO, ANSWER_STAGES_SCENARIO)
-    hooks = [TailAudit()] if name == ANSWER_STAGES_SCENARIO else ()
+    planner_answers = name in (PLANNER_ANSWER_SCENARIO, *WITH_TAIL_HOOKS)
+    hooks = [TailAudit()] if name in WITH_TAIL_HOOKS else ()
     async with ai.OpenAIServer() as server:
         quote = function_name("demo-tools/stock-service/stock_quote")
         server.push(ai.tool_calls((quote, {"symbol": "ACME"})))
@@ -218,7 +222,7 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
         async with Harness(
             client, state, planner=planner, synthesizer=OpenAISynthesizer(model), settings=settings, hooks=hooks
         ) as h:
-            if name == ANSWER_STAGES_SCENARIO:  # as the project's client starts a request
+            if name in WITH_TAIL_HOOKS:  # as the project's client starts a request
                 handle = await client.start_workflow(
                     "RequestLifecycle",
                     {"request": "What is the price of ACME?", "stream_answer": True},
@@ -365,7 +369,7 @@ async def main(rewrite_all: bool) -> None:
         with tempfile.TemporaryDirectory() as state:
             async with subagent_harness(env.client, Path(state)) as h:
                 await record(h, SUBAGENT_SCENARIOS, rewrite_all, succeeded)
-        for name in (MODEL_SCENARIO, PLANNER_ANSWER_SCENARIO, ANSWER_STAGES_SCENARIO):
+        for name in (MODEL_SCENARIO, PLANNER_ANSWER_SCENARIO, *WITH_TAIL_HOOKS):
             if rewrite_all or not (HISTORIES / f"{name}.json").exists():
                 with tempfile.TemporaryDirectory() as state:
                     await record_model_scenario(env.client, Path(state), name)

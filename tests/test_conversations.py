@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 from temporalio.client import Client
+from temporalio.common import TypedSearchAttributes
+from temporalio.converter import decode_typed_search_attributes
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
@@ -189,15 +191,33 @@ async def test_a_failed_turn_and_a_cancelled_turn_release_the_next_one(client: C
     assert [(t.turn, t.status) for t in turns.done] == [(1, "failed"), (2, "cancelled"), (3, "succeeded")]
 
 
-async def test_the_conversation_is_listed_as_a_conversation(client: Client, tmp_path):
+def listing(history) -> tuple[TypedSearchAttributes, list[list[str]]]:
+    """What a run started listed with, and the attributes each of its upserts set."""
+    started = history.events[0].workflow_execution_started_event_attributes
+    upserts = [
+        sorted(e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields)
+        for e in history.events
+        if e.HasField("upsert_workflow_search_attributes_event_attributes")
+    ]
+    return decode_typed_search_attributes(started.search_attributes), upserts
+
+
+async def test_the_conversation_is_listed_as_a_conversation_and_its_turns_as_requests_from_their_start(
+    client: Client, tmp_path
+):
     async with Harness(client, tmp_path, planner=ScriptedPlanner()) as h:
         agents, conversation = agents_for(h), new_id("kind")
         accepted = await agents.submit_turn(conversation, "hello")
         await agents.turn_result(accepted)
         description = await client.get_workflow_handle(conversation_workflow_id(conversation)).describe()
+        turn_history = await client.get_workflow_handle(accepted.workflow_id).fetch_history()
         await keep_histories(h, conversation, [accepted.workflow_id])
     assert description.typed_search_attributes.get(sa.WORKFLOW_KIND) == "conversation"
     assert description.workflow_type == "Conversation"
+    # A turn starts listed as a client starts a request: found from its start, no upsert to list its kind.
+    at_start, upserts = listing(turn_history)
+    assert at_start.get(sa.WORKFLOW_KIND) == "request" and at_start.get(sa.LIFECYCLE_STAGE) == "resolve_pipeline"
+    assert upserts and all(sa.WORKFLOW_KIND.name not in fields for fields in upserts)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -334,6 +354,8 @@ async def test_a_long_conversation_continues_as_new_between_turns_and_loses_none
     assert overlapping(spans) == []
     assert turns.runs >= 3 and [t.turn for t in turns.done] == [1, 2, 3, 4, 5, 6]
     assert started.continued_execution_run_id  # the current run is a continuation
+    # The runs after the first still start their turns listed as requests.
+    assert listing(h.histories[-1])[0].get(sa.WORKFLOW_KIND) == "request"
 
 
 async def test_an_idle_conversation_ends_and_the_next_turn_starts_it_again_with_its_counter(client: Client, tmp_path):

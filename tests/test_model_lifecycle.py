@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from datetime import timedelta
 
 from pydantic import SecretStr
 from temporalio.api.enums.v1 import EventType
@@ -372,6 +373,98 @@ async def test_the_stages_after_a_text_answer_run_in_one_local_activity_and_each
     assert sorted(names) == ["pipeline.hook.after_answer.audit", "pipeline.hook.after_answer.second"]
 
 
+def persist_summaries(outcome: Outcome) -> list[str]:
+    return [a.summary for a in outcome.scheduled if a.activity_type == "persist_execution_record"]
+
+
+def end_attempt(outcome: Outcome) -> dict | None:
+    """What the hook local activity that tried to write the terminal snapshot says of it (None: none tried)."""
+    tried = [
+        result["end"]
+        for recorded, result in outcome.local_results()
+        if hook_stage_of(recorded) is not None and isinstance(result, dict) and result.get("end")
+    ]
+    assert len(tried) <= 1, tried
+    return tried[0] if tried else None
+
+
+async def test_the_last_hooks_write_the_terminal_snapshot_when_they_leave_the_text_answer_as_it_is(
+    client, tmp_path, server
+):
+    """After the planner's text answer, the local activity that runs every hook of every stage left writes
+    the request's terminal snapshot itself: no local activity of its own writes it, and the store holds
+    exactly the workflow's record — every invocation with its time and decision, the accepted plans, the
+    answer, its draft and cache verdict, completed as the last hook ended. The harness replays the
+    history."""
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
+    async with model_harness(
+        client, tmp_path, server, hooks=[Tail("audit"), Tail("second")], dedicated_synthesis=False
+    ) as h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.result is not None and outcome.result.response == "ACME is up.", outcome.failure
+    assert persist_summaries(outcome) == []  # the accepted plan of phase 1 and the end: both with their hooks
+    assert end_attempt(outcome) == {"revision": 2, "written": True}
+    record = outcome.record
+    assert record is not None and record.status is RequestStatus.SUCCEEDED
+    assert (record.lifecycle.boundary.value, record.lifecycle.completion, record.record_revision) == (
+        "terminal",
+        "completed",
+        2,
+    )
+    last = record.pipeline_hooks[-1]
+    assert record.completed_at == last.started_at + timedelta(milliseconds=last.duration_ms)
+    assert record.final_response == "ACME is up." and record.model_draft is not None
+    assert record.cache is not None and record.cache.cacheable and record.cache.response is None
+    assert await outcome.stored() == record
+
+
+class RefusesFirstEnd:
+    """The harness's store, refusing the first terminal snapshot it is asked to save (down for a moment)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.refused = inner, False
+
+    async def save(self, record):
+        if record.lifecycle is not None and record.lifecycle.boundary.value == "terminal" and not self.refused:
+            self.refused = True
+            raise ConnectionError("store unavailable")
+        return await self.inner.save(record)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_a_terminal_snapshot_the_last_hooks_could_not_write_is_written_by_the_workflow(client, tmp_path, server):
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
+    audit = Tail("audit")
+    h = model_harness(client, tmp_path, server, hooks=[audit], dedicated_synthesis=False)
+    h.activities.store = RefusesFirstEnd(h.store)
+    async with h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.result is not None and outcome.result.response == "ACME is up.", outcome.failure
+    assert len(audit.seen) == 5  # the hooks ran once: their outcomes stand
+    assert end_attempt(outcome) == {"revision": 2, "written": False}
+    assert persist_summaries(outcome) == ["bookkeeping · persist record · terminal · revision 3"]
+    stored = await outcome.stored()
+    assert stored == outcome.record and stored.record_revision == 3
+
+
+async def test_last_hooks_that_change_the_answer_leave_the_terminal_snapshot_to_the_workflow(client, tmp_path, server):
+    answer = "ACME is up; key sk-live-0123456789abcdefghij."
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer(answer))
+    async with model_harness(
+        client, tmp_path, server, hooks=[Tail("audit"), SecretRedactionHook()], dedicated_synthesis=False
+    ) as h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.result is not None and "sk-live-" not in outcome.result.response, outcome.failure
+    assert end_attempt(outcome) is None  # not tried: the redaction changed the answer
+    assert persist_summaries(outcome) == ["bookkeeping · persist record · terminal · revision 2"]
+    assert await outcome.stored() == outcome.record
+
+
 async def test_a_stage_that_changes_the_run_hands_the_next_stage_back_to_the_workflow(client, tmp_path, server):
     # The counter changes its private state at every stage: each stage runs on its own, and each sees
     # what the stage before left.
@@ -433,6 +526,12 @@ async def test_after_synthesis_runs_on_into_after_answer_after_a_synthesis_call(
     assert outcome.result is not None and outcome.result.response == "A fine answer.", outcome.failure
     assert run_on_types(outcome) == ["after_synthesis:audit → after_answer:audit"]
     assert audit.seen[-2:] == [("after_synthesis", "A fine answer.", 0), ("after_answer", "A fine answer.", 0)]
+    # They were the run's last hooks, and left the answer as it was: their activity wrote the end.
+    assert end_attempt(outcome) == {"revision": 1, "written": True}
+    assert persist_summaries(outcome) == []
+    record = outcome.record
+    assert record is not None and record.model_draft is not None and record.model_draft.stage == "synthesis"
+    assert await outcome.stored() == record
 
 
 async def test_hooks_run_ahead_on_a_run_that_changed_are_kept_as_diagnostics_and_run_again(
@@ -466,6 +565,11 @@ async def test_hooks_run_ahead_on_a_run_that_changed_are_kept_as_diagnostics_and
     ]
     last_seen = {stage: n for stage, _, n in counter.seen}
     assert last_seen == {"after_planning": 1, "after_execution": 2, "after_synthesis": 3, "after_answer": 4}
+    # The activity, taking the run as unchanged, wrote a terminal snapshot too: the workflow found its
+    # record was not that snapshot and wrote its own with the next revision.
+    assert end_attempt(outcome) == {"revision": 2, "written": True}
+    assert persist_summaries(outcome) == ["bookkeeping · persist record · terminal · revision 3"]
+    assert await outcome.stored() == record
 
 
 async def test_hooks_run_ahead_for_stages_a_stopped_run_never_reached_are_kept_as_diagnostics(
@@ -491,6 +595,11 @@ async def test_hooks_run_ahead_for_stages_a_stopped_run_never_reached_are_kept_a
     unreached = {(d.phase, d.extension) for d in record.diagnostics if d.error_type == "StaleRunAhead"}
     assert unreached == {("after_execution", "stops"), ("after_synthesis", "stops"), ("after_answer", "stops")}
     assert [i.stage.value for i in record.pipeline_hooks] == ["after_planning", "after_planning"]
+    # The terminal snapshot the activity wrote said completed; the run stopped: the workflow's own, after it.
+    assert end_attempt(outcome) == {"revision": 2, "written": True}
+    assert persist_summaries(outcome) == ["bookkeeping · persist record · terminal · revision 3"]
+    stored = await outcome.stored()
+    assert stored == record and stored.status is RequestStatus.STOPPED
 
 
 class Front(PipelineHook):

@@ -15,6 +15,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
+from temporalio.converter import decode_typed_search_attributes
 from temporalio.exceptions import ApplicationError
 
 from client import Settings
@@ -265,7 +266,8 @@ async def test_children_are_told_apart_from_requests_by_kind_summary_and_list_fi
         subagent = client.get_workflow_handle(f"{out.workflow_id}/subagent/d", result_type=RequestResult)
         effect = client.get_workflow_handle(detached_workflow_id(out.workflow_id, AUDIT_EFFECT_ID))
         await effect.result()
-        h.histories += [await subagent.fetch_history(), await effect.fetch_history()]
+        sub_history = await subagent.fetch_history()
+        h.histories += [sub_history, await effect.fetch_history()]
 
         async def kinds() -> dict[str, str | None] | None:
             query = f"WorkflowId = '{out.workflow_id}' OR WorkflowId = '{subagent.id}' OR WorkflowId = '{effect.id}'"
@@ -290,6 +292,16 @@ async def test_children_are_told_apart_from_requests_by_kind_summary_and_list_fi
         == "detached effect · after_execution · application-audit · audit-write"
     )
     assert f"**detached effect of:** {out.workflow_id}" in (await effect_description.static_details() or "")
+    # A sub-agent starts listed as a client starts a request, with its kind: no upsert lists its kind.
+    started = sub_history.events[0].workflow_execution_started_event_attributes
+    at_start = decode_typed_search_attributes(started.search_attributes)
+    assert at_start.get(sa.WORKFLOW_KIND) == "subagent" and at_start.get(sa.LIFECYCLE_STAGE) == "resolve_pipeline"
+    assert all(
+        sa.WORKFLOW_KIND.name
+        not in e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+        for e in sub_history.events
+        if e.HasField("upsert_workflow_search_attributes_event_attributes")
+    )
 
 
 async def _ids(client: Client, query: str) -> list[str] | None:

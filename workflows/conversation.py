@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, TypedSearchAttributes
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -38,6 +38,7 @@ from temporalio.exceptions import (
 
 with workflow.unsafe.imports_passed_through():
     from . import patches
+    from . import search_attributes as sa
     from .models import (
         DONE_TURNS_KEPT,
         INVALID_TURN,
@@ -251,6 +252,7 @@ class ConversationWorkflow:
                 parent_close_policy=workflow.ParentClosePolicy.REQUEST_CANCEL,
                 static_summary=f"turn {entry.turn} of {self._id}",
                 memo=patches.start_memo(),
+                search_attributes=self._turn_listing(),
             )
         except ChildWorkflowError as err:
             if isinstance(err.cause, CancelledError):
@@ -261,6 +263,14 @@ class ConversationWorkflow:
         except WorkflowAlreadyStartedError:  # its id was taken by a request started outside the conversation
             return "failed", f"{entry.workflow_id} already exists"
         return ("stopped" if result.stopped is not None else "succeeded"), None
+
+    @staticmethod
+    def _turn_listing() -> TypedSearchAttributes | None:
+        """A turn starts listed as a client starts a request (its kind and first stage: no upsert to be
+        found), where this conversation is listed by its kind — the namespace has the attributes."""
+        if workflow.info().typed_search_attributes.get(sa.WORKFLOW_KIND) != sa.KIND_CONVERSATION:
+            return None
+        return sa.listed_at_start(sa.KIND_REQUEST)
 
     async def _grant(self, entry: TurnEntry) -> tuple[TurnStatus, str | None]:
         """Let a request started directly run its turn, and wait until it releases it. A request that

@@ -15,12 +15,14 @@ with workflow.unsafe.imports_passed_through():
     from .listing import COMPLETED, RELEASING_LEASES, StageListing
     from .models import (
         CacheVerdict,
+        ExecutionRecord,
         LifecycleBoundary,
         RequestError,
         RequestResult,
         RequestStatus,
         RunErrorView,
         RunOutcomeView,
+        SnapshotAttempt,
         StepSummary,
         StopInfo,
     )
@@ -169,7 +171,19 @@ class RunEnding:
                 story.current_details(state.input.request, stage=terminal, outcome=self._outcome(status, error))
             )
             self._listing.legacy_upsert(terminal, awaiting_review=False)
-        await self._records.persist(LifecycleBoundary.TERMINAL)
+        tried, wrote = self._written_with_hooks(status)
+        await self._records.persist(LifecycleBoundary.TERMINAL, tried, wrote=wrote)
+
+    def _written_with_hooks(self, status: RequestStatus) -> tuple[SnapshotAttempt | None, ExecutionRecord | None]:
+        """The terminal snapshot the local activity of the run's last hooks tried to write (see
+        ``HookRunner.run``'s ``end``), and the snapshot it wrote, for ``RecordKeeper.persist``: only a run
+        that completed can be that snapshot; any other end is written with the next revision."""
+        ended = self._state.end_attempt
+        if ended is None:
+            return None, None
+        if status is not RequestStatus.SUCCEEDED:
+            return ended.attempt.model_copy(update={"written": False}), None
+        return ended.attempt, ended.written()
 
     def _outcome(self, status: RequestStatus, error: RequestError | None) -> str:
         """How the request ended, in one line: the failure's type and reason, who stopped it, or the answer."""

@@ -50,10 +50,13 @@ with workflow.unsafe.imports_passed_through():
         RunMode,
         SnapshotAttempt,
         Stage,
+        TerminalEnd,
+        TerminalPart,
+        TerminalWrite,
     )
     from .run_state import RunState
     from .scheduling import Scheduler
-    from .snapshots import invocation_entry
+    from .snapshots import EndAttempt, invocation_entry, spent
     from .stages import (
         HOOK_BATCH_ACTIVITY,
         STAGE_SEPARATOR,
@@ -171,6 +174,7 @@ class HookRunner:
         refresh: Callable[[Any], Any] | None = None,
         ahead: Sequence[Ahead] = (),
         write_accepted_plan: bool = False,
+        end: TerminalEnd | None = None,
         **extras: Any,
     ) -> StageRun:
         """Run ``spec``'s hooks (``hooks``, or every participant) in order on ``subject``: each call is
@@ -191,7 +195,13 @@ class HookRunner:
         ``write_accepted_plan`` (after_planning, for a plan whose snapshot is written next): where one local
         activity runs every hook of the stage, it is handed that snapshot and writes it once the hooks have
         left the plan and the run as they were (``workflows.snapshots``); the stage's run says what became
-        of it, for ``records.RecordKeeper.persist``."""
+        of it, for ``records.RecordKeeper.persist``.
+
+        ``end`` (where nothing but the hooks of this stage and of the stages of ``ahead`` comes before the
+        run's end, see ``lifecycle``): where one local activity runs every hook of the stage and of those
+        stages, it is handed the request's terminal snapshot, ending as ``end`` says, and writes it once
+        every hook has left the run as it was; the run's state keeps what became of it
+        (``RunState.end_attempt``) for the record keeper at the end."""
         state = self._state
         participants = state.manifest.participants(spec.stage) if hooks is None else hooks
         done = 0
@@ -204,6 +214,16 @@ class HookRunner:
             and self._local(participants)
         )
         snapshot: SnapshotAttempt | None = None
+        ending = (
+            end
+            if end is not None
+            and not offer
+            and state.behaviour.terminal_with_hooks
+            and bool(participants)
+            and spec.stage not in self._ran_ahead
+            and self._local(participants)
+            else None
+        )
 
         def call_for(hook: HookEntry) -> HookCall:
             nonlocal subject
@@ -222,9 +242,18 @@ class HookRunner:
                     ran_ahead = None
                     if not results:
                         continue
-                elif len(batch) > 1 or segments or offer:
+                elif len(batch) > 1 or segments or offer or ending:
+                    whole = ending is not None and len(batch) == len(participants) and self._covers(ahead, segments)
                     results, snapshot = await self._invoke_batch(
-                        spec, batch, done + 1, call_for, plan_phase, step, segments, write=offer
+                        spec,
+                        batch,
+                        done + 1,
+                        call_for,
+                        plan_phase,
+                        step,
+                        segments,
+                        write=offer,
+                        end=ending if whole else None,
                     )
                 elif chains is not None and participants[done].chain is not None:
                     hook = participants[done]
@@ -275,6 +304,14 @@ class HookRunner:
             and self._state.behaviour.hook_batches
             and all(hook.run_mode is RunMode.LOCAL_ACTIVITY and hook.chain is None for hook in hooks)
         )
+
+    def _covers(
+        self, ahead: Sequence[Ahead], segments: Sequence[tuple[StageSpec, list[HookEntry], list[HookCall]]]
+    ) -> bool:
+        """Whether ``segments`` run every hook of every stage of ``ahead``."""
+        ran = {spec.stage: len(hooks) for spec, hooks, _ in segments}
+        participants = self._state.manifest.participants
+        return all(ran.get(later.stage, 0) == len(participants(later.stage)) for later in ahead)
 
     def _segments(self, ahead: Sequence[Ahead]) -> list[tuple[StageSpec, list[HookEntry], list[HookCall]]]:
         """The later stages whose in-process hooks the local activity of a stage's last hooks may run on
@@ -539,6 +576,7 @@ class HookRunner:
         segments: Sequence[tuple[StageSpec, list[HookEntry], list[HookCall]]] = (),
         *,
         write: bool = False,
+        end: TerminalEnd | None = None,
     ) -> tuple[list[_Result], SnapshotAttempt | None]:
         """Run consecutive in-process hooks of a stage in one local activity: one workflow activation and
         one marker (summarised ``<stage> · <hook>, <hook>, ...``) instead of one per hook, while each hook
@@ -547,8 +585,9 @@ class HookRunner:
         (``workflows.stages.next_call``), and stops at a failure or at an outcome that ends the stage; the
         hooks it did not reach are left to the caller. ``segments``: later stages' in-process hooks the
         activity runs on into (see :meth:`run`); what it ran of them is kept for their stage. ``write``: the
-        activity is handed the accepted plan's snapshot (see :meth:`run`). Returns (hook, outcome, failure)
-        for each hook of this stage that ran, in order, and what became of the snapshot."""
+        activity is handed the accepted plan's snapshot, ``end`` the terminal one (see :meth:`run`).
+        Returns (hook, outcome, failure) for each hook of this stage that ran, in order, and what became
+        of the accepted plan's snapshot (the terminal one's is kept in ``RunState.end_attempt``)."""
         stage = spec.stage
         calls = [call_for(hook) for hook in hooks]
         parts = [(stage, hooks)] + [(later.stage, later_hooks) for later, later_hooks, _ in segments]
@@ -574,6 +613,18 @@ class HookRunner:
             snapshot = AcceptedPlanWrite(
                 record=self._state.record, started=started, first_sequence=first_sequence, plan_phase=plan_phase
             )
+        ending = None
+        if end is not None:
+            ending = TerminalWrite(
+                record=self._state.record.model_copy(deep=True),
+                started=started,
+                parts=[
+                    TerminalPart(stage=stage, first_sequence=first_sequence, plan_phase=plan_phase),
+                    *(TerminalPart(stage=later.stage) for later, _, _ in segments),
+                ],
+                plan=STAGES[stage].subject(calls[0]) if stage is Stage.AFTER_PLANNING else None,
+                end=end,
+            )
         try:
             batch = await workflow.execute_local_activity(
                 activity_type,
@@ -584,6 +635,7 @@ class HookRunner:
                         HookBatchSegment(stage=later.stage, calls=later_calls) for later, _, later_calls in segments
                     ],
                     write=snapshot,
+                    end=ending,
                 ),
                 result_type=HookBatchOutcome,
                 start_to_close_timeout=timedelta(seconds=budget + 10),
@@ -603,13 +655,15 @@ class HookRunner:
                 if failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
                     break
             return results, None
-        clock = started + _spent(batch.entries)
+        clock = started + spent(batch.entries)
         for (later, _, later_calls), entries in zip(segments, batch.ahead, strict=False):
             if entries:
                 self._ran_ahead[later.stage] = _RanAhead(
                     calls=later_calls[: len(entries)], entries=entries, started=clock
                 )
-            clock += _spent(entries)
+            clock += spent(entries)
+        if ending is not None and batch.end is not None:
+            self._state.end_attempt = EndAttempt(ending, [batch.entries, *batch.ahead], batch.end)
         results = await self._batch_results(
             spec, hooks, calls, first_sequence, plan_phase, step, batch.entries, started
         )
@@ -769,10 +823,6 @@ def _refusal_text(outcome: Any) -> str | None:
         if text:
             return text
     return None
-
-
-def _spent(entries: Sequence[HookBatchEntry]) -> timedelta:
-    return timedelta(milliseconds=sum(entry.duration_ms for entry in entries))
 
 
 def _seconds_until(moment: datetime) -> float:

@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         LifecycleBoundary,
         MemoryCandidate,
         MemoryOutcome,
+        ModelDraft,
         PipelineHookEffect,
         PipelineManifest,
         Plan,
@@ -74,6 +75,7 @@ with workflow.unsafe.imports_passed_through():
         ShortCircuitProposal,
         StepResult,
         StepSummary,
+        TerminalEnd,
         bounded_value,
         conversation_id_problem,
         subagent_depth,
@@ -84,7 +86,14 @@ with workflow.unsafe.imports_passed_through():
     from .scheduling import Scheduler
     from .stages import STAGES, Fold, Stage
     from .steps import StepExecutor
-    from .support import APPROVAL_METADATA_KEY, approval_reasons, decode_payload, promote_metadata, stage_failure
+    from .support import (
+        APPROVAL_METADATA_KEY,
+        approval_reasons,
+        cache_verdict,
+        decode_payload,
+        promote_metadata,
+        stage_failure,
+    )
     from .turns import WAITING_FOR_TURN, ConversationTurn, started_by_conversation
 
 WORKFLOW_TYPE = "RequestLifecycle"
@@ -308,7 +317,7 @@ class RequestLifecycleWorkflow:
             execution = ExecutionResult(steps=list(state.record.steps))
             await self._after_execution(execution, self._draft_stages(plan))
             synthesis = await self._models.synthesize(plan, execution)
-            response = await self._after_synthesis(synthesis.response)
+            response = await self._after_synthesis(synthesis.response, synthesis.confidence)
             state.synthesized = response
             state.record.confidence = synthesis.confidence
             result = RequestResult(
@@ -472,8 +481,13 @@ class RequestLifecycleWorkflow:
             planned = await self._models.plan(phase)
             # A plan without steps runs nothing: the next write (the terminal one) records it.
             snapshot_next = bool(planned.plan.steps) or not state.behaviour.planner_answers
+            ahead = self._after_plan_accepted(planned.plan)
             accepted = await self._after_planning(
-                planned.plan, planned.available, self._after_plan_accepted(planned.plan), write=snapshot_next
+                planned.plan,
+                planned.available,
+                ahead,
+                write=snapshot_next,
+                end=self._end_after(planned.plan) if ahead else None,
             )
             plan = accepted.subject
             if plan.steps or not state.behaviour.planner_answers:
@@ -501,6 +515,36 @@ class RequestLifecycleWorkflow:
             return []
         return [Ahead(Stage.AFTER_EXECUTION, _observed(self._state.record.steps)), *self._draft_stages(plan)]
 
+    def _end_after(self, plan: Plan) -> TerminalEnd | None:
+        """How the run ends after ``plan`` if it is the planner's text answer (see :meth:`_end`)."""
+        text = self._models.text_answer(plan)
+        if text is None:
+            return None
+        steps = list(self._state.record.steps)
+        return self._end(text, self._models.draft_of(plan, text), ExecutionResult(steps=steps).confidence)
+
+    def _end(self, answer: str, draft: ModelDraft | None, confidence: float | None) -> TerminalEnd | None:
+        """How the run ends with ``answer`` if the hooks about to run and those of the stages after them leave
+        it as it is, where nothing else comes between them and the end: no conversation memory to save, no
+        lease to release, no error the run recovered from for on_error, no on_finish hook. None otherwise
+        (the terminal snapshot is then the workflow's own write)."""
+        state = self._state
+        if (
+            not state.behaviour.terminal_with_hooks
+            or state.manifest.memory
+            or state.leases
+            or state.recovered
+            or state.manifest.participants(Stage.ON_FINISH)
+        ):
+            return None
+        verdict = cache_verdict(state.record, state.manifest.tools, "completed", answer)
+        return TerminalEnd(
+            final_response=answer,
+            model_draft=draft,
+            confidence=confidence,
+            cache=verdict.model_copy(update={"response": None}),
+        )
+
     def _draft_stages(self, plan: Plan) -> list[Ahead]:
         """After after_execution, when the last plan's text answer is the draft (no synthesis call):
         after_synthesis on it, then after_answer."""
@@ -512,12 +556,19 @@ class RequestLifecycleWorkflow:
         return Ahead(Stage.AFTER_ANSWER, self._answer_view(response, "pipeline", step_summaries(self._state)))
 
     async def _after_planning(
-        self, plan: Plan, available: list[str] | None = None, ahead: list[Ahead] | None = None, *, write: bool
+        self,
+        plan: Plan,
+        available: list[str] | None = None,
+        ahead: list[Ahead] | None = None,
+        *,
+        write: bool,
+        end: TerminalEnd | None = None,
     ) -> StageRun:
         """Chain copy-on-write mutations, each validated against the tools the planning attempt had; the
         required hook's failure ends the request before any checkpoint or tool; a stop ends the run. The
-        plan, accepted, is the run's subject; ``write``: its snapshot is written next (the hooks' local
-        activity may write it, see ``HookRunner.run``)."""
+        plan, accepted, is the run's subject; ``write``: its snapshot is written next; ``end``: how the
+        run ends if the hooks leave it as it is (the hooks' local activity may write either, see
+        ``HookRunner.run``)."""
         record = self._state.record
         prior = [s.step_id for s in record.steps]
         first_entry = len(record.pipeline_hooks)
@@ -542,11 +593,12 @@ class RequestLifecycleWorkflow:
             available_tools=available,
             ahead=ahead or (),
             write_accepted_plan=write,
+            end=end,
         )
         plan = accepted.subject
         at = workflow.now()
         if self._state.behaviour.accepted_plan_with_hooks:
-            at = snapshots.accepted_at(record.pipeline_hooks[first_entry:], at)
+            at = snapshots.ended_at(record.pipeline_hooks[first_entry:], at)
         record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=at))
         return accepted
 
@@ -556,10 +608,11 @@ class RequestLifecycleWorkflow:
         (the record keeps the raw outputs)."""
         await self._stage(Stage.AFTER_EXECUTION, _observed(execution.steps), ahead=ahead)
 
-    async def _after_synthesis(self, response: str) -> str:
+    async def _after_synthesis(self, response: str, confidence: float | None) -> str:
         """Rewrite the answer, chained; a hook that fails closed (redaction) ends the request rather than
-        let its unguarded input out."""
-        return await self._stage(Stage.AFTER_SYNTHESIS, response, ahead=[self._answer_stage(response)])
+        let its unguarded input out. Its hooks and after_answer's may be the run's last (:meth:`_end`)."""
+        end = self._end(response, self._state.record.model_draft, confidence)
+        return await self._stage(Stage.AFTER_SYNTHESIS, response, ahead=[self._answer_stage(response)], end=end)
 
     async def _after_answer(
         self, text: str, handled_by: Literal["pipeline", "short_circuit"], steps: list[StepSummary]

@@ -126,6 +126,16 @@ class StageListing:
             return TypedSearchAttributes([SearchAttributePair(sa.WORKFLOW_KIND, kind)])
         return None
 
+    def child_request(self, kind: str) -> TypedSearchAttributes | None:
+        """The search attributes a child request (a sub-agent's) starts with, where the namespace has them:
+        its kind and first stage, as a client starts a request — listed from its start, without an upsert
+        of its own. Its kind alone in executions recorded before (``Behaviour.stage_listed_at_start``)."""
+        if not self._state.behaviour.stage_listed_at_start:
+            return self.child_kind(kind)
+        if self._state.behaviour.stage_upserts and self._state.manifest.search_attributes:
+            return sa.listed_at_start(kind)
+        return None
+
     # -- executions recorded before stages were listed where they wait (``Behaviour.stage_upserts``) --
 
     def legacy_upsert(self, stage: str, *, awaiting_review: bool) -> None:

@@ -187,13 +187,19 @@ class ModelSteps:
         phase has no step (so its phase was not cut by the cap), the planner answered in text, and the
         pipeline does not ask for a dedicated synthesis call. No model call is made for it."""
         state = self._state
-        draft, text = state.planner_draft, self.text_answer(plan)
-        if draft is None or text is None:
+        text = self.text_answer(plan)
+        if state.planner_draft is None or text is None:
             return None
-        if not draft.matches(text):  # an after_planning hook rewrote the answer: keep what it wrote
-            draft = ModelDraft.of(text).model_copy(update={"stage": "planning", "phase": plan.phase})
-        state.record.model_draft = draft
+        state.record.model_draft = self.draft_of(plan, text)
         return SynthesizeOutput(response=text, confidence=execution.confidence)
+
+    def draft_of(self, plan: Plan, text: str) -> ModelDraft | None:
+        """The record's draft of ``text``, the answer ``plan`` ends the run with: the planner's turn as the
+        record keeps it, or, where an after_planning hook rewrote the answer, what the hook wrote."""
+        draft = self._state.planner_draft
+        if draft is not None and not draft.matches(text):
+            draft = ModelDraft.of(text).model_copy(update={"stage": "planning", "phase": plan.phase})
+        return draft
 
     async def _synthesize(self, plan: Plan, execution: ExecutionResult) -> SynthesizeOutput:
         state = self._state

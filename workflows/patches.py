@@ -83,7 +83,10 @@ class Behaviour:
       local activity of their own, even where the stages before left the run as it was);
     - ``accepted_plan_with_hooks``: ``invocation.HookRunner.run`` and ``lifecycle._after_planning`` (the
       accepted plan's snapshot was always a local activity of its own after the after_planning hooks, and
-      the plan was accepted at the workflow's time after them).
+      the plan was accepted at the workflow's time after them);
+    - ``terminal_with_hooks``: ``invocation.HookRunner.run`` and ``ending.RunEnding._terminal`` (the
+      terminal snapshot was always a local activity of its own after the run's last hooks, and the request
+      completed at the workflow's time then).
     """
 
     local_bookkeeping: bool = True
@@ -112,6 +115,10 @@ class Behaviour:
     # The local activity that runs every after_planning hook of a phase writes the accepted plan's snapshot
     # when they leave the plan and the run as they were; a plan is accepted as its last hook ends.
     accepted_plan_with_hooks: bool = True
+    # The local activity of the run's last hooks (after the planner's text answer or a synthesis, when
+    # nothing else comes before the end) writes the terminal snapshot when they leave the run as it was;
+    # the request then completed as its last hook ended.
+    terminal_with_hooks: bool = True
 
 
 # The fields of every change recorded under ``LIFECYCLE_2027_01``: off for executions recorded before it.
@@ -125,6 +132,7 @@ SINCE_2027_01 = (
     "stage_listed_at_start",
     "stage_lookahead",
     "accepted_plan_with_hooks",
+    "terminal_with_hooks",
 )
 
 

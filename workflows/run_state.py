@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         StepSummary,
         subagent_depth,
     )
+    from .snapshots import EndAttempt
 
 
 @dataclass
@@ -62,6 +63,9 @@ class RunState:
     recovered: list[RunErrorView] = field(default_factory=list)  # errors the run recovered from, for on_error
     # The after_planning hook that marked each step (by step id) as needing a reviewer, as checkpoints show it.
     approval_required_by: dict[str, str] = field(default_factory=dict)
+    # The terminal snapshot the local activity of the run's last hooks was handed (``HookRunner.run``'s
+    # ``end``): the record keeper writes none of its own at the end when the record is that snapshot.
+    end_attempt: EndAttempt | None = None
 
     def recover(self, origin: str, type: str, message: str, details: dict[str, JsonValue] | None = None) -> None:
         """Keep an error the run recovers from (a failed memory save, a tool failure the planner saw, ...)

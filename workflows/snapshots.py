@@ -1,12 +1,14 @@
 """The execution record's snapshots as pure functions of the record, shared by the workflow and the local
-activity that runs a phase's after_planning hooks: a snapshot stamped for its boundary, a hook
-invocation's record entry, and the accepted plan's snapshot as the workflow builds it from those hooks'
-outcomes. With them that activity writes the accepted plan's snapshot itself, right after the hooks, when
-they left the plan and the run as they found them: one local activity where there were two."""
+activities that run in-process hooks: a snapshot stamped for its boundary, a hook invocation's record
+entry, the accepted plan's snapshot as the workflow builds it from a phase's after_planning hooks, and the
+terminal snapshot of a request that ends right after its last hooks. With them the activity that runs
+those hooks writes the snapshot itself, right after them, when they left the run as they found it: one
+local activity where there were two."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -23,7 +25,9 @@ from .models import (
     LifecycleBoundary,
     RecordLifecycle,
     RequestStatus,
+    SnapshotAttempt,
     Stage,
+    TerminalWrite,
 )
 from .stages import STAGES
 
@@ -66,9 +70,9 @@ def invocation_entry(
     )
 
 
-def accepted_at(invocations: Sequence[HookInvocation], otherwise: datetime) -> datetime:
-    """When a plan was accepted: as the last of its after_planning ``invocations`` ended, or ``otherwise``
-    (the workflow's time then) where none ran."""
+def ended_at(invocations: Sequence[HookInvocation], otherwise: datetime) -> datetime:
+    """When the last of ``invocations`` ended, or ``otherwise`` where none ran: when a plan was accepted
+    (its after_planning invocations), when a request ended with its last hooks."""
     if not invocations:
         return otherwise
     last = invocations[-1]
@@ -102,6 +106,75 @@ def accepted_plan_snapshot(
         record.pipeline_hooks.append(invocation)
         record_effects(record, outcome.effects)
     plan = STAGES[Stage.AFTER_PLANNING].subject(ran[0][0])
-    record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=accepted_at(invocations, clock)))
+    record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=ended_at(invocations, clock)))
     stamp(record, LifecycleBoundary.ACCEPTED_PLAN)
     return record
+
+
+def spent(entries: Sequence[HookBatchEntry]) -> timedelta:
+    """The time a local activity's hooks took, one after another."""
+    return timedelta(milliseconds=sum(entry.duration_ms for entry in entries))
+
+
+def terminal_snapshot(write: TerminalWrite, entries: Sequence[Sequence[HookBatchEntry]]) -> ExecutionRecord:
+    """The terminal snapshot of a request that ends right after the hooks of ``write.parts`` (``entries``:
+    each part's batch entries, in order) left the run as it was: each invocation recorded from
+    ``write.started`` one after another with its decision and effects (each part from where the one
+    before ended, as the workflow times what an activity ran on into), the plan accepted as the last
+    after_planning hook ended, the request completed as the last hook ended with ``write.end``'s answer,
+    the snapshot stamped — what the workflow's record holds at the end for the same outcomes."""
+    record = write.record.model_copy(deep=True)
+    clock = write.started
+    ended = clock
+    for part, part_entries in zip(write.parts, entries, strict=True):
+        at = clock
+        invocations: list[HookInvocation] = []
+        for offset, entry in enumerate(part_entries):
+            invocation = invocation_entry(
+                entry.hook, part.stage, part.first_sequence + offset, part.plan_phase, None, at, entry.duration_ms
+            )
+            at += timedelta(milliseconds=entry.duration_ms)
+            outcome = HookOutcome.model_validate(entry.outcome)  # the stage's own fields are not needed here
+            invocation.decision = outcome.decision
+            invocations.append(invocation)
+            record.pipeline_hooks.append(invocation)
+            record_effects(record, outcome.effects)
+        if part.stage is Stage.AFTER_PLANNING and write.plan is not None:
+            plan = write.plan
+            record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=ended_at(invocations, at)))
+        ended = ended_at(invocations, ended)
+        clock += spent(part_entries)
+    end = write.end
+    record.model_draft = end.model_draft
+    record.confidence = end.confidence
+    record.final_response = end.final_response
+    record.cache = end.cache
+    record.status = RequestStatus.SUCCEEDED
+    record.error = None
+    record.lifecycle_stage = COMPLETION[RequestStatus.SUCCEEDED]
+    record.completed_at = ended
+    stamp(record, LifecycleBoundary.TERMINAL)
+    return record
+
+
+@dataclass
+class EndAttempt:
+    """A terminal snapshot a local activity was handed (``write``, its record a copy of the workflow's as
+    the hooks started), what its hooks' ``entries`` were (per part) and what became of the write."""
+
+    write: TerminalWrite
+    entries: list[list[HookBatchEntry]]
+    attempt: SnapshotAttempt
+
+    def written(self) -> ExecutionRecord | None:
+        """The snapshot the activity wrote, rebuilt from what history recorded; None if it wrote none."""
+        return terminal_snapshot(self.write, self.entries) if self.attempt.written else None
+
+
+def same_end(record: ExecutionRecord, written: ExecutionRecord) -> bool:
+    """Whether ``record``, stamped for the end, is the terminal snapshot ``written`` (when it completed
+    aside: the snapshot says it completed as its last hook ended); if so it takes that time."""
+    if record.model_copy(update={"completed_at": written.completed_at}) != written:
+        return False
+    record.completed_at = written.completed_at
+    return True

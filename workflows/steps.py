@@ -434,7 +434,7 @@ class StepExecutor:
                     result_type=RequestResult,
                     static_summary=story.subagent_summary(step.tool, step.step_id, depth, asked),
                     static_details=story.subagent_details(info.workflow_id, state.request_id, asked),
-                    search_attributes=self._listing.child_kind(sa.KIND_SUBAGENT),
+                    search_attributes=self._listing.child_request(sa.KIND_SUBAGENT),
                     memo=patches.start_memo(),
                 )
             except FailureError as err:

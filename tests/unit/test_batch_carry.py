@@ -4,6 +4,9 @@ workflow."""
 
 from __future__ import annotations
 
+import pydantic
+import pytest
+
 from workflows.models import (
     AnswerView,
     DecisionAction,
@@ -12,6 +15,7 @@ from workflows.models import (
     EnrichmentOperation,
     ExecutionResult,
     FailurePolicy,
+    HookBatchOutcome,
     HookDecision,
     HookEntry,
     HookRequestView,
@@ -223,3 +227,11 @@ def test_the_type_of_several_stages_names_each_stages_hooks_and_stays_within_bou
     huge = stages_activity_type([(Stage.AFTER_PLANNING, ["x" * 300]), (Stage.AFTER_ANSWER, ["y"])])
     assert len(huge) <= MAX_HOOK_ACTIVITY_TYPE and hook_stage_of(huge) is Stage.AFTER_PLANNING
     assert huge.endswith("→ after_answer:1 hook")
+
+
+def test_a_marker_holding_one_hooks_outcome_does_not_decode_as_a_batch_in_which_none_ran():
+    decision = HookDecision(failure_policy=FailurePolicy.FAIL_OPEN, action=DecisionAction.CONTINUE, reason="ok")
+    lone = ObserveOutcome(decision=decision).model_dump(mode="json")  # a lone hook's result, same type
+    with pytest.raises(pydantic.ValidationError, match="entries"):
+        HookBatchOutcome.model_validate(lone)
+    assert HookBatchOutcome.model_validate({"entries": []}).entries == []

@@ -186,6 +186,9 @@ from ._record import (
     RejectSignal,
     ReviewAck,
     ReviewRequest,
+    TerminalEnd,
+    TerminalPart,
+    TerminalWrite,
 )
 from ._replay import (
     DECISION_CHANGES,
@@ -394,6 +397,9 @@ __all__ = [
     "StopInfo",
     "SynthesizeInput",
     "SynthesizeOutput",
+    "TerminalEnd",
+    "TerminalPart",
+    "TerminalWrite",
     "ToolCall",
     "ToolDecision",
     "ToolErrorResolution",

@@ -15,7 +15,7 @@ from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage
 from ._plans import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
-    from ._record import AcceptedPlanWrite
+    from ._record import AcceptedPlanWrite, TerminalWrite
 
 # Least time a chain must have left for the workflow to start one more of its hooks: an invocation needs
 # time beyond its handler's (scheduling, the audit row), and a hook given less could only time out.
@@ -350,6 +350,10 @@ class HookBatchCall(ByReference):
     # The accepted plan's record snapshot, which the activity writes itself once every hook of the stage
     # has left the plan and the run as they were: the write the workflow would otherwise make next.
     write: AcceptedPlanWrite | None = None
+    # The request's terminal snapshot, which the activity writes itself once every hook of this stage and
+    # of every stage it runs on into has left the run as it was: the write the workflow would otherwise
+    # make at the end, when nothing else comes between these hooks and the end.
+    end: TerminalWrite | None = None
 
 
 class HookBatchFailure(BaseModel):
@@ -378,13 +382,18 @@ class SnapshotAttempt(BaseModel):
 
 
 class HookBatchOutcome(ByReference):
-    """One entry per hook that ran, in order: all of the batch, or up to the one the batch stopped at."""
+    """One entry per hook that ran, in order: all of the batch, or up to the one the batch stopped at.
+    ``entries`` is required: a marker that holds another local activity's result (one hook's outcome,
+    recorded under the same type) fails to decode as a batch's, loudly, rather than read as a batch in
+    which no hook ran."""
 
-    entries: list[HookBatchEntry] = Field(default_factory=list)
+    entries: list[HookBatchEntry]
     # Per stage of ``HookBatchCall.ahead`` that the batch ran on into, in order: that stage's entries.
     ahead: list[list[HookBatchEntry]] = Field(default_factory=list)
     # What became of ``HookBatchCall.write``; None when it was not tried (the hooks changed the run).
     snapshot: SnapshotAttempt | None = None
+    # What became of ``HookBatchCall.end``; None when it was not tried.
+    end: SnapshotAttempt | None = None
 
 
 class ShortCircuitKind:

@@ -286,6 +286,41 @@ class AcceptedPlanWrite(BaseModel):
     plan_phase: int | None = None
 
 
+class TerminalPart(BaseModel):
+    """One stage of the local activity that writes the terminal snapshot: its invocations' first place
+    among the stage's invocations and their plan phase, as the workflow records them."""
+
+    stage: Stage
+    first_sequence: int = 1
+    plan_phase: int | None = None
+
+
+class TerminalEnd(BaseModel):
+    """How a request that ends after its last hooks ends, when they leave the run as it was: the answer
+    (the draft, as no hook rewrote it), the draft as the record keeps it, confidence and cache verdict
+    (without the text), computed by the workflow before the hooks run."""
+
+    final_response: str
+    model_draft: ModelDraft | None = None
+    confidence: float | None = None
+    cache: CacheVerdict
+
+
+class TerminalWrite(BaseModel):
+    """The request's terminal snapshot, handed to the local activity that runs the run's last hooks — of
+    after_planning on the planner's text answer, or of after_synthesis, and of every stage after it:
+    ``record`` as it stands when the hooks start, ``started`` the workflow time the activity was scheduled
+    at, ``parts`` the activity's stages in order (after_planning's hooks accept ``plan``), ``end`` how the
+    request ends. The activity adds each invocation, the accepted plan and the end as the workflow does
+    (``workflows.snapshots``)."""
+
+    record: ExecutionRecord
+    started: datetime
+    parts: list[TerminalPart]
+    plan: Plan | None = None
+    end: TerminalEnd
+
+
 class PersistRecordInput(ByReference):
     record: ExecutionRecord
 
@@ -295,4 +330,4 @@ class PersistRecordOutput(ByReference):
     written: bool
 
 
-HookBatchCall.model_rebuild(_types_namespace={"AcceptedPlanWrite": AcceptedPlanWrite})
+HookBatchCall.model_rebuild(_types_namespace={"AcceptedPlanWrite": AcceptedPlanWrite, "TerminalWrite": TerminalWrite})
