@@ -5,6 +5,12 @@ workflow can dispatch the work again elsewhere (``workflows.dispatch``). The hea
 activity's own work, in the worker's event loop: sync hooks and tools run in threads and never hold it
 up, but an ``async`` hook that blocks the event loop for longer than the heartbeat timeout looks like a
 lost worker. Heartbeats also carry cancellation to the activity (a cancelled request stops its work).
+
+Progress (what a next attempt must know, such as the model calls already made and paid for) rides on
+the heartbeats: it is sent :data:`PROGRESS_DELAY` after it is reported while the attempt still runs, and
+at once when the attempt fails. An attempt that completes sooner sends no heartbeat at all: its result
+carries everything, and a heartbeat still in flight would hold its completion back by the heartbeat's
+round trip (the worker sends a completion only once the heartbeats before it have been answered).
 """
 
 from __future__ import annotations
@@ -21,30 +27,56 @@ from temporalio import activity
 P = ParamSpec("P")
 R = TypeVar("R")
 
+# How long reported progress waits for the next heartbeat while the attempt runs. A worker lost within
+# this time of a report leaves the next attempt without it; a call still in flight when a worker is lost
+# is not known to the next attempt either.
+PROGRESS_DELAY = 0.2
 
-# The details the running activity's heartbeats carry (what its next attempt reads), set by report_progress.
-_progress: ContextVar[list[Any] | None] = ContextVar("heartbeat_progress", default=None)
+
+class _Progress:
+    """The details the running activity's heartbeats carry, and whether a report is not sent yet."""
+
+    def __init__(self) -> None:
+        self.details: tuple[Any, ...] = ()
+        self.unsent = False
+        self.reported = asyncio.Event()
+
+    def report(self, details: tuple[Any, ...]) -> None:
+        self.details = details
+        self.unsent = True
+        self.reported.set()
+
+    def send(self) -> None:
+        self.unsent = False
+        self.reported.clear()
+        activity.heartbeat(*self.details)
 
 
-async def _beat(interval: float, progress: list[Any]) -> None:
+_progress: ContextVar[_Progress | None] = ContextVar("heartbeat_progress", default=None)
+
+
+async def _beat(interval: float, progress: _Progress) -> None:
     # The server times an attempt out when no heartbeat arrives within the heartbeat timeout of its start
     # or of the last heartbeat, so the first beat can wait an interval: an activity that ends sooner (a
     # plan, most tool calls) costs the server no heartbeat at all.
     while True:
-        await asyncio.sleep(interval)
-        activity.heartbeat(*progress)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval):
+                await progress.reported.wait()
+                await asyncio.sleep(PROGRESS_DELAY)
+        progress.send()
 
 
 def report_progress(*details: Any) -> None:
     """Record what this attempt has done so far, for the activity's next attempt to read from
-    ``activity.info().heartbeat_details`` if this one fails: sent at once, and with every background
-    heartbeat after it. Nothing is kept outside an activity or in a local activity (no heartbeats)."""
-    if not activity.in_activity() or heartbeat_interval() is None:
+    ``activity.info().heartbeat_details`` if this one fails: sent with the next heartbeat, at most
+    :data:`PROGRESS_DELAY` later while the attempt runs, and at once if it fails. Nothing is kept outside
+    an activity or in a local activity (no heartbeats)."""
+    if not activity.in_activity():
         return
     progress = _progress.get()
     if progress is not None:
-        progress[:] = details
-    activity.heartbeat(*details)
+        progress.report(details)
 
 
 def heartbeat_interval() -> float | None:
@@ -57,16 +89,21 @@ def heartbeat_interval() -> float | None:
 
 @contextlib.asynccontextmanager
 async def heartbeats():
-    """Heartbeat in the background for as long as the block runs."""
+    """Heartbeat in the background for as long as the block runs; a failing block sends the progress
+    it reported and has not sent yet before it fails."""
     interval = heartbeat_interval()
     if interval is None:
         yield
         return
-    progress: list[Any] = []
+    progress = _Progress()
     token = _progress.set(progress)
     task = asyncio.create_task(_beat(interval, progress))
     try:
         yield
+    except BaseException:
+        if progress.unsent:  # the worker sends this heartbeat before it reports the failure
+            progress.send()
+        raise
     finally:
         _progress.reset(token)
         task.cancel()

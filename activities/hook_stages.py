@@ -227,7 +227,9 @@ class HookStageActivities(abc.ABC):
         if batch.write is not None and ran_on:
             write = batch.write
             outcome.snapshot = await self._write_snapshot(
-                write.record, lambda: snapshots.accepted_plan_snapshot(write, ran, entries), "accepted plan"
+                write.record,
+                lambda: snapshots.accepted_plan_snapshot(write, ran, entries, in_place=True),
+                "accepted plan",
             )
         for segment in batch.ahead:
             if not ran_on:
@@ -237,7 +239,7 @@ class HookStageActivities(abc.ABC):
         if batch.end is not None and ran_on and len(outcome.ahead) == len(batch.ahead):
             end, parts = batch.end, [entries, *outcome.ahead]
             outcome.end = await self._write_snapshot(
-                end.record, lambda: snapshots.terminal_snapshot(end, parts), "terminal snapshot"
+                end.record, lambda: snapshots.terminal_snapshot(end, parts, in_place=True), "terminal snapshot"
             )
         return self.bounded_result(outcome, f"{batch.stage.value} batch")
 

@@ -8,7 +8,7 @@ local activity where there were two."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -80,14 +80,19 @@ def ended_at(invocations: Sequence[HookInvocation], otherwise: datetime) -> date
 
 
 def accepted_plan_snapshot(
-    write: AcceptedPlanWrite, ran: Sequence[tuple[HookCall, HookOutcome]], entries: Sequence[HookBatchEntry]
+    write: AcceptedPlanWrite,
+    ran: Sequence[tuple[HookCall, HookOutcome]],
+    entries: Sequence[HookBatchEntry],
+    *,
+    in_place: bool = False,
 ) -> ExecutionRecord:
     """The accepted plan's snapshot after every after_planning hook of the phase ran (``ran``: each call as
     its hook received it and its outcome; ``entries``: their batch entries, for the time each took) and left
     the plan as it was: each invocation recorded one after another from ``write.started`` with its decision
     and effects, the plan accepted as the last ended, the snapshot stamped — the steps the workflow takes
-    for the same outcomes."""
-    record = write.record.model_copy(deep=True)
+    for the same outcomes. ``in_place``: built on ``write.record`` itself, for a write used once (as an
+    activity decoded it), rather than on a copy."""
+    record = write.record if in_place else write.record.model_copy(deep=True)
     clock = write.started
     invocations: list[HookInvocation] = []
     for offset, ((call, outcome), entry) in enumerate(zip(ran, entries, strict=True)):
@@ -116,14 +121,17 @@ def spent(entries: Sequence[HookBatchEntry]) -> timedelta:
     return timedelta(milliseconds=sum(entry.duration_ms for entry in entries))
 
 
-def terminal_snapshot(write: TerminalWrite, entries: Sequence[Sequence[HookBatchEntry]]) -> ExecutionRecord:
+def terminal_snapshot(
+    write: TerminalWrite, entries: Sequence[Sequence[HookBatchEntry]], *, in_place: bool = False
+) -> ExecutionRecord:
     """The terminal snapshot of a request that ends right after the hooks of ``write.parts`` (``entries``:
     each part's batch entries, in order) left the run as it was: each invocation recorded from
     ``write.started`` one after another with its decision and effects (each part from where the one
     before ended, as the workflow times what an activity ran on into), the plan accepted as the last
     after_planning hook ended, the request completed as the last hook ended with ``write.end``'s answer,
-    the snapshot stamped — what the workflow's record holds at the end for the same outcomes."""
-    record = write.record.model_copy(deep=True)
+    the snapshot stamped — what the workflow's record holds at the end for the same outcomes.
+    ``in_place``: built on ``write.record`` itself, for a write used once, rather than on a copy."""
+    record = write.record if in_place else write.record.model_copy(deep=True)
     clock = write.started
     ended = clock
     for part, part_entries in zip(write.parts, entries, strict=True):
@@ -165,10 +173,16 @@ class EndAttempt:
     write: TerminalWrite
     entries: list[list[HookBatchEntry]]
     attempt: SnapshotAttempt
+    _built: ExecutionRecord | None = field(default=None, init=False, repr=False)
 
     def written(self) -> ExecutionRecord | None:
-        """The snapshot the activity wrote, rebuilt from what history recorded; None if it wrote none."""
-        return terminal_snapshot(self.write, self.entries) if self.attempt.written else None
+        """The snapshot the activity wrote, rebuilt from what history recorded (once, on the write's own
+        record: the copy made for it); None if it wrote none. Read it, do not change it."""
+        if not self.attempt.written:
+            return None
+        if self._built is None:
+            self._built = terminal_snapshot(self.write, self.entries, in_place=True)
+        return self._built
 
 
 def same_end(record: ExecutionRecord, written: ExecutionRecord) -> bool:
