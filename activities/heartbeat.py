@@ -34,20 +34,17 @@ PROGRESS_DELAY = 0.2
 
 
 class _Progress:
-    """The details the running activity's heartbeats carry, and whether a report is not sent yet."""
+    """The details the running activity's heartbeats carry; ``reported`` is set while a report is unsent."""
 
     def __init__(self) -> None:
         self.details: tuple[Any, ...] = ()
-        self.unsent = False
         self.reported = asyncio.Event()
 
     def report(self, details: tuple[Any, ...]) -> None:
         self.details = details
-        self.unsent = True
         self.reported.set()
 
     def send(self) -> None:
-        self.unsent = False
         self.reported.clear()
         activity.heartbeat(*self.details)
 
@@ -101,7 +98,7 @@ async def heartbeats():
     try:
         yield
     except BaseException:
-        if progress.unsent:  # the worker sends this heartbeat before it reports the failure
+        if progress.reported.is_set():  # the worker sends this heartbeat before it reports the failure
             progress.send()
         raise
     finally:
