@@ -32,6 +32,7 @@ from storage.executions import ExecutionStore
 from workflows import decisions
 from workflows.models import (
     MAX_PLAN_ATTEMPTS,
+    MAX_RECORDED_PROMPT_CHARS,
     MAX_TOOL_OUTPUT_BYTES,
     DetachedEffectInput,
     DetachedWorkResult,
@@ -395,7 +396,11 @@ class LifecycleActivities(HookStageActivities):
         except PlanRepairNeeded as need:
             if input.attempt + 1 < MAX_PLAN_ATTEMPTS:
                 output = PlanOutput(
-                    prompt=prompt, planner=planner, model_calls=calls.calls, problems=need.problems, repair=need.repair
+                    prompt=recorded_prompt(prompt),
+                    planner=planner,
+                    model_calls=calls.calls,
+                    problems=need.problems,
+                    repair=need.repair,
                 )
                 return self.bounded_result(output, "plan")
             raise ApplicationError(
@@ -425,7 +430,12 @@ class LifecycleActivities(HookStageActivities):
             preview = masked_preview(plan.answer, DRAFT_PREVIEW_CHARS, ellipsis=True)
             draft = ModelDraft.of(plan.answer, preview).model_copy(update={"stage": "planning", "phase": plan.phase})
         output = PlanOutput(
-            plan=plan, prompt=prompt, planner=planner, model_calls=calls.calls, model_turn=calls.turn, draft=draft
+            plan=plan,
+            prompt=recorded_prompt(prompt),
+            planner=planner,
+            model_calls=calls.calls,
+            model_turn=calls.turn,
+            draft=draft,
         )
         return self.bounded_result(output, "plan")
 
@@ -672,6 +682,13 @@ class LifecycleActivities(HookStageActivities):
                     type="LeaseProviderError",
                 ) from None
         return _returned_or_default(value, LeaseObservation, "release_lease")
+
+
+def recorded_prompt(prompt: str) -> str:
+    """The planning prompt as the record keeps it (its first ``MAX_RECORDED_PROMPT_CHARS`` characters):
+    cut here, so a prompt of a large context never travels through the history (or the payload store)
+    only to be cut by the workflow."""
+    return prompt[:MAX_RECORDED_PROMPT_CHARS]
 
 
 def _returned_or_default(value: Any, expected: type[ResultT], method: str) -> ResultT:

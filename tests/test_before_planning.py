@@ -10,13 +10,14 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 
 from activities.planning import PlanningRequest
 from activities.telemetry import SHORT_CIRCUIT_METRIC
 from demo.agent import RulePlanner
 from hooks import HookRejection, PipelineHook, PipelineShortCircuit, PipelineShortCircuitDecision
 from hooks.builtin import ResponseCacheHook
-from workflows.models import InvocationOutcome, Plan, RequestStatus, Stage
+from workflows.models import MAX_RECORDED_PROMPT_CHARS, InvocationOutcome, Plan, PlanOutput, RequestStatus, Stage
 
 from .doubles import decision
 from .harness import Harness, Outcome
@@ -413,6 +414,36 @@ async def test_planning_prompt_renders_the_well_known_enrichments(client, tmp_pa
     stored = await out.stored()
     assert stored.planning_prompt == prompt
     assert stored.planner == "capturing-planner/1"
+
+
+async def test_a_prompt_longer_than_the_record_keeps_is_cut_before_it_leaves_the_activity(client, tmp_path):
+    """The planner reads the whole prompt; the record keeps its first ``MAX_RECORDED_PROMPT_CHARS``
+    characters, and only those travel back through the history."""
+    context = "ACME quarterly filing, line by line. " * 4000  # about 148,000 characters
+
+    def add(e):
+        e["rag_context"] = context
+
+    planner = CapturingPlanner()
+    async with Harness(client, tmp_path, hooks=[Enrich("context", add)], planner=planner) as h:
+        out = await h.run(QUOTE)
+
+    assert_planned(out)
+    [request] = planner.requests
+    assert context in request.prompt and len(request.prompt) > MAX_RECORDED_PROMPT_CHARS
+    stored = await out.stored()
+    assert stored.planning_prompt == request.prompt[:MAX_RECORDED_PROMPT_CHARS]
+    [completed] = [
+        event.activity_task_completed_event_attributes.result
+        for event in out.history.events
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        and out.history.events[
+            event.activity_task_completed_event_attributes.scheduled_event_id - 1
+        ].activity_task_scheduled_event_attributes.activity_type.name
+        == "plan"
+    ]
+    [returned] = await client.data_converter.decode(list(completed.payloads), [PlanOutput])
+    assert returned.prompt == stored.planning_prompt
 
 
 async def test_a_preformatted_user_profile_block_is_kept_exactly(client, tmp_path):

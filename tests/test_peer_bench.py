@@ -104,6 +104,8 @@ async def test_the_short_benchmark_answers_correctly_on_both_sides_and_fills_the
         "p50 sequential",
         "throughput at 4 concurrent",
         "CPU per request, server + worker",
+        "of which the dev server",
+        "of which the worker",
     ] * 2 + ["model calls per request", "history per request"]
     assert all(len(row) == 2 + len(SYSTEMS) and all(cell.strip() for cell in row) for row in rows)
     assert not any("nan" in cell for row in rows for cell in row)

@@ -399,6 +399,8 @@ def table_rows(figures: dict[str, Any]) -> list[list[str]]:
             ("p50_ms", "p50 sequential", lambda v: f"{v:.0f} ms"),
             ("rps", f"throughput at {concurrency} concurrent", lambda v: f"{v:.2f} req/s"),
             ("cpu_ms_per_request", "CPU per request, server + worker", lambda v: f"{v:.0f} ms"),
+            ("server_cpu_ms_per_request", "of which the dev server", lambda v: f"{v:.0f} ms"),
+            ("worker_cpu_ms_per_request", "of which the worker", lambda v: f"{v:.0f} ms"),
         ):
             cells = []
             for system in SYSTEMS:
