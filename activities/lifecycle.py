@@ -369,6 +369,7 @@ class LifecycleActivities(HookStageActivities):
                 instructions=input.instructions,
                 facts=copy.deepcopy(input.facts),
                 context_text=input.context_text,
+                tools_as_functions=bool(getattr(self.planner, "tools_as_functions", False)),
             )
         )
         planner = getattr(self.planner, "name", type(self.planner).__name__)

@@ -49,6 +49,9 @@ class PromptInput:
     instructions: str = ""
     facts: Mapping[str, JsonValue] = field(default_factory=dict)
     context_text: str = ""  # from before_plan hooks, for this planning attempt only
+    # The planner offers the tools to its model as functions (tool calling, ``Planner.tools_as_functions``):
+    # the functions carry the tools and the answer's form, so the prompt states neither.
+    tools_as_functions: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,11 @@ class PlanRepairNeeded(Exception):
 
 class Planner(Protocol):
     """Chooses the tools for a request. Returns a :class:`Plan` for ``request.phase``; setting
-    ``continue_after`` asks to plan again once this phase's steps have run."""
+    ``continue_after`` asks to plan again once this phase's steps have run.
+
+    A planner that offers the tools to its model as functions (tool calling) says so with a class
+    attribute ``tools_as_functions = True``: the prompt it receives then lists no tool and asks for no
+    answer format (``PromptInput.tools_as_functions``)."""
 
     name: str
 
@@ -141,13 +148,22 @@ def build_planning_prompt(input: PromptInput) -> str:
     """The default planning prompt: known enrichments as tagged sections, then tools, then the request.
 
     Only the four well-known keys are rendered; any other enrichment needs a custom builder.
+
+    For a planner that offers the tools as functions (``input.tools_as_functions``) the prompt is the
+    user's message alone: the context sections, then the request. The functions carry the tools with
+    their schemas and the answer's form (a tool call, or text), so listing them again would cost input
+    tokens on every call and asking for a JSON answer would contradict them; the message names no phase,
+    so it is the same in every phase and a provider's prompt cache keeps the conversation's prefix.
     """
+    context = context_sections(input.instructions, input.facts, input.enrichments)
+    if input.context_text:
+        context.append(f"<planning_context>\n{input.context_text}\n</planning_context>")
+    if input.tools_as_functions:
+        return "\n\n".join([*context, f"User request:\n{input.request}"])
     sections = [
         "You are the planner of an agent. Choose the tool calls that answer the user's request, or none.",
-        *context_sections(input.instructions, input.facts, input.enrichments),
+        *context,
     ]
-    if input.context_text:
-        sections.append(f"<planning_context>\n{input.context_text}\n</planning_context>")
     tool_lines = [
         f"- {t.key}: {t.description} parameters={json.dumps(t.parameters.get('properties', {}), sort_keys=True)}"
         for t in input.tools

@@ -217,11 +217,13 @@ def slowed_tool(tool: Tool, points: FaultPoints) -> Tool:
 
 
 class SlowedPlanner:
-    """The planner, slowed per planning phase; its name (a cache dimension) is the inner planner's."""
+    """The planner, slowed per planning phase; its name (a cache dimension) and the way it offers the
+    tools are the inner planner's."""
 
     def __init__(self, inner: Any, points: FaultPoints) -> None:
         self.inner, self.points = inner, points
         self.name = getattr(inner, "name", type(inner).__name__)
+        self.tools_as_functions = bool(getattr(inner, "tools_as_functions", False))
 
     async def plan(self, request: PlanningRequest) -> Plan:
         key = marker_key(_activity_workflow_id(request.request_id), f"p{request.phase}")

@@ -72,7 +72,9 @@ async def measure(calls: int, state: Path) -> dict[str, object]:
     planner = OpenAIPlanner(settings, tools)
     client = planner.chat.client
     specs = tools.specs()
-    prompt = build_planning_prompt(PromptInput(request="Price of ACME?", enrichments={}, tools=specs, phase=1))
+    prompt = build_planning_prompt(
+        PromptInput(request="Price of ACME?", enrichments={}, tools=specs, phase=1, tools_as_functions=True)
+    )
     request = PlanningRequest(
         request="Price of ACME?", request_id="bench", prompt=prompt, enrichments={}, tools=specs, phase=1
     )

@@ -135,6 +135,29 @@ async def test_a_planner_turn_that_answers_in_text_is_the_draft_guarded_streamed
     assert record.final_response == response
 
 
+async def test_the_model_reads_the_request_in_its_context_the_same_in_every_phase_and_the_tools_as_functions(
+    client, tmp_path, server
+):
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is quoted."))
+    async with model_harness(client, tmp_path, server, dedicated_synthesis=False) as h:
+        outcome = await h.run("What is the price of ACME?", {"rag_context": "ACME reports on Friday."})
+
+    assert outcome.result is not None, outcome.failure
+    first, second = server.requests
+    user = first.messages[1]
+    assert user == {
+        "role": "user",
+        "content": "<agent_memory>\nACME reports on Friday.\n</agent_memory>\n\nUser request:\nWhat is the price of ACME?",
+    }
+    # Phase 2 sends the same conversation, the model's own turn and its answered call after it.
+    assert second.messages[:2] == first.messages[:2]
+    assert [m["role"] for m in second.messages[2:]] == ["assistant", "tool"]
+    assert [tool["function"]["name"] for tool in first.body["tools"]] == [
+        function_name(spec.key) for spec in ToolRegistry(demo_tools(tmp_path)).specs()
+    ]
+    assert outcome.record is not None and outcome.record.planning_prompt == user["content"]
+
+
 async def test_a_synthesis_call_still_writes_the_answer_after_the_phase_cap_or_when_the_pipeline_asks(
     client, tmp_path, server
 ):

@@ -60,6 +60,7 @@ def planning_request(
             phase=phase,
             instructions="Quote in USD.",
             facts=facts,
+            tools_as_functions=OpenAIPlanner.tools_as_functions,
         )
     )
     return PlanningRequest(
@@ -156,7 +157,13 @@ async def test_a_later_phase_sends_earlier_results_back_as_tool_messages_and_may
     assert plan.phase == 2 and plan.continue_after
     assert done.steps == [] and not done.continue_after and done.rationale == "Sent; MSFT quoted too."
     _, user, assistant, *results = server.requests[0].messages
-    assert "planning phase 2" in user["content"]
+    # The user's message is the request in its context, the same in every phase: the functions carry the
+    # tools and the answer's form, so it lists no tool and asks for no JSON.
+    assert user["content"] == (
+        "<instructions>\nQuote in USD.\n</instructions>\n\n<facts>\ntimezone: Europe/Paris\n</facts>\n\n"
+        "<agent_memory>\nACME reports earnings on Thursday.\n</agent_memory>\n\nUser request:\nPrice of ACME?"
+    )
+    assert server.requests[1].messages[1] == user
     assert assistant["role"] == "assistant" and [
         (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in assistant["tool_calls"]
     ] == [

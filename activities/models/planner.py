@@ -3,8 +3,10 @@ endpoint, planning with function calling.
 
 What the model is sent: a fixed system message saying how to plan with functions, then
 ``PlanningRequest.prompt`` verbatim as the user message — the prompt builder's output, so the
-enrichments, instructions and facts reach the model exactly as with any planner. The request's tools
-are offered as functions with their JSON schemas, named by :mod:`.tool_names`. From phase 2 on, every
+enrichments, instructions and facts reach the model exactly as with any planner (the builder is told
+that the tools go as functions: the default one then lists no tool, asks for no answer format and names
+no phase, so the message is the same in every phase). The request's tools are offered as functions with
+their JSON schemas, named by :mod:`.tool_names`. From phase 2 on, every
 earlier step is sent back as one assistant message calling it (the call id is the step id, the arguments
 as executed) followed by one ``tool`` message with its result text — what a model may read, never the
 raw output. Once a phase has planned, later phases replay the model's own turn as it was — its text and
@@ -133,6 +135,9 @@ class OpenAIPlanner:
     Raises:
         ValueError: two tools map to the same function name.
     """
+
+    # The tools go to the model as functions: the planning prompt lists none and asks for no answer form.
+    tools_as_functions = True
 
     def __init__(
         self,
