@@ -52,6 +52,6 @@ def test_a_planner_that_offers_the_tools_as_functions_gets_the_request_in_its_co
     assert prompt(phase=3, tools_as_functions=True) == text
 
 
-def test_without_context_the_message_is_the_request():
+def test_without_context_the_message_is_the_labelled_request_alone():
     text = build_planning_prompt(PromptInput(request="Hello", enrichments={}, tools=[QUOTE], tools_as_functions=True))
     assert text == "User request:\nHello"
