@@ -73,7 +73,7 @@ from workflows.plan_validation import plan_problems
 from workflows.stages import ResultRejected, returned
 
 from . import telemetry
-from .answer_stream import publish_answer, streaming_synthesizer
+from .answer_stream import publish_answer, publish_plan, streaming_planner, streaming_synthesizer
 from .conversations import ConversationActivities
 from .heartbeat import heartbeat_interval, heartbeating
 from .hook_stages import HookStageActivities, call_hook
@@ -373,27 +373,27 @@ class LifecycleActivities(HookStageActivities):
             )
         )
         planner = getattr(self.planner, "name", type(self.planner).__name__)
+        request = PlanningRequest(
+            request=input.request,
+            request_id=input.request_id,
+            prompt=prompt,
+            enrichments=copy.deepcopy(input.enrichments),
+            tools=tools,
+            phase=input.phase,
+            prior_results=[r.model_view() for r in input.prior_results],
+            instructions=input.instructions,
+            facts=copy.deepcopy(input.facts),
+            model_calls=calls,
+            attempt=input.attempt,
+            context_text=input.context_text,
+            repair=input.repair,
+            prior_turns=list(input.prior_turns),
+            route=input.route,
+            by_attempts=input.by_attempts,
+        )
         try:
-            plan = await self.planner.plan(
-                PlanningRequest(
-                    request=input.request,
-                    request_id=input.request_id,
-                    prompt=prompt,
-                    enrichments=copy.deepcopy(input.enrichments),
-                    tools=tools,
-                    phase=input.phase,
-                    prior_results=[r.model_view() for r in input.prior_results],
-                    instructions=input.instructions,
-                    facts=copy.deepcopy(input.facts),
-                    model_calls=calls,
-                    attempt=input.attempt,
-                    context_text=input.context_text,
-                    repair=input.repair,
-                    prior_turns=list(input.prior_turns),
-                    route=input.route,
-                    by_attempts=input.by_attempts,
-                )
-            )
+            stream = streaming_planner(self.planner) if input.stream else None
+            plan = await (publish_plan(stream, request) if stream else self.planner.plan(request))
         except PlanRepairNeeded as need:
             if input.attempt + 1 < MAX_PLAN_ATTEMPTS:
                 output = PlanOutput(

@@ -96,13 +96,34 @@ class PlanRepairNeeded(Exception):
         self.repair, self.problems = repair, problems
 
 
+class AnswerWriter(Protocol):
+    """Where a planner that streams writes its model's text while the model writes it (the request's
+    answer stream, for a request that asked to stream its answer)."""
+
+    def write(self, text: str) -> None:
+        """The next piece of the model's text."""
+        ...
+
+    def retract(self) -> None:
+        """The text written since the last retraction is no answer: the turn that wrote it went on to
+        call tools (a preamble such as "Let me look that up")."""
+        ...
+
+
 class Planner(Protocol):
     """Chooses the tools for a request. Returns a :class:`Plan` for ``request.phase``; setting
     ``continue_after`` asks to plan again once this phase's steps have run.
 
     A planner that offers the tools to its model as functions (tool calling) says so with a class
     attribute ``tools_as_functions = True``: the prompt it receives then lists no tool and asks for no
-    answer format (``PromptInput.tools_as_functions``)."""
+    answer format (``PromptInput.tools_as_functions``).
+
+    A planner whose model may answer in text (``Plan.answer``, the answer's draft) can stream that text:
+    it says so with a class attribute ``streams_answer = True``, and its ``plan`` then takes a keyword
+    argument ``answer``, an :class:`AnswerWriter`, when the request streams its answer. It writes each
+    piece of its model's text there as it arrives, and retracts what a turn wrote when that turn calls
+    tools. (The plan activity also retracts text left standing by a plan that is not a text answer, or
+    by a planner that failed.)"""
 
     name: str
 

@@ -202,8 +202,10 @@ class AgentClient:
 
     async def stream(self, request: str, *, from_offset: int = 0) -> AsyncIterator[AnswerChunk]:
         """The answer of a request started with ``stream=True``, as it is written: the model's text chunks,
-        then one ``final`` chunk with the answer after the after_synthesis hooks. Ends when the request
-        ends. Chunks of a retried synthesis carry a higher ``attempt``: drop what the earlier one sent."""
+        then one ``final`` chunk with the answer after the after_synthesis and after_answer hooks. Ends
+        when the request ends. A chunk of another ``activity`` or ``attempt`` than the one before starts
+        the text over (a retried or another model call); a ``retracted`` chunk withdraws the text so far
+        (the model went on to call tools)."""
         async for chunk in answer_chunks(self.temporal, await self.workflow_id(request), from_offset=from_offset):
             yield chunk
 

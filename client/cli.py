@@ -247,9 +247,11 @@ def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
 
 
 async def _print_answer(agents: AgentClient, key: str) -> None:
-    """Print a streamed answer to stdout as it arrives; say so when a retry restarted it or the final
-    answer differs from what was streamed (after_synthesis rewrote it)."""
-    attempt, streamed = 0, ""
+    """Print a streamed answer to stdout as it arrives; say so when the model's text was a preamble to tool
+    calls, when another writer or a retry starts the answer over, and when the final answer differs from
+    what was streamed (after_synthesis rewrote it)."""
+    writer: tuple[str, int] | None = None
+    streamed = ""
     async for chunk in agents.stream(key):
         if chunk.final:
             if streamed and chunk.text != streamed:
@@ -257,10 +259,16 @@ async def _print_answer(agents: AgentClient, key: str) -> None:
             elif not streamed:
                 print(chunk.text, end="", flush=True)
             break
-        if attempt and chunk.attempt != attempt:
-            print(f"\n[synthesis retried (attempt {chunk.attempt}): the answer again]", flush=True)
+        if chunk.retracted:
+            if streamed:
+                print("\n[the model went on to call tools: that was not the answer]", flush=True)
             streamed = ""
-        attempt = chunk.attempt
+            continue
+        if writer is not None and (chunk.activity, chunk.attempt) != writer and streamed:
+            again = f"retried (attempt {chunk.attempt})" if chunk.activity == writer[0] else "another model call"
+            print(f"\n[{again}: the answer again]", flush=True)
+            streamed = ""
+        writer = (chunk.activity, chunk.attempt)
         streamed += chunk.text
         print(chunk.text, end="", flush=True)
     print(flush=True)

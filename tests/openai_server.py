@@ -3,6 +3,8 @@ written on asyncio streams so it needs nothing beyond the standard library.
 
 Each test pushes the replies it wants, in order; every ``POST /v1/chat/completions`` takes the next one
 and the server keeps what it received (headers and JSON body), so a test asserts what the model was sent.
+A request that asks for ``stream`` receives a scripted completion as server-sent events, the way a
+provider streams it (``as_stream``: text by word, tool calls in pieces, then usage).
 A request with no reply left is answered 400 with a message saying so — a non-retryable error, so a
 test that scripted too few replies fails at once and readably instead of retrying.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -123,33 +126,63 @@ def slow(seconds: float, then: Reply | None = None) -> Reply:
     return Reply(status=reply.status, body=reply.body, headers=reply.headers, delay=seconds, events=reply.events)
 
 
-def streamed(chunks: list[str], *, usage: Usage | None = (12, 7), model: str = "test-model") -> Reply:
-    """An SSE stream: a role chunk, one chunk per text piece, a finish chunk, then a usage chunk (no choices)."""
+def _chunk(head: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return head | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {
-            "id": "chatcmpl-stream",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
 
-    events = [chunk({"role": "assistant", "content": ""})]
-    events += [chunk({"content": piece}) for piece in chunks]
-    events.append(chunk({}, "stop"))
+def _head(model: str, response_id: str) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
+
+
+def _events(
+    deltas: list[dict[str, Any]],
+    finish: str | None,
+    usage: dict[str, int] | None,
+    model: str,
+    response_id: str = "chatcmpl-stream",
+) -> list[dict[str, Any]]:
+    """A stream's events: a role chunk, one chunk per delta, a finish chunk, then a usage chunk (no choices)."""
+    head = _head(model, response_id)
+    events = [_chunk(head, {"role": "assistant", "content": ""})]
+    events += [_chunk(head, delta) for delta in deltas]
+    events.append(_chunk(head, {}, finish))
     if usage is not None:
-        events.append(
-            {
-                "id": "chatcmpl-stream",
-                "object": "chat.completion.chunk",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [],
-                "usage": _usage(usage),
-            }
-        )
-    return Reply(events=events)
+        events.append(head | {"choices": [], "usage": usage})
+    return events
+
+
+def streamed(chunks: list[str], *, usage: Usage | None = (12, 7), model: str = "test-model") -> Reply:
+    """An SSE stream of ``chunks`` of text: a role chunk, one chunk per piece, a finish chunk, then a usage
+    chunk (no choices)."""
+    return Reply(events=_events([{"content": piece} for piece in chunks], "stop", _usage(usage), model))
+
+
+def as_stream(reply: Reply) -> Reply:
+    """A completion, sent as a provider streams it to a request that asked for ``stream``: its text a
+    word at a time, each tool call's id and name first and then its arguments in two pieces, the finish
+    reason, and the usage."""
+    choice = reply.body["choices"][0]
+    message = choice["message"]
+    deltas: list[dict[str, Any]] = [
+        {"content": word} for word in re.findall(r"\s*\S+\s*", message.get("content") or "")
+    ]
+    if message.get("refusal"):
+        deltas.append({"refusal": message["refusal"]})
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        function = call["function"]
+        head = {"index": index, "id": call["id"], "type": "function"}
+        deltas.append({"tool_calls": [head | {"function": {"name": function["name"], "arguments": ""}}]})
+        half = len(function["arguments"]) // 2
+        for piece in (function["arguments"][:half], function["arguments"][half:]):
+            deltas.append({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    body = reply.body
+    events = _events(deltas, choice["finish_reason"], body.get("usage"), body["model"], body["id"])
+    return Reply(status=reply.status, headers=reply.headers, delay=reply.delay, events=events)
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests"}
@@ -201,6 +234,8 @@ class OpenAIServer:
                 if self.replies
                 else error(400, "the test scripted no reply for this request", kind="test_script_exhausted")
             )
+            if isinstance(received.body, dict) and received.body.get("stream") and reply.status == 200:
+                reply = reply if reply.events is not None else as_stream(reply)
             if reply.delay and await self._client_left(reader, reply.delay):
                 self.disconnected.set()
                 return

@@ -168,6 +168,9 @@ ANSWER_STAGES_SCENARIO = "model_answer_stages_in_one_local_activity"
 # writes the terminal snapshot (the one above kept the write a local activity of its own).
 ANSWER_END_SCENARIO = "model_answer_stages_and_end_in_one_local_activity"
 WITH_TAIL_HOOKS = (ANSWER_STAGES_SCENARIO, ANSWER_END_SCENARIO)
+# Added with planning turns streamed: the model writes a few words before its tool call (streamed, then
+# retracted) and its answering turn streams (publish signals while each plan activity runs).
+PLANNER_STREAM_SCENARIO = "model_streams_its_planning_turns"
 
 
 class TailAudit:
@@ -207,12 +210,18 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
 
     from . import openai_server as ai
 
-    planner_answers = name in (PLANNER_ANSWER_SCENARIO, *WITH_TAIL_HOOKS)
+    planner_answers = name in (PLANNER_ANSWER_SCENARIO, PLANNER_STREAM_SCENARIO, *WITH_TAIL_HOOKS)
     hooks = [TailAudit()] if name in WITH_TAIL_HOOKS else ()
     async with ai.OpenAIServer() as server:
         quote = function_name("demo-tools/stock-service/stock_quote")
-        server.push(ai.tool_calls((quote, {"symbol": "ACME"})))
-        if planner_answers:
+        if name == PLANNER_STREAM_SCENARIO:
+            call = {"id": "call_q", "type": "function", "function": {"name": quote, "arguments": '{"symbol": "ACME"}'}}
+            server.push(
+                ai.completion({"content": "Let me look that up.", "tool_calls": [call]}, finish_reason="tool_calls")
+            )
+        else:
+            server.push(ai.tool_calls((quote, {"symbol": "ACME"})))
+        if planner_answers:  # the answering turn streams its text (a chunk a word), then the final chunk
             server.push(ai.answer("ACME trades at its quoted price."))
         else:
             server.push(ai.answer("Enough."), ai.streamed([f"piece{n} " for n in range(12)]))
@@ -236,7 +245,9 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
                 )
             chunks = [chunk async for chunk in answer_chunks(client, handle.id)]
             out = await h.finish(handle)
-    assert out.failure is None and len(chunks) == (1 if planner_answers else 13) and chunks[-1].final, (
+    # the preamble's 5 words and its retraction; the answer's 6 words, or the 12 synthesized pieces; the final
+    expected = (6 if name == PLANNER_STREAM_SCENARIO else 0) + (6 if planner_answers else 12) + 1
+    assert out.failure is None and len(chunks) == expected and chunks[-1].final, (
         out.failure,
         chunks,
     )
@@ -369,7 +380,7 @@ async def main(rewrite_all: bool) -> None:
         with tempfile.TemporaryDirectory() as state:
             async with subagent_harness(env.client, Path(state)) as h:
                 await record(h, SUBAGENT_SCENARIOS, rewrite_all, succeeded)
-        for name in (MODEL_SCENARIO, PLANNER_ANSWER_SCENARIO, *WITH_TAIL_HOOKS):
+        for name in (MODEL_SCENARIO, PLANNER_ANSWER_SCENARIO, *WITH_TAIL_HOOKS, PLANNER_STREAM_SCENARIO):
             if rewrite_all or not (HISTORIES / f"{name}.json").exists():
                 with tempfile.TemporaryDirectory() as state:
                     await record_model_scenario(env.client, Path(state), name)

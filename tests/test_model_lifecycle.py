@@ -15,7 +15,9 @@ from temporalio.api.enums.v1 import EventType
 
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
 from activities.tools import ToolRegistry
-from client.api import answer_chunks
+from client import Settings
+from client.api import AgentClient, answer_chunks
+from client.cli import _print_answer
 from demo.tools import demo_tools, quote_price
 from hooks import PipelineHook, RunPatch
 from hooks.builtin.secret_redaction import SecretRedactionHook
@@ -60,6 +62,26 @@ def publish_signals(outcome: Outcome) -> int:
     )
 
 
+def scheduled(outcome: Outcome, activity_type: str) -> list[str]:
+    """``<type>#<activity id>`` of each activity of ``activity_type`` the request scheduled, in order."""
+    return [
+        f"{activity_type}#{e.activity_task_scheduled_event_attributes.activity_id}"
+        for e in outcome.history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == activity_type
+    ]
+
+
+def plan_activity(outcome: Outcome, phase: int) -> str:
+    """The ``plan`` activity of ``phase`` (one attempt per phase), as a chunk names its writer."""
+    return scheduled(outcome, "plan")[phase - 1]
+
+
+def synthesize_activity(outcome: Outcome) -> str:
+    [synthesize] = scheduled(outcome, "synthesize")
+    return synthesize
+
+
 # --------------------------------------------------------------------------------------------------
 # Streaming
 # --------------------------------------------------------------------------------------------------
@@ -75,7 +97,9 @@ async def test_a_client_reads_the_answer_while_it_is_written_in_batches_and_the_
 
     assert outcome.result is not None, outcome.failure
     *drafts, final = chunks
-    assert [c.text for c in drafts] == pieces and {c.attempt for c in drafts} == {1}
+    assert [c.text for c in drafts] == pieces and {(c.activity, c.attempt) for c in drafts} == {
+        (synthesize_activity(outcome), 1)
+    }
     assert not any(c.final for c in drafts)
     # after_synthesis rewrote the answer: the stream ends with what the client receives, not the draft
     assert final.final and final.text == outcome.result.response
@@ -125,14 +149,71 @@ async def test_a_planner_turn_that_answers_in_text_is_the_draft_guarded_streamed
     response = outcome.result.response
     assert response.startswith("ACME trades at its quoted price") and "sk-live-" not in response
     assert outcome.result.confidence == 1.0
-    assert chunks == [AnswerChunk(text=response, final=True)]  # the stream carries the answer, guarded
+    # The answering turn streamed its text as the model wrote it (the turn that called the tool wrote
+    # none), then the stream ends with the answer as after_synthesis guarded it.
+    *drafts, final = chunks
+    assert "".join(c.text for c in drafts) == answer and len(drafts) == len(answer.split())
+    assert {(c.activity, c.attempt, c.final, c.retracted) for c in drafts} == {
+        (plan_activity(outcome, 2), 1, False, False)
+    }
+    assert final == AnswerChunk(text=response, final=True)
+    assert 1 <= publish_signals(outcome) < len(drafts)  # batched
+    assert [r.body.get("stream") for r in server.requests] == [True, True]
     assert "synthesize" not in outcome.activity_types() and len(server.requests) == 2
     record = outcome.record
     assert record is not None and [(c.stage, c.phase) for c in record.model_calls] == [("planning", 1), ("planning", 2)]
+    assert all(c.streamed for c in record.model_calls)
     draft = record.model_draft
     assert draft is not None and (draft.stage, draft.phase) == ("planning", 2) and draft.matches(answer)
     assert "sk-live-" not in draft.preview
     assert record.final_response == response
+
+
+async def test_a_preamble_the_model_writes_before_calling_tools_is_streamed_then_retracted(
+    client, tmp_path, server, capsys
+):
+    calls = [{"id": "call_q", "type": "function", "function": {"name": QUOTE, "arguments": '{"symbol": "ACME"}'}}]
+    server.push(
+        ai.completion({"content": "Let me look that up.", "tool_calls": calls}, finish_reason="tool_calls"),
+        ai.answer("ACME is at 101 USD."),
+    )
+    async with model_harness(client, tmp_path, server, dedicated_synthesis=False) as h:
+        outcome, chunks = await streamed_request(h, "What is the price of ACME?")
+        # The CLI prints the stream as it reads it, and says what the retraction means.
+        await _print_answer(AgentClient(h.client, Settings()), outcome.workflow_id)
+        assert capsys.readouterr().out == (
+            "Let me look that up.\n[the model went on to call tools: that was not the answer]\nACME is at 101 USD.\n"
+        )
+
+    assert outcome.result is not None and outcome.result.response == "ACME is at 101 USD."
+    first, second = plan_activity(outcome, 1), plan_activity(outcome, 2)
+    assert [(c.activity, c.text, c.retracted) for c in chunks[:-1]] == [
+        (first, "Let ", False),
+        (first, "me ", False),
+        (first, "look ", False),
+        (first, "that ", False),
+        (first, "up.", False),
+        (first, "", True),  # the turn went on to call the tool: its text was no answer
+        (second, "ACME ", False),
+        (second, "is ", False),
+        (second, "at ", False),
+        (second, "101 ", False),
+        (second, "USD.", False),
+    ]
+    assert chunks[-1] == AnswerChunk(text="ACME is at 101 USD.", final=True)
+    assert outcome.record is not None and outcome.record.model_draft is not None
+    assert outcome.record.model_draft.matches("ACME is at 101 USD.")
+
+
+async def test_planning_turns_do_not_stream_where_a_synthesis_call_writes_the_answer(client, tmp_path, server):
+    server.push(ai.answer("Nothing to call."), ai.answer("Hello there."))
+    async with model_harness(client, tmp_path, server) as h:  # dedicated_synthesis
+        outcome, chunks = await streamed_request(h, "Say hello")
+
+    assert outcome.result is not None and outcome.result.response == "Hello there."
+    assert "stream" not in server.requests[0].body and server.requests[1].body["stream"] is True
+    assert {c.activity for c in chunks[:-1]} == {synthesize_activity(outcome)}
+    assert "".join(c.text for c in chunks[:-1]) == "Hello there." and chunks[-1].final
 
 
 async def test_the_model_reads_the_request_in_its_context_the_same_in_every_phase_and_the_tools_as_functions(

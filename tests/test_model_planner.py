@@ -322,6 +322,84 @@ async def test_a_refusal_or_an_empty_completion_is_typed_and_not_retried(server,
 
 
 # --------------------------------------------------------------------------------------------------
+# Streamed turns
+# --------------------------------------------------------------------------------------------------
+
+
+class Written:
+    """An answer writer that keeps what it was given: text pieces, and ``None`` for each retraction."""
+
+    def __init__(self) -> None:
+        self.items: list[str | None] = []
+
+    def write(self, text: str) -> None:
+        self.items.append(text)
+
+    def retract(self) -> None:
+        self.items.append(None)
+
+
+async def test_a_streamed_turn_writes_its_text_as_it_arrives_and_is_the_same_answer_as_a_whole_one(server, tools):
+    server.push(ai.answer("ACME trades at 101 USD.", usage=(40, 9), response_id="chatcmpl-s"))
+    log, written = ModelCallLog(), Written()
+
+    plan = await OpenAIPlanner(model_settings(server), tools).plan(planning_request(tools), calls=log, answer=written)
+
+    assert written.items == ["ACME ", "trades ", "at ", "101 ", "USD."]  # as the server sent them, none retracted
+    assert plan.answer == "ACME trades at 101 USD." and not plan.steps and not plan.continue_after
+    [sent] = server.requests
+    assert sent.body["stream"] is True and sent.body["stream_options"] == {"include_usage": True}
+    [call] = log.calls
+    assert call.streamed and (call.response_id, call.finish_reason) == ("chatcmpl-s", "stop")
+    assert (call.prompt_tokens, call.completion_tokens, call.tool_calls) == (40, 9, 0)
+    assert call.response is not None and call.response.preview == "ACME trades at 101 USD."
+
+
+async def test_a_streamed_turn_gathers_its_tool_calls_from_their_pieces_and_retracts_its_preamble(server, tools):
+    calls = [
+        {"id": "call_a", "type": "function", "function": {"name": QUOTE, "arguments": '{"symbol": "ACME"}'}},
+        {"id": "call_b", "type": "function", "function": {"name": QUOTE, "arguments": '{"symbol": "MSFT"}'}},
+    ]
+    server.push(ai.completion({"content": "Let me look.", "tool_calls": calls}, finish_reason="tool_calls"))
+    log, written = ModelCallLog(), Written()
+
+    plan = await OpenAIPlanner(model_settings(server), tools).plan(planning_request(tools), calls=log, answer=written)
+
+    assert written.items == ["Let ", "me ", "look.", None]  # the text, then withdrawn: the turn called tools
+    assert [(s.step_id, s.arguments, s.metadata) for s in plan.steps] == [
+        ("stock_quote-1", {"symbol": "ACME"}, {"model_tool_call_id": "call_a"}),
+        ("stock_quote-2", {"symbol": "MSFT"}, {"model_tool_call_id": "call_b"}),
+    ]
+    assert plan.answer is None and plan.rationale == "Let me look." and plan.continue_after
+    [call] = log.calls
+    assert call.streamed and call.tool_calls == 2 and call.finish_reason == "tool_calls"
+
+
+async def test_a_streamed_turn_that_calls_tools_without_text_writes_nothing(server, tools):
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})))
+    written = Written()
+
+    plan = await OpenAIPlanner(model_settings(server), tools).plan(planning_request(tools), answer=written)
+
+    assert written.items == [] and [s.arguments for s in plan.steps] == [{"symbol": "ACME"}]
+
+
+@pytest.mark.parametrize(
+    "reply, kind",
+    [(ai.refusal("I can't help with that."), "ModelRefusal"), (ai.empty(), "EmptyCompletion")],
+)
+async def test_a_streamed_refusal_or_empty_turn_is_typed_as_a_whole_one_is(server, tools, reply, kind):
+    server.push(reply)
+    log = ModelCallLog()
+
+    err = await failure(
+        OpenAIPlanner(model_settings(server), tools).plan(planning_request(tools), calls=log, answer=Written())
+    )
+
+    assert err.type == kind and err.non_retryable and log.calls[0].error_type == kind and log.calls[0].streamed
+
+
+# --------------------------------------------------------------------------------------------------
 # Accounting: model calls, the token budget, spans and metrics
 # --------------------------------------------------------------------------------------------------
 

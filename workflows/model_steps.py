@@ -145,6 +145,7 @@ class ModelSteps:
                 repair=repair,
                 prior_turns=list(state.model_turns),
                 route=route,
+                stream=self._streams_planning(),
             )
 
         output = await self._model_activity(
@@ -162,6 +163,18 @@ class ModelSteps:
         record.planning_prompt = output.prompt[:MAX_RECORDED_PROMPT_CHARS]
         record.planner = output.planner
         return output
+
+    def _streams_planning(self) -> bool:
+        """Whether planning turns stream their text to the answer stream: where the request asked to
+        stream, the pipeline allows it, and a planning turn's text answer is the answer's draft."""
+        state = self._state
+        settings = state.manifest.settings
+        return (
+            state.input.stream_answer
+            and settings.answer_streaming
+            and state.behaviour.planner_answers
+            and not settings.dedicated_synthesis
+        )
 
     # -- synthesis -------------------------------------------------------------------------------------
 

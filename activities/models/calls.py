@@ -25,6 +25,7 @@ included. Cancelling the caller cancels the HTTP request in flight (the connecti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import time
@@ -35,7 +36,14 @@ from typing import Any, Literal
 
 import openai
 from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionMessage,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageToolCallUnion,
+)
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_message_function_tool_call import Function
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from temporalio import activity
@@ -456,6 +464,21 @@ class ChatModel:
 
     # -- the two kinds of call ----------------------------------------------------------------------
 
+    def _begin(
+        self,
+        log: ModelCallLog,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+        phase: int | None,
+        turn: int,
+        *,
+        streamed: bool,
+    ) -> tuple[dict[str, Any], ModelCall, Span, float]:
+        """The call's request once the budget and the prompt's size allow it, its record and its span."""
+        request = self._request(messages, log.check_budget(self.stage), tools)
+        self._check_prompt(log, request, phase, turn)
+        return request, *self._start(request, phase, turn, streamed=streamed)
+
     async def complete(
         self,
         log: ModelCallLog,
@@ -466,10 +489,7 @@ class ChatModel:
         turn: int = 1,
     ) -> Turn:
         """One Chat Completions call; its message when it is an answer (text or tool calls)."""
-        remaining = log.check_budget(self.stage)
-        request = self._request(messages, remaining, tools)
-        self._check_prompt(log, request, phase, turn)
-        call, span, started = self._start(request, phase, turn, streamed=False)
+        request, call, span, started = self._begin(log, messages, tools, phase, turn, streamed=False)
         try:
             with trace.use_span(span, end_on_exit=False):
                 completion: ChatCompletion = await self.client.chat.completions.create(**request)
@@ -506,12 +526,81 @@ class ChatModel:
     async def _stream(
         self, log: ModelCallLog, messages: Sequence[dict[str, Any]], phase: int | None, answer: ChatStream
     ) -> AsyncGenerator[str, None]:
-        remaining = log.check_budget(self.stage)
-        request = self._request(messages, remaining, ())
-        self._check_prompt(log, request, phase, 1)
-        call, span, started = self._start(request, phase, 1, streamed=True)
+        request, call, span, started = self._begin(log, messages, (), phase, 1, streamed=True)
         parts: list[str] = []
         refusals: list[str] = []
+        async with contextlib.aclosing(self._deltas(log, request, call, span, started)) as deltas:
+            async for delta in deltas:
+                if delta.refusal:
+                    refusals.append(delta.refusal)
+                if delta.content:
+                    parts.append(delta.content)
+                    yield delta.content
+        answer.text = "".join(parts)
+        call.response = response_text(answer.text)
+        refusal = "".join(refusals) or None
+        if verdict := self._verdict(call, refusal, bool(answer.text)):
+            raise self._rejected(log, call, span, started, verdict, refusal)
+        self._finish(log, call, span, started)
+        answer.call = call
+
+    async def complete_streamed(
+        self,
+        log: ModelCallLog,
+        messages: Sequence[dict[str, Any]],
+        on_text: Callable[[str], None],
+        *,
+        tools: Sequence[dict[str, Any]] = (),
+        phase: int | None = None,
+        turn: int = 1,
+    ) -> Turn:
+        """:meth:`complete`, streamed: each piece of the answer's text goes to ``on_text`` as it arrives;
+        the tool calls are gathered from their deltas, and the turn is returned whole once the model has
+        finished, checked and recorded as :meth:`complete` does (``streamed`` in the record)."""
+        request, call, span, started = self._begin(log, messages, tools, phase, turn, streamed=True)
+        parts: list[str] = []
+        refusals: list[str] = []
+        gathered: dict[int, dict[str, str]] = {}  # by the call's index in the answer: id, name, arguments
+        async with contextlib.aclosing(self._deltas(log, request, call, span, started)) as deltas:
+            async for delta in deltas:
+                if delta.refusal:
+                    refusals.append(delta.refusal)
+                if delta.content:
+                    parts.append(delta.content)
+                    on_text(delta.content)
+                for piece in delta.tool_calls or ():
+                    into = gathered.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
+                    into["id"] = piece.id or into["id"]
+                    if piece.function is not None:
+                        into["name"] += piece.function.name or ""
+                        into["arguments"] += piece.function.arguments or ""
+        content = "".join(parts) or None
+        refusal = "".join(refusals) or None
+        functions = [
+            ChatCompletionMessageFunctionToolCall(
+                id=found["id"],
+                type="function",
+                function=Function(name=found["name"], arguments=found["arguments"]),
+            )
+            for _, found in sorted(gathered.items())
+        ]
+        tool_calls: list[ChatCompletionMessageToolCallUnion] = list(functions)
+        message = ChatCompletionMessage(
+            role="assistant", content=content, refusal=refusal, tool_calls=tool_calls or None
+        )
+        call.tool_calls = len(functions)
+        call.response = response_text(content, [(c.function.name, c.function.arguments) for c in functions])
+        if verdict := self._verdict(call, refusal, bool(content or tool_calls)):
+            raise self._rejected(log, call, span, started, verdict, refusal)
+        self._finish(log, call, span, started)
+        return Turn(message, call.finish_reason, call)
+
+    async def _deltas(
+        self, log: ModelCallLog, request: dict[str, Any], call: ModelCall, span: Span, started: float
+    ) -> AsyncGenerator[ChoiceDelta, None]:
+        """The deltas of a streamed call's answer as they arrive; the response's id, model, usage and
+        finish reason go to ``call`` on the way. A provider error is recorded and raised as its activity
+        error; a stream closed early, cancelled or broken is recorded as abandoned."""
         try:
             with trace.use_span(span, end_on_exit=False):
                 stream = await self.client.chat.completions.create(
@@ -527,11 +616,7 @@ class ChatModel:
                         call.total_tokens = chunk.usage.total_tokens
                     for choice in chunk.choices[:1]:
                         call.finish_reason = choice.finish_reason or call.finish_reason
-                        if choice.delta.refusal:
-                            refusals.append(choice.delta.refusal)
-                        if choice.delta.content:
-                            parts.append(choice.delta.content)
-                            yield choice.delta.content
+                        yield choice.delta
             finally:
                 await stream.close()
         except openai.APIError as err:
@@ -539,13 +624,6 @@ class ChatModel:
         except BaseException as err:  # closed early (GeneratorExit), cancelled, or a client bug
             self._abandoned(log, call, span, started, err)
             raise
-        answer.text = "".join(parts)
-        call.response = response_text(answer.text)
-        refusal = "".join(refusals) or None
-        if verdict := self._verdict(call, refusal, bool(answer.text)):
-            raise self._rejected(log, call, span, started, verdict, refusal)
-        self._finish(log, call, span, started)
-        answer.call = call
 
 
 class ChatStream:

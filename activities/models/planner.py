@@ -46,9 +46,9 @@ from workflows.decisions import INVALID_PLAN
 from workflows.models import ModelToolCall, ModelTurn, Plan, PlanRepair, PlanStep, StepResult, StepStatus, ToolSpec
 from workflows.plan_validation import step_references
 
-from ..planning import PlanningRequest, PlanRepairNeeded
+from ..planning import AnswerWriter, PlanningRequest, PlanRepairNeeded
 from ..tools import ToolRegistry
-from .calls import ChatModel, ModelCallLog, TokenCounter
+from .calls import ChatModel, ModelCallLog, TokenCounter, Turn
 from .settings import ModelSettings
 from .tool_names import ToolNames, function_name
 
@@ -138,6 +138,8 @@ class OpenAIPlanner:
 
     # The tools go to the model as functions: the planning prompt lists none and asks for no answer form.
     tools_as_functions = True
+    # ``plan`` writes the model's text to an ``answer`` writer as it arrives (the call is streamed).
+    streams_answer = True
 
     def __init__(
         self,
@@ -181,9 +183,13 @@ class OpenAIPlanner:
             raise ValueError("this planner has no fallback model (AGENT_FALLBACK_MODEL)")
         return self.fallback
 
-    async def plan(self, request: PlanningRequest, *, calls: ModelCallLog | None = None) -> Plan:
+    async def plan(
+        self, request: PlanningRequest, *, calls: ModelCallLog | None = None, answer: AnswerWriter | None = None
+    ) -> Plan:
         """The plan of ``request.phase``. Every model call is appended to ``calls`` (by default the log the
-        request carries), whose budget is checked before each call."""
+        request carries), whose budget is checked before each call. With an ``answer`` writer the calls are
+        streamed and the model's text is written to it as it arrives; a turn that ends calling tools
+        wrote no answer, and the writer is told so (``retract``) when it had written text."""
         log = calls if calls is not None else _request_log(request)
         chat = self._chat(request.route)
         names = self.names if all(spec.key in self.names for spec in request.tools) else ToolNames(request.tools)
@@ -196,11 +202,11 @@ class OpenAIPlanner:
         ]
         if request.repair is not None:
             messages += self._repair(request.repair)
-        turn = await chat.complete(log, messages, tools=functions, phase=request.phase, turn=request.attempt + 1)
+        turn = await self._turn(chat, log, messages, functions, request.phase, request.attempt + 1, answer)
         steps, problems = self._steps(turn.message, names, prior)
         if any(problems) and not request.by_attempts:  # executions recorded before planning attempts
             messages += self._repair(PlanRepair(turn=model_turn(turn.message), problems=problems))
-            turn = await chat.complete(log, messages, tools=functions, phase=request.phase, turn=2)
+            turn = await self._turn(chat, log, messages, functions, request.phase, 2, answer)
             steps, problems = self._steps(turn.message, names, prior)
         if any(problems):
             listed = [f"call {n + 1}: {problem}" for n, found in enumerate(problems) for problem in found][:10]
@@ -221,6 +227,31 @@ class OpenAIPlanner:
             continue_after=bool(steps),
             answer=None if steps or not content.strip() else content,
         )
+
+    @staticmethod
+    async def _turn(
+        chat: ChatModel,
+        log: ModelCallLog,
+        messages: list[dict[str, Any]],
+        functions: list[dict[str, Any]],
+        phase: int,
+        number: int,
+        answer: AnswerWriter | None,
+    ) -> Turn:
+        """One turn of the model: whole, or streamed into ``answer`` (retracted when it calls tools)."""
+        if answer is None:
+            return await chat.complete(log, messages, tools=functions, phase=phase, turn=number)
+        wrote = False
+
+        def write(text: str) -> None:
+            nonlocal wrote
+            wrote = True
+            answer.write(text)
+
+        turn = await chat.complete_streamed(log, messages, write, tools=functions, phase=phase, turn=number)
+        if wrote and turn.message.tool_calls:
+            answer.retract()
+        return turn
 
     def _repair(self, repair: PlanRepair) -> list[dict[str, Any]]:
         """A malformed turn sent back: the turn as it was, and each call answered with what was wrong."""

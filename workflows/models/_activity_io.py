@@ -49,6 +49,8 @@ class PlanInput(ByReference):
     repair: PlanRepair | None = None  # the previous attempt's malformed turn, for the model to correct
     prior_turns: list[PriorTurn] = Field(default_factory=list)  # the model's own turns of earlier phases
     route: Literal["primary", "fallback"] = "primary"  # which model plans
+    # Write the model's text to the request's answer stream as it arrives (a planner that can stream).
+    stream: bool = False
 
 
 class PlanOutput(ByReference):

@@ -109,9 +109,17 @@ ANSWER_TOPIC = "answer"
 
 class AnswerChunk(BaseModel):
     """One piece of a streamed answer: the model's text as it is written, or — ``final`` — the whole
-    answer after the after_synthesis hooks, published last. ``attempt`` is the synthesize activity's
-    attempt that wrote the chunk: a retried synthesis streams again from its start."""
+    answer after the after_synthesis and after_answer hooks, published last.
+
+    The text is written by a model call's activity — a planning turn that answers in text, or a
+    synthesis — named by ``activity`` (its type and its id in the request's history, ``plan#7``) and
+    ``attempt`` (the activity's attempt: a retried activity writes again from its start). A chunk whose
+    activity or attempt is not the previous chunk's starts the text over. A ``retracted`` chunk (no
+    text) withdraws what its activity wrote so far: that planning turn went on to call tools, so its text
+    was a preamble, not the answer."""
 
     text: str
     attempt: int = 1
     final: bool = False
+    activity: str = ""
+    retracted: bool = False
