@@ -527,18 +527,14 @@ class ChatModel:
         self, log: ModelCallLog, messages: Sequence[dict[str, Any]], phase: int | None, answer: ChatStream
     ) -> AsyncGenerator[str, None]:
         request, call, span, started = self._begin(log, messages, (), phase, 1, streamed=True)
-        parts: list[str] = []
-        refusals: list[str] = []
+        gathered = _Gathered()
         async with contextlib.aclosing(self._deltas(log, request, call, span, started)) as deltas:
             async for delta in deltas:
-                if delta.refusal:
-                    refusals.append(delta.refusal)
-                if delta.content:
-                    parts.append(delta.content)
-                    yield delta.content
-        answer.text = "".join(parts)
+                if text := gathered.take(delta):
+                    yield text
+        answer.text = gathered.text
         call.response = response_text(answer.text)
-        refusal = "".join(refusals) or None
+        refusal = gathered.refusal
         if verdict := self._verdict(call, refusal, bool(answer.text)):
             raise self._rejected(log, call, span, started, verdict, refusal)
         self._finish(log, call, span, started)
@@ -558,32 +554,12 @@ class ChatModel:
         the tool calls are gathered from their deltas, and the turn is returned whole once the model has
         finished, checked and recorded as :meth:`complete` does (``streamed`` in the record)."""
         request, call, span, started = self._begin(log, messages, tools, phase, turn, streamed=True)
-        parts: list[str] = []
-        refusals: list[str] = []
-        gathered: dict[int, dict[str, str]] = {}  # by the call's index in the answer: id, name, arguments
+        gathered = _Gathered()
         async with contextlib.aclosing(self._deltas(log, request, call, span, started)) as deltas:
             async for delta in deltas:
-                if delta.refusal:
-                    refusals.append(delta.refusal)
-                if delta.content:
-                    parts.append(delta.content)
-                    on_text(delta.content)
-                for piece in delta.tool_calls or ():
-                    into = gathered.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
-                    into["id"] = piece.id or into["id"]
-                    if piece.function is not None:
-                        into["name"] += piece.function.name or ""
-                        into["arguments"] += piece.function.arguments or ""
-        content = "".join(parts) or None
-        refusal = "".join(refusals) or None
-        functions = [
-            ChatCompletionMessageFunctionToolCall(
-                id=found["id"],
-                type="function",
-                function=Function(name=found["name"], arguments=found["arguments"]),
-            )
-            for _, found in sorted(gathered.items())
-        ]
+                if text := gathered.take(delta):
+                    on_text(text)
+        content, refusal, functions = gathered.text or None, gathered.refusal, gathered.function_calls()
         tool_calls: list[ChatCompletionMessageToolCallUnion] = list(functions)
         message = ChatCompletionMessage(
             role="assistant", content=content, refusal=refusal, tool_calls=tool_calls or None
@@ -624,6 +600,45 @@ class ChatModel:
         except BaseException as err:  # closed early (GeneratorExit), cancelled, or a client bug
             self._abandoned(log, call, span, started, err)
             raise
+
+
+class _Gathered:
+    """A streamed answer put together from its deltas: its text, its refusal, its tool calls."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._refusals: list[str] = []
+        self._calls: dict[int, dict[str, str]] = {}  # by the call's index in the answer: id, name, arguments
+
+    def take(self, delta: ChoiceDelta) -> str:
+        """Add ``delta``; the text it brings ("" for none)."""
+        if delta.refusal:
+            self._refusals.append(delta.refusal)
+        for piece in delta.tool_calls or ():
+            into = self._calls.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
+            into["id"] = piece.id or into["id"]
+            if piece.function is not None:
+                into["name"] += piece.function.name or ""
+                into["arguments"] += piece.function.arguments or ""
+        if delta.content:
+            self._parts.append(delta.content)
+        return delta.content or ""
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    @property
+    def refusal(self) -> str | None:
+        return "".join(self._refusals) or None
+
+    def function_calls(self) -> list[ChatCompletionMessageFunctionToolCall]:
+        return [
+            ChatCompletionMessageFunctionToolCall(
+                id=found["id"], type="function", function=Function(name=found["name"], arguments=found["arguments"])
+            )
+            for _, found in sorted(self._calls.items())
+        ]
 
 
 class ChatStream:
