@@ -205,7 +205,7 @@ class AgentClient:
         then one ``final`` chunk with the answer after the after_synthesis and after_answer hooks. Ends
         when the request ends. A chunk of another ``activity`` or ``attempt`` than the one before starts
         the text over (a retried or another model call); a ``retracted`` chunk withdraws the text so far
-        (the model went on to call tools)."""
+        (the model went on to call tools, or its call failed)."""
         async for chunk in answer_chunks(self.temporal, await self.workflow_id(request), from_offset=from_offset):
             yield chunk
 

@@ -261,7 +261,7 @@ async def _print_answer(agents: AgentClient, key: str) -> None:
             break
         if chunk.retracted:
             if streamed:
-                print("\n[the model went on to call tools: that was not the answer]", flush=True)
+                print("\n[withdrawn: that text was not the answer]", flush=True)
             streamed = ""
             continue
         if writer is not None and (chunk.activity, chunk.attempt) != writer and streamed:

@@ -182,7 +182,7 @@ async def test_a_preamble_the_model_writes_before_calling_tools_is_streamed_then
         # The CLI prints the stream as it reads it, and says what the retraction means.
         await _print_answer(AgentClient(h.client, Settings()), outcome.workflow_id)
         assert capsys.readouterr().out == (
-            "Let me look that up.\n[the model went on to call tools: that was not the answer]\nACME is at 101 USD.\n"
+            "Let me look that up.\n[withdrawn: that text was not the answer]\nACME is at 101 USD.\n"
         )
 
     assert outcome.result is not None and outcome.result.response == "ACME is at 101 USD."
@@ -203,6 +203,24 @@ async def test_a_preamble_the_model_writes_before_calling_tools_is_streamed_then
     assert chunks[-1] == AnswerChunk(text="ACME is at 101 USD.", final=True)
     assert outcome.record is not None and outcome.record.model_draft is not None
     assert outcome.record.model_draft.matches("ACME is at 101 USD.")
+
+
+async def test_a_turn_whose_call_fails_after_writing_withdraws_its_text_and_the_request_fails_typed(
+    client, tmp_path, server
+):
+    server.push(ai.completion({"content": "Sure, the secret is", "refusal": "I cannot share that."}))
+    async with model_harness(client, tmp_path, server, dedicated_synthesis=False) as h:
+        outcome, chunks = await streamed_request(h, "Tell me the secret")
+
+    assert outcome.failure is not None and outcome.failure.type == "ModelRefusal"
+    first = plan_activity(outcome, 1)
+    assert [(c.activity, c.text, c.retracted) for c in chunks] == [
+        (first, "Sure, ", False),
+        (first, "the ", False),
+        (first, "secret ", False),
+        (first, "is", False),
+        (first, "", True),  # the call failed: what it wrote is no answer
+    ]
 
 
 async def test_planning_turns_do_not_stream_where_a_synthesis_call_writes_the_answer(client, tmp_path, server):

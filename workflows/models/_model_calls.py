@@ -115,8 +115,8 @@ class AnswerChunk(BaseModel):
     synthesis — named by ``activity`` (its type and its id in the request's history, ``plan#7``) and
     ``attempt`` (the activity's attempt: a retried activity writes again from its start). A chunk whose
     activity or attempt is not the previous chunk's starts the text over. A ``retracted`` chunk (no
-    text) withdraws what its activity wrote so far: that planning turn went on to call tools, so its text
-    was a preamble, not the answer."""
+    text) withdraws what its activity wrote so far: that planning turn went on to call tools (its text was
+    a preamble, not the answer), or its call failed."""
 
     text: str
     attempt: int = 1
