@@ -25,6 +25,7 @@ from workflows.models import AnswerChunk, FailurePolicy, RequestStatus, StageSet
 from workflows.stages import STAGE_SEPARATOR, hook_stage_of
 
 from . import openai_server as ai
+from .doubles import quote
 from .harness import Harness, Outcome
 
 QUOTE = function_name("demo-tools/stock-service/stock_quote")
@@ -221,6 +222,36 @@ async def test_a_turn_whose_call_fails_after_writing_withdraws_its_text_and_the_
         (first, "is", False),
         (first, "", True),  # the call failed: what it wrote is no answer
     ]
+
+
+class QuoteInstead(PipelineHook):
+    """after_planning: turns a text answer into a quote of ACME to run."""
+
+    name = "quote-instead"
+
+    async def after_planning(self, ctx, plan):
+        if not plan.steps:
+            plan.steps.append(quote("quote-acme", "ACME"))
+            plan.answer = None
+        return plan
+
+
+async def test_a_streamed_text_answer_an_after_planning_hook_turns_into_steps_is_withdrawn(client, tmp_path, server):
+    server.push(ai.answer("I think it is cheap."), ai.answer("ACME is at 101 USD."))
+    async with model_harness(client, tmp_path, server, hooks=[QuoteInstead()], dedicated_synthesis=False) as h:
+        outcome, chunks = await streamed_request(h, "What is the price of ACME?")
+
+    assert outcome.result is not None, outcome.failure
+    assert [(c.text, c.retracted) for c in chunks[:4]] == [
+        ("I ", False),
+        ("think ", False),
+        ("it ", False),
+        ("is ", False),
+    ]
+    withdrawn = [n for n, c in enumerate(chunks) if c.retracted]
+    assert withdrawn == [5] and chunks[5].activity == ""  # the workflow withdrew it, once the hook had run
+    assert chunks[-1] == AnswerChunk(text=outcome.result.response, final=True)
+    assert "".join(c.text for c in chunks[6:-1]) == outcome.result.response
 
 
 async def test_planning_turns_do_not_stream_where_a_synthesis_call_writes_the_answer(client, tmp_path, server):

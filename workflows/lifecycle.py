@@ -296,6 +296,11 @@ class RequestLifecycleWorkflow:
         result.diagnostics = list(state.record.diagnostics)
         return result
 
+    def _retract_streamed(self) -> None:
+        """Withdraw the text a client has read so far: it is not the answer."""
+        if self._stream is not None:
+            self._stream.topic(ANSWER_TOPIC, type=AnswerChunk).publish(AnswerChunk(text="", retracted=True))
+
     def _publish_final_answer(self, text: str) -> None:
         """The answer a client receives, last on the answer stream of a request that asked to stream."""
         if self._stream is not None:
@@ -490,6 +495,8 @@ class RequestLifecycleWorkflow:
                 end=self._end_after(planned.plan) if ahead else None,
             )
             plan = accepted.subject
+            if self._models.streamed_answer(planned.plan) and self._models.text_answer(plan) is None:
+                self._retract_streamed()  # after_planning made the streamed text answer a plan to run
             if plan.steps or not state.behaviour.planner_answers:
                 await self._records.persist(LifecycleBoundary.ACCEPTED_PLAN, accepted.snapshot)
             reasons = approval_reasons(plan, state.manifest.tools)

@@ -164,6 +164,10 @@ class ModelSteps:
         record.planner = output.planner
         return output
 
+    def streamed_answer(self, plan: Plan) -> bool:
+        """Whether ``plan``'s planning turn streamed its text answer to the request's answer stream."""
+        return self._streams_planning() and bool(plan.answer) and not plan.steps
+
     def _streams_planning(self) -> bool:
         """Whether planning turns stream their text to the answer stream: where the request asked to
         stream, the pipeline allows it, and a planning turn's text answer is the answer's draft."""

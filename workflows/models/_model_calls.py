@@ -116,7 +116,8 @@ class AnswerChunk(BaseModel):
     ``attempt`` (the activity's attempt: a retried activity writes again from its start). A chunk whose
     activity or attempt is not the previous chunk's starts the text over. A ``retracted`` chunk (no
     text) withdraws what its activity wrote so far: that planning turn went on to call tools (its text was
-    a preamble, not the answer), or its call failed."""
+    a preamble, not the answer), or its call failed. The workflow withdraws a streamed text answer the
+    same way (``activity`` empty) when an after_planning hook turned it into a plan to run."""
 
     text: str
     attempt: int = 1
