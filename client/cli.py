@@ -249,13 +249,13 @@ def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
 async def _print_answer(agents: AgentClient, key: str) -> None:
     """Print a streamed answer to stdout as it arrives; say so when the model's text was a preamble to tool
     calls, when another writer or a retry starts the answer over, and when the final answer differs from
-    what was streamed (after_synthesis rewrote it)."""
+    what was streamed (a hook after the model rewrote it)."""
     writer: tuple[str, int] | None = None
     streamed = ""
     async for chunk in agents.stream(key):
         if chunk.final:
             if streamed and chunk.text != streamed:
-                print(f"\n[after_synthesis rewrote the answer; the stored answer is:]\n{chunk.text}", flush=True)
+                print(f"\n[the hooks rewrote the answer; the stored answer is:]\n{chunk.text}", end="", flush=True)
             elif not streamed:
                 print(chunk.text, end="", flush=True)
             break

@@ -138,18 +138,22 @@ async def test_a_request_that_did_not_ask_to_stream_has_no_stream_and_sends_no_c
 
 
 async def test_a_planner_turn_that_answers_in_text_is_the_draft_guarded_streamed_and_recorded_without_a_synthesis_call(
-    client, tmp_path, server
+    client, tmp_path, server, capsys
 ):
     answer = "ACME trades at its quoted price; key sk-live-0123456789abcdefghij."
     server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer(answer))
     async with model_harness(client, tmp_path, server, hooks=[SecretRedactionHook()], dedicated_synthesis=False) as h:
         outcome, chunks = await streamed_request(h, "What is the price of ACME?")
+        # The CLI prints the draft as it came, then says the hooks rewrote it and prints the stored answer.
+        await _print_answer(AgentClient(h.client, Settings()), outcome.workflow_id)
+        printed = capsys.readouterr().out
 
     assert outcome.result is not None, outcome.failure
     # after_synthesis guarded the planner's draft as it guards a synthesizer's
     response = outcome.result.response
     assert response.startswith("ACME trades at its quoted price") and "sk-live-" not in response
     assert outcome.result.confidence == 1.0
+    assert printed == f"{answer}\n[the hooks rewrote the answer; the stored answer is:]\n{response}\n"
     # The answering turn streamed its text as the model wrote it (the turn that called the tool wrote
     # none), then the stream ends with the answer as after_synthesis guarded it.
     *drafts, final = chunks
