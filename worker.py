@@ -41,6 +41,7 @@ from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
 from storage.replays import ReplayReportStore
 from workflows import WORKFLOWS
+from workflows.listing_watch import StageListingWatch
 from workflows.local_payloads import LocalPayloadsInline
 from workflows.policy_replay import replay_batch_queue
 
@@ -137,7 +138,7 @@ def build_worker(
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     if not sandboxed:
         options.setdefault("workflow_runner", UnsandboxedWorkflowRunner())
-    options["interceptors"] = [LocalPayloadsInline(), *options.get("interceptors", ())]
+    options["interceptors"] = [LocalPayloadsInline(), StageListingWatch(client), *options.get("interceptors", ())]
     return Worker(
         client,
         task_queue=task_queue,

@@ -24,6 +24,7 @@ from client.settings import Settings
 from demo.pipeline import demo_hooks
 from workflows import data_converter, search_attributes
 
+from .doubles import eventually
 from .harness import Harness, history_json
 
 HISTORIES = Path(__file__).with_name("histories")
@@ -171,6 +172,9 @@ WITH_TAIL_HOOKS = (ANSWER_STAGES_SCENARIO, ANSWER_END_SCENARIO)
 # Added with planning turns streamed: the model writes a few words before its tool call (streamed, then
 # retracted) and its answering turn streams (publish signals while each plan activity runs).
 PLANNER_STREAM_SCENARIO = "model_streams_its_planning_turns"
+# Added when activities began to list a long wait's stage: a tool call held past the listing delay asks the
+# request (a signal) to list "executing"; no listing timer runs.
+LISTED_BY_ACTIVITY_SCENARIO = "quote_listed_late_by_its_held_tool"
 
 
 class TailAudit:
@@ -313,6 +317,31 @@ def subagent_harness(client, state: Path) -> Harness:
     return Harness(client, state, hooks=hooks, tools=[Delegate(), Echo()], planner=planner)
 
 
+async def record_listed_by_activity_scenario(client, state: Path) -> None:
+    from .doubles import FixedPlanner, HeldTool
+
+    name = LISTED_BY_ACTIVITY_SCENARIO
+    tool = HeldTool()
+    async with Harness(
+        client, state, tools=[tool], planner=FixedPlanner(HeldTool.step()), stage_listing_delay=0.5
+    ) as h:
+        handle = await h.start("wait for the held tool", {"cache": "bypass"}, workflow_id=f"history-{name}")
+        await asyncio.wait_for(tool.started.wait(), timeout=30)
+
+        async def asked() -> bool:
+            events = (await handle.fetch_history()).events
+            return any(e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES for e in events[-3:])
+
+        await eventually(asked, what="the held call's ask listed")
+        tool.release.set()
+        out = await h.finish(handle)
+    signals = [e for e in out.history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
+    timers = [e for e in out.history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    assert out.failure is None and signals and not timers, (out.failure, signals, timers)
+    (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
+    print(f"wrote {name}.json ({len(out.history.events)} events)")
+
+
 async def record(h: Harness, scenarios: dict, rewrite_all: bool, check=None) -> None:
     """Run each scenario without a committed history yet (every one with ``rewrite_all``) and write its
     history; ``check(name, outcome)`` asserts what the scenario is there to show."""
@@ -390,6 +419,9 @@ async def main(rewrite_all: bool) -> None:
         if rewrite_all or not (HISTORIES / f"{CONVERSATION_WORKFLOW_SCENARIO}.json").exists():
             with tempfile.TemporaryDirectory() as state:
                 await record_conversation_scenario(env.client, Path(state))
+        if rewrite_all or not (HISTORIES / f"{LISTED_BY_ACTIVITY_SCENARIO}.json").exists():
+            with tempfile.TemporaryDirectory() as state:
+                await record_listed_by_activity_scenario(env.client, Path(state))
         if rewrite_all or not (HISTORIES / f"{REPLAY_SCENARIO}.json").exists():
             with tempfile.TemporaryDirectory() as state:
                 await record_replay_scenario(env.client, Path(state))

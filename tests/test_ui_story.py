@@ -29,7 +29,7 @@ from hooks.builtin.audit import AuditHook, JsonlAuditWriter
 from workflows import data_converter, detached_workflow_id
 from workflows import search_attributes as sa
 from workflows.converter import LifecycleFailureConverter
-from workflows.listing import LISTING_TIMER_SUMMARY
+from workflows.listing import LIST_STAGE_SIGNAL, LISTING_HEADER, LISTING_TIMER_SUMMARY
 from workflows.models import Checkpoint, RequestInput, RequestResult
 
 from .doubles import FixedPlanner, HeldTool, eventually
@@ -83,6 +83,19 @@ def listing_timers(out: Outcome) -> tuple[int, int, int]:
         and e.timer_canceled_event_attributes.started_event_id in started
     ]
     return len(started), len(fired), len(cancelled)
+
+
+def listing_signals(out: Outcome) -> int:
+    """How many times an activity asked the request to list its stage."""
+    return listing_signals_in(out.history.events)
+
+
+def listing_signals_in(events) -> int:
+    return sum(
+        e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        and e.workflow_execution_signaled_event_attributes.signal_name == LIST_STAGE_SIGNAL
+        for e in events
+    )
 
 
 def failure_chain(failure: Failure) -> list[Failure]:
@@ -326,8 +339,8 @@ async def test_with_a_listing_delay_a_request_lists_its_first_stage_its_checkpoi
     client: Client, tmp_path
 ):
     # A worker's default: a stage is listed once the request has waited in it for the delay. This request
-    # never waits that long outside its checkpoint, so the stages it passes through cost no upsert — one
-    # timer, started at the first of them, never fires — while what listings must show at once is there:
+    # never waits that long outside its checkpoint, so the stages it passes through cost no upsert — and
+    # no timer: the activities it waits on keep the time — while what listings must show at once is there:
     # the first stage with the kind, the checkpoint opening and closing (reviewers' inboxes), the end.
     async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path)), stage_listing_delay=600) as h:
         out = await h.run(MESSAGE, {"cache": "bypass"}, approve_as="ops")
@@ -338,7 +351,7 @@ async def test_with_a_listing_delay_a_request_lists_its_first_stage_its_checkpoi
     assert upserts[0][sa.WORKFLOW_KIND.name] == "request"
     flags = [(u[sa.LIFECYCLE_STAGE.name], u[sa.AWAITING_REVIEW.name]) for u in upserts if sa.AWAITING_REVIEW.name in u]
     assert flags == [("awaiting_review", True), ("executing", False), ("completed", False)]
-    assert listing_timers(out) == (1, 0, 0)
+    assert listing_timers(out) == (0, 0, 0) and listing_signals(out) == 0
     attributes = (await client.get_workflow_handle(out.workflow_id).describe()).typed_search_attributes
     assert attributes.get(sa.LIFECYCLE_STAGE) == "completed" and attributes.get(sa.AWAITING_REVIEW) is False
     # The record and the current details still pass through every stage.
@@ -365,7 +378,7 @@ async def test_a_request_started_through_the_client_is_listed_from_its_start_wit
     upserts = stage_upserts(out)
     assert [u[sa.LIFECYCLE_STAGE.name] for u in upserts] == ["awaiting_review", "executing", "completed"]
     assert all(sa.WORKFLOW_KIND.name not in u for u in upserts)
-    assert listing_timers(out) == (1, 0, 0)
+    assert listing_timers(out) == (0, 0, 0) and listing_signals(out) == 0
     attributes = (await client.get_workflow_handle(out.workflow_id).describe()).typed_search_attributes
     assert attributes.get(sa.WORKFLOW_KIND) == "request" and attributes.get(sa.LIFECYCLE_STAGE) == "completed"
 
@@ -389,10 +402,32 @@ async def test_a_request_started_with_a_different_kind_is_listed_by_its_own(clie
     assert upserts[0][sa.LIFECYCLE_STAGE.name] == "planning" and upserts[0][sa.WORKFLOW_KIND.name] == "request"
 
 
+async def test_with_a_listing_delay_a_wait_on_a_sub_agent_starts_the_listing_timer(client: Client, tmp_path):
+    # A sub-agent is a child request, not an activity: nothing of it asks the parent to list its stage, so
+    # the parent's wait on it starts the one listing timer (which never fires on a request this fast).
+    planner = FixedPlanner(delegate(), echo("e", "hi"))
+    async with Harness(client, tmp_path, tools=[Delegate(), Echo()], planner=planner, stage_listing_delay=600) as h:
+        out = await h.run("recurse")
+
+    assert out.failure is None, out.failure
+    assert listing_timers(out) == (1, 0, 0) and listing_signals(out) == 0
+    # Started in the workflow task that started the child.
+    kinds = [e.event_type for e in out.history.events]
+    child = kinds.index(EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED)
+    timer = kinds.index(EventType.EVENT_TYPE_TIMER_STARTED)
+    assert child < timer and EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED not in kinds[child:timer]
+
+
 async def test_with_a_listing_delay_a_stage_the_request_waits_in_that_long_is_listed(client: Client, tmp_path):
+    # Two tool calls held by the test: the request waits in "executing" on two activities. Once the delay
+    # has passed, they ask it to list its stage (one signal between them: they run in one worker).
     tool = HeldTool()
     async with Harness(
-        client, tmp_path, tools=[tool], planner=FixedPlanner(HeldTool.step()), stage_listing_delay=0.5
+        client,
+        tmp_path,
+        tools=[tool],
+        planner=FixedPlanner(HeldTool.step("held-1"), HeldTool.step("held-2")),
+        stage_listing_delay=0.5,
     ) as h:
         handle = await h.start("wait for the held tool", {"cache": "bypass"})
         await asyncio.wait_for(tool.started.wait(), timeout=30)
@@ -401,17 +436,43 @@ async def test_with_a_listing_delay_a_stage_the_request_waits_in_that_long_is_li
             query = f"WorkflowId = '{handle.id}' AND {sa.LIFECYCLE_STAGE.name} = 'executing'"
             return bool([e.id async for e in client.list_workflows(query)])
 
-        # The tool holds the request in "executing" until released: the listing catches up with it.
+        # The tools hold the request in "executing" until released: the listing catches up with it.
         await eventually(listed_executing, what="the request listed at executing")
         assert "executing" in await current_details(handle)
+        # Both calls waited well past the delay before either was released.
+        await asyncio.sleep(1.0)
         tool.release.set()
         out = await h.finish(handle)
 
-    assert out.result is not None
+    assert out.result is not None and [step.status for step in out.result.steps] == ["succeeded", "succeeded"]
     stages = [u[sa.LIFECYCLE_STAGE.name] for u in stage_upserts(out)]
     assert stages[:2] == ["planning", "executing"] and stages[-1] == "completed", stages
-    # Synthesis started a second timer; it fires only on a machine too slow to end the request within the
-    # delay, and then lists the stage the request is in. A timer is never cancelled.
-    started, fired, cancelled = listing_timers(out)
-    assert started == 2 and fired >= 1 and cancelled == 0
-    assert len(stages) - 3 <= fired - 1
+    # No timer: the held calls signalled once. A stage listed between "executing" and the end was asked
+    # for by a synthesis that outlasted the delay (a slow machine), each by a signal of its own.
+    assert listing_timers(out) == (0, 0, 0)
+    signals = listing_signals(out)
+    assert signals >= 1 and len(stages) - 3 <= signals - 1, (stages, signals)
+    events = list(out.history.events)
+    held = {
+        e.event_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "execute_tool_step"
+    }
+    released = next(
+        i
+        for i, e in enumerate(events)
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        and e.activity_task_completed_event_attributes.scheduled_event_id in held
+    )
+    assert listing_signals_in(events[:released]) == 1
+    # What asked them: the header on each held call (the delay, and which listing it is for).
+    asks = [
+        data_converter.payload_converter.from_payload(
+            e.activity_task_scheduled_event_attributes.header.fields[LISTING_HEADER]
+        )
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "execute_tool_step"
+    ]
+    assert asks == [{"after_seconds": 0.5, "listing": 1}] * 2, asks

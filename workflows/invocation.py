@@ -752,7 +752,7 @@ class HookRunner:
         info = workflow.info()
         self._scheduler.check_payload(f"detached · {work.hook} · {work.effect_id}", work)
         settings = state.manifest.settings
-        self._listing.publish()
+        self._listing.publish(untimed=True)  # the server starts the child at once
         await start_effect_child(
             state.record,
             state.detached_tokens,

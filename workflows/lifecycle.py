@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
+from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue, RetryPolicy
 from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
@@ -33,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
     from .ending import RunEnding, step_summaries
     from .invocation import Ahead, HookRunner, RunStopped, StageRun, error_text, raise_if_cancelled
     from .leases import ManagedLeases
-    from .listing import RECALLING, REMEMBERING, RESOLVING_PIPELINE, StageListing
+    from .listing import LIST_STAGE_SIGNAL, RECALLING, REMEMBERING, RESOLVING_PIPELINE, StageListing
     from .model_steps import ModelSteps
     from .models import (
         ANSWER_TOPIC,
@@ -189,6 +190,16 @@ class RequestLifecycleWorkflow:
     def granted(self, *args: Any) -> None:
         """The conversation granted this request its turn (a request started directly in a conversation)."""
         self._turn.grant()
+
+    @workflow.signal(name=LIST_STAGE_SIGNAL)
+    def list_stage(self, *args: Any) -> None:
+        """An activity the request has waited on for the listing delay asks it to list its stage."""
+        self._listing.list_asked()
+
+    def listing_header(self) -> Payload | None:
+        """The ask to list the stage an activity scheduled now carries, if any (read by
+        ``workflows.listing_watch`` as the activity is scheduled)."""
+        return self._listing.activity_header()
 
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:

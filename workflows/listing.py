@@ -1,6 +1,7 @@
 """Where a request shows which stage it is in: the execution record and the current details at once, the
 search attributes ``AgentLifecycleStage`` / ``AgentAwaitingReview`` / ``AgentWorkflowKind`` when the
-workflow next waits. Also the names of the stages that are not hook stages. Workflow code only."""
+workflow next waits. Also the names of the stages that are not hook stages. Workflow code only (the
+activities' side of a late listing is ``workflows.listing_watch``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from temporalio import workflow
+from temporalio.api.common.v1 import Payload
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.converter import PayloadConverter
 
 with workflow.unsafe.imports_passed_through():
     from . import search_attributes as sa
@@ -28,6 +31,11 @@ RELEASING_LEASES = "releasing_leases"
 COMPLETED = "completed"  # then the other terminal stages: the request's status (failed, stopped, ...)
 # The summary of the timer that lists a stage late: bookkeeping, so the Timeline does not read it as a wait.
 LISTING_TIMER_SUMMARY = "bookkeeping · list the stage in search (not a wait)"
+# The signal by which an activity the request has waited on for the listing delay asks it to list its stage,
+# and the activity header that asks the activity to (its value: the delay, ``after_seconds``, and which
+# listing the ask is for, ``listing``).
+LIST_STAGE_SIGNAL = "bookkeeping · list the stage in search"
+LISTING_HEADER = "agent-lifecycle-list-stage"
 
 
 class StageListing:
@@ -39,6 +47,8 @@ class StageListing:
         self._upserted_awaiting = False  # whether AgentAwaitingReview holds true
         self._unpublished: tuple[str, bool] | None = None  # (stage, terminal) entered since the last upsert
         self._timer: asyncio.Task[None] | None = None  # lists the stage once the listing delay has passed
+        self._carried = False  # the activities being scheduled ask to list the stage once the delay has passed
+        self._listings = 0  # upserts so far: which listing an activity's ask is for
 
     def started(self) -> None:
         """Take the listing a client started the request with (its kind and first stage, see
@@ -64,7 +74,7 @@ class StageListing:
         if state.behaviour.stage_upserts:
             self._unpublished = (str(stage), bool(outcome))
 
-    def publish(self) -> None:
+    def publish(self, *, untimed: bool = False) -> None:
         """List the stage entered last, where the workflow is about to wait on something outside its
         workflow task — an activity, a child, a reviewer — or to end. A listing reads the attributes as a
         workflow task leaves them, so the stages a task passes through on its way (in-process hooks run as
@@ -76,11 +86,16 @@ class StageListing:
         the server beyond its activities. So, with a listing delay (the manifest's
         ``stage_listing_delay_seconds``), a request's first stage (with its kind), a change of
         ``AgentAwaitingReview`` (what reviewers' inboxes read) and its end are listed at once, and any
-        other stage once the request has been waiting that long: one durable timer, started when such a
-        stage is entered and none is running, lists the stage the request is in when it fires. A listing
-        is then at most the delay behind, and a request that never waits that long costs one timer
-        instead of an upsert per stage. Without a delay every stage a request waits in is listed at
-        once."""
+        other stage once the request has been waiting that long. A wait that is ``untimed`` costs nothing
+        until then: a wait on activities, each of which carries the ask (``LISTING_HEADER``) and, still
+        running (or only starting) once the delay has passed, signals the request (``LIST_STAGE_SIGNAL``)
+        to list the stage it is in then (``workflows.listing_watch``); or the server's start of a child,
+        which it answers at once. Any other wait starts one durable timer, if none is running, that lists
+        the stage the request is in when it fires. A listing is then at most the delay behind a wait on a
+        child, and behind a wait on an activity once a worker runs it; a request that never waits that
+        long costs no event for its listing. Executions recorded before
+        (``Behaviour.stage_listed_by_activities``) start the timer for those waits too. Without a delay
+        every stage a request waits in is listed at once."""
         manifest = self._state.manifest
         if self._unpublished is None or not manifest.search_attributes:
             return
@@ -94,8 +109,25 @@ class StageListing:
         )
         if at_once:
             self._list()
-        elif self._timer is None:
+        elif self._timer is not None:
+            pass  # the running timer lists the stage the request is in when it fires
+        elif untimed and self._state.behaviour.stage_listed_by_activities:
+            self._carried = True
+        else:
             self._timer = asyncio.create_task(self._list_after(delay))
+
+    def activity_header(self) -> Payload | None:
+        """The ask (``LISTING_HEADER``) an activity the request schedules now carries, while a stage waits
+        to be listed by the activities it waits on."""
+        if not (self._carried and self._unpublished is not None):
+            return None
+        ask = {"after_seconds": self._state.manifest.stage_listing_delay_seconds, "listing": self._listings}
+        return PayloadConverter.default.to_payload(ask)
+
+    def list_asked(self) -> None:
+        """An activity the request has waited on for the listing delay asks to list the stage the request
+        is in (``LIST_STAGE_SIGNAL``); nothing when it is listed already."""
+        self._list()
 
     async def _list_after(self, delay: float) -> None:
         await workflow.sleep(delay, summary=LISTING_TIMER_SUMMARY)
@@ -107,6 +139,7 @@ class StageListing:
             return
         stage, terminal = self._unpublished
         self._unpublished = None
+        self._carried = False
         if not self._state.manifest.search_attributes or stage == self._upserted_stage:
             return
         # One upsert per change of stage. AgentWorkflowKind goes with the first; AgentAwaitingReview when a
@@ -119,6 +152,7 @@ class StageListing:
             updates.append(sa.WORKFLOW_KIND.value_set(self._state.kind()))
         workflow.upsert_search_attributes(updates)
         self._upserted_stage, self._upserted_awaiting = stage, awaiting
+        self._listings += 1
 
     def child_kind(self, kind: str) -> TypedSearchAttributes | None:
         """The search attributes a child starts with: its kind, where the namespace has it."""

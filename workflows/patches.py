@@ -86,7 +86,9 @@ class Behaviour:
       the plan was accepted at the workflow's time after them);
     - ``terminal_with_hooks``: ``invocation.HookRunner.run`` and ``ending.RunEnding._terminal`` (the
       terminal snapshot was always a local activity of its own after the run's last hooks, and the request
-      completed at the workflow's time then).
+      completed at the workflow's time then);
+    - ``stage_listed_by_activities``: ``listing.StageListing.publish`` (a wait on activities started the
+      listing timer as any other wait did).
     """
 
     local_bookkeeping: bool = True
@@ -119,6 +121,9 @@ class Behaviour:
     # nothing else comes before the end) writes the terminal snapshot when they leave the run as it was;
     # the request then completed as its last hook ended.
     terminal_with_hooks: bool = True
+    # A stage the request waits in on activities is listed late by those activities (a signal once the
+    # listing delay has passed) instead of a timer: a request that never waits that long starts no timer.
+    stage_listed_by_activities: bool = True
 
 
 # The fields of every change recorded under ``LIFECYCLE_2027_01``: off for executions recorded before it.
@@ -133,6 +138,7 @@ SINCE_2027_01 = (
     "stage_lookahead",
     "accepted_plan_with_hooks",
     "terminal_with_hooks",
+    "stage_listed_by_activities",
 )
 
 

@@ -55,7 +55,7 @@ class Scheduler:
         with a ``deadline``, finished by then whatever its retries and dispatches (``dispatch.execute``)."""
         settings = self._state.manifest.settings
         inline = self._inline_bytes(self.check_payload(summary, arg))
-        self._listing.publish()
+        self._listing.publish(untimed=True)
 
         def lost(n: int) -> None:
             self.note_worker_lost(activity, summary, n)
