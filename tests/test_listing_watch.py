@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from datetime import timedelta
 
+import pytest
 from temporalio import activity, workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
@@ -69,26 +70,20 @@ async def _asks(client: Client, workflow_id: str) -> int:
     )
 
 
-async def test_an_activity_that_ends_before_the_delay_asks_nothing(client: Client):
+@pytest.mark.parametrize(
+    ("delay", "held", "asks"),
+    [(5.0, 0.1, 0), (0.3, 2.0, 1)],
+    ids=["ends-before-the-delay-asks-nothing", "still-running-after-the-delay-asks-once"],
+)
+async def test_an_activity_asks_once_it_has_run_for_the_delay(client: Client, delay: float, held: float, asks: int):
     queue = f"listing-watch-{uuid.uuid4().hex[:8]}"
     workflow_id = f"asking-{uuid.uuid4()}"
     async with _worker(client, queue):
         asked = await client.execute_workflow(
-            AskingWorkflow.run, args=[5.0, 0.1, queue], id=workflow_id, task_queue=queue
+            AskingWorkflow.run, args=[delay, held, queue], id=workflow_id, task_queue=queue
         )
 
-    assert asked == 0 and await _asks(client, workflow_id) == 0
-
-
-async def test_an_activity_still_running_after_the_delay_asks_once(client: Client):
-    queue = f"listing-watch-{uuid.uuid4().hex[:8]}"
-    workflow_id = f"asking-{uuid.uuid4()}"
-    async with _worker(client, queue):
-        asked = await client.execute_workflow(
-            AskingWorkflow.run, args=[0.3, 2.0, queue], id=workflow_id, task_queue=queue
-        )
-
-    assert asked == 1 and await _asks(client, workflow_id) == 1
+    assert asked == asks and await _asks(client, workflow_id) == asks
 
 
 async def test_an_activity_that_starts_after_the_delay_asks_as_it_starts(client: Client):
