@@ -11,6 +11,7 @@ import subprocess
 import traceback
 import uuid
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.sdk.v1 import WorkflowMetadata
@@ -418,9 +419,13 @@ async def test_with_a_listing_delay_a_wait_on_a_sub_agent_starts_the_listing_tim
     assert child < timer and EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED not in kinds[child:timer]
 
 
-async def test_with_a_listing_delay_a_stage_the_request_waits_in_that_long_is_listed(client: Client, tmp_path):
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["unsandboxed", "in-the-sandbox"])
+async def test_with_a_listing_delay_a_stage_the_request_waits_in_that_long_is_listed(
+    client: Client, tmp_path, sandboxed: bool
+):
     # Two tool calls held by the test: the request waits in "executing" on two activities. Once the delay
-    # has passed, they ask it to list its stage (one signal between them: they run in one worker).
+    # has passed, they ask it to list its stage (one signal between them: they run in one worker). The same
+    # with the workflow in Temporal's sandbox (``build_worker(sandboxed=True)``).
     tool = HeldTool()
     async with Harness(
         client,
@@ -428,6 +433,7 @@ async def test_with_a_listing_delay_a_stage_the_request_waits_in_that_long_is_li
         tools=[tool],
         planner=FixedPlanner(HeldTool.step("held-1"), HeldTool.step("held-2")),
         stage_listing_delay=0.5,
+        worker_options={"sandboxed": sandboxed},
     ) as h:
         handle = await h.start("wait for the held tool", {"cache": "bypass"})
         await asyncio.wait_for(tool.started.wait(), timeout=30)
