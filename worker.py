@@ -29,6 +29,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities import LifecycleActivities
+from activities.listing_watch import StageListingWatch
 from activities.mcp import McpStartupError, McpTool
 from activities.policy_replay import PolicyReplayActivities
 from client import Settings, connect_when_reachable, database, exit_process
@@ -41,7 +42,6 @@ from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
 from storage.replays import ReplayReportStore
 from workflows import WORKFLOWS
-from workflows.listing_watch import StageListingWatch
 from workflows.local_payloads import LocalPayloadsInline
 from workflows.policy_replay import replay_batch_queue
 

@@ -18,8 +18,8 @@ from temporalio.client import Client
 from temporalio.converter import PayloadConverter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from activities.listing_watch import StageListingWatch
 from workflows.listing import LIST_STAGE_SIGNAL, LISTING_HEADER
-from workflows.listing_watch import StageListingWatch
 
 
 @activity.defn
@@ -50,11 +50,14 @@ class AskingWorkflow:
         return self._asked
 
 
-def _worker(client: Client, queue: str, *, workflows: bool = True, activities: bool = True) -> Worker:
+def _worker(
+    client: Client, queue: str, *, workflows: bool = True, activities: bool = True, workflow: type | None = None
+) -> Worker:
+    """A worker with the watch: ``AskingWorkflow`` (or ``workflow``) and ``hold``, or either alone."""
     return Worker(
         client,
         task_queue=queue,
-        workflows=[AskingWorkflow] if workflows else [],
+        workflows=[workflow or AskingWorkflow] if workflows else [],
         activities=[hold] if activities else [],
         workflow_runner=UnsandboxedWorkflowRunner(),
         interceptors=[StageListingWatch(client)],
@@ -106,14 +109,7 @@ async def test_an_activity_without_the_ask_runs_as_it_would(client: Client):
     # Any other workflow's activities (no listing_header) pass through the watch untouched.
     queue = f"listing-watch-{uuid.uuid4().hex[:8]}"
     workflow_id = f"plain-{uuid.uuid4()}"
-    async with Worker(
-        client,
-        task_queue=queue,
-        workflows=[PlainWorkflow],
-        activities=[hold],
-        workflow_runner=UnsandboxedWorkflowRunner(),
-        interceptors=[StageListingWatch(client)],
-    ):
+    async with _worker(client, queue, workflow=PlainWorkflow):
         await client.execute_workflow(PlainWorkflow.run, args=[queue], id=workflow_id, task_queue=queue)
 
     history = await client.get_workflow_handle(workflow_id).fetch_history()

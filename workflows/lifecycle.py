@@ -198,7 +198,7 @@ class RequestLifecycleWorkflow:
 
     def listing_header(self) -> Payload | None:
         """The ask to list the stage an activity scheduled now carries, if any (read by
-        ``workflows.listing_watch`` as the activity is scheduled)."""
+        ``activities.listing_watch`` as the activity is scheduled)."""
         return self._listing.activity_header()
 
     @workflow.signal(dynamic=True)

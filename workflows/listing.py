@@ -1,7 +1,7 @@
 """Where a request shows which stage it is in: the execution record and the current details at once, the
 search attributes ``AgentLifecycleStage`` / ``AgentAwaitingReview`` / ``AgentWorkflowKind`` when the
 workflow next waits. Also the names of the stages that are not hook stages. Workflow code only (the
-activities' side of a late listing is ``workflows.listing_watch``)."""
+activities' side of a late listing is ``activities.listing_watch``)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class StageListing:
         other stage once the request has been waiting that long. A wait that is ``untimed`` costs nothing
         until then: a wait on activities, each of which carries the ask (``LISTING_HEADER``) and, still
         running (or only starting) once the delay has passed, signals the request (``LIST_STAGE_SIGNAL``)
-        to list the stage it is in then (``workflows.listing_watch``); or the server's start of a child,
+        to list the stage it is in then (``activities.listing_watch``); or the server's start of a child,
         which it answers at once. Any other wait starts one durable timer, if none is running, that lists
         the stage the request is in when it fires. A listing is then at most the delay behind a wait on a
         child, and behind a wait on an activity once a worker runs it; a request that never waits that

@@ -8,8 +8,9 @@ running once the delay has passed since it was scheduled — or one that only st
 request (``LIST_STAGE_SIGNAL``), which lists the stage it is in by then. The activities of one wait that
 run in one worker send one signal between them; a request that has ended is not signalled.
 
-This worker interceptor does both sides: it adds the header as the workflow schedules the activity, and
-watches the clock while the activity runs. ``worker.build_worker`` installs it.
+This worker interceptor does both sides: it adds the header as the workflow schedules the activity (the
+request workflow's ``listing_header``), and watches the clock while the activity runs — the part that
+runs in the activity worker, so the module lives with the activities. ``worker.build_worker`` installs it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
-from .listing import LIST_STAGE_SIGNAL, LISTING_HEADER
+from workflows.listing import LIST_STAGE_SIGNAL, LISTING_HEADER
 
 logger = logging.getLogger(__name__)
 
