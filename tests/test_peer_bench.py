@@ -121,4 +121,9 @@ async def test_the_short_benchmark_answers_correctly_on_both_sides_and_fills_the
         assert (
             "MARKER local activity before_planning:noop-before-planning-1 + noop-before-planning-2" in timelines[system]
         )
-    assert figures["history"]["peer"]["by_kind"] == {"execution": 2, "workflow task": 12, "activity": 15}
+    # Four workflow tasks, or five when a quote's result arrives while the one after the first runs.
+    peer_kinds = figures["history"]["peer"]["by_kind"]
+    assert peer_kinds in (
+        {"execution": 2, "workflow task": 12, "activity": 15},
+        {"execution": 2, "workflow task": 15, "activity": 15},
+    ), peer_kinds
