@@ -297,8 +297,8 @@ async def take_screenshots(ui: Browser, requests: Requests, out: Path, namespace
     await ui.timeline(requests.denied, wait_for="✗ denied")
     await ui.show_row("✗ denied")
     shots.append(await ui.screenshot(out / "timeline.png"))
-    await ui.workflow(requests.quote, wait_for='{"plan":{"phase":1')
-    await ui.page.get_by_text('{"plan":{"phase":1').first.scroll_into_view_if_needed()
+    await ui.workflow(requests.quote, wait_for='{"plan":{"steps":')
+    await ui.page.get_by_text('{"plan":{"steps":').first.scroll_into_view_if_needed()
     shots.append(await ui.screenshot(out / "decoded-plan.png"))
     return shots
 

@@ -47,7 +47,11 @@ BY_REFERENCE_METADATA = "agent-by-reference"
 
 class _ValidatingJSONConverter(PydanticJSONPlainPayloadConverter):
     def to_payload(self, value: Any) -> temporalio.api.common.v1.Payload | None:
-        payload = super().to_payload(value)
+        if getattr(value, "defaults_omitted", False) and isinstance(value, pydantic.BaseModel):  # see ByReference
+            data = type(value).__pydantic_serializer__.to_json(value, exclude_defaults=True)
+            payload = temporalio.api.common.v1.Payload(metadata={"encoding": self.encoding.encode()}, data=data)
+        else:
+            payload = super().to_payload(value)
         placement = getattr(value, "payload_placement", "inline")  # see ByReference
         if payload is not None and placement != "inline":
             payload.metadata[BY_REFERENCE_METADATA] = placement.encode()

@@ -9,13 +9,29 @@ so the workflow can refuse it with a reason instead of failing its task forever.
 
 from __future__ import annotations
 
+import json
+import typing
+from collections.abc import Iterator
+
 import pytest
+from pydantic import BaseModel
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
-from workflows.converter import data_converter
-from workflows.models import MAX_INBOUND_PAYLOAD_BYTES, ApproveSignal, RequestInput, ReviewRequest, json_size
+from workflows.converter import BY_REFERENCE_METADATA, data_converter
+from workflows.models import (
+    MAX_INBOUND_PAYLOAD_BYTES,
+    ApproveSignal,
+    ByReference,
+    PlanInput,
+    RecoveredError,
+    RequestInput,
+    ReviewRequest,
+    StepResult,
+    StepStatus,
+    json_size,
+)
 from workflows.support import decode_payload, idempotency_key, single_payload
 
 CONVERTER = data_converter.payload_converter
@@ -255,3 +271,100 @@ def test_the_order_of_argument_keys_does_not_change_the_key():
 )
 def test_any_other_call_gets_another_key(other):
     assert idempotency_key(*other) != idempotency_key(*KEY)
+
+
+# --- the wire form of the framework's own activity payloads -----------------------------------------
+
+
+def _models_within(annotation: object) -> Iterator[type[BaseModel]]:
+    """Every pydantic model a field annotation names, at any depth of ``list``, ``dict``, ``| None``..."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for argument in typing.get_args(annotation):
+        yield from _models_within(argument)
+
+
+def _closure(model: type[BaseModel]) -> set[type[BaseModel]]:
+    seen: set[type[BaseModel]] = set()
+    todo = [model]
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo.extend(m for f in current.model_fields.values() for m in _models_within(f.annotation))
+    return seen
+
+
+def _omitting() -> list[type[ByReference]]:
+    found, todo = [], list(ByReference.__subclasses__())
+    while todo:
+        model = todo.pop()
+        todo.extend(model.__subclasses__())
+        if model.defaults_omitted:
+            found.append(model)
+    return sorted(found, key=lambda m: m.__name__)
+
+
+def test_the_planning_tool_and_synthesis_payloads_travel_without_their_defaults():
+    assert [m.__name__ for m in _omitting()] == [
+        "PlanInput",
+        "PlanOutput",
+        "SynthesizeInput",
+        "SynthesizeOutput",
+        "ToolStepInput",
+        "ToolStepOutput",
+    ]
+
+
+def test_a_planner_input_carries_only_what_differs_from_the_defaults_and_reads_back_whole():
+    handled = StepResult(
+        step_id="quote-2",
+        tool="stock-service/stock_quote",
+        status=StepStatus.SUCCEEDED,
+        result="AAA 245.61",
+        recovered_from=RecoveredError(error="timeout", handled_by="fallback-quote"),
+        modified_by=["redact"],
+    )
+    plain = StepResult(step_id="quote-1", tool="stock-service/stock_quote", status=StepStatus.SUCCEEDED, result="ok")
+    value = PlanInput(request="price?", request_id="r-1", workflow_id="w-1", phase=2, prior_results=[plain, handled])
+    [payload] = CONVERTER.to_payloads([value])
+    sent = json.loads(payload.data)
+    assert sent == {
+        "request": "price?",
+        "request_id": "r-1",
+        "workflow_id": "w-1",
+        "phase": 2,
+        "prior_results": [
+            {"step_id": "quote-1", "tool": "stock-service/stock_quote", "status": "succeeded", "result": "ok"},
+            {
+                "step_id": "quote-2",
+                "tool": "stock-service/stock_quote",
+                "status": "succeeded",
+                "result": "AAA 245.61",
+                "recovered_from": {"error": "timeout", "handled_by": "fallback-quote"},
+                "modified_by": ["redact"],
+            },
+        ],
+    }
+    assert payload.metadata[BY_REFERENCE_METADATA] == b"reference"  # still the store's to take when large
+    assert len(payload.data) < len(value.model_dump_json()) // 2
+    [back] = CONVERTER.from_payloads([payload], [PlanInput])
+    assert back == value
+
+
+def test_other_payloads_keep_every_field_so_the_ui_shows_them_whole():
+    value = RequestInput(request="price?")
+    [payload] = CONVERTER.to_payloads([value])
+    assert json.loads(payload.data) == value.model_dump(mode="json")
+
+
+@pytest.mark.parametrize("model", _omitting(), ids=lambda m: m.__name__)
+def test_a_payload_without_its_defaults_has_no_union_of_models_to_tell_apart(model):
+    """Validation puts an omitted field back from the model's default; a union of two models could then
+    take one for the other, so none may be within a payload that omits its defaults."""
+    for part in _closure(model):
+        for name, field in part.model_fields.items():
+            members = {m for m in typing.get_args(field.annotation) if isinstance(m, type) and issubclass(m, BaseModel)}
+            assert len(members) <= 1, (
+                f"{part.__name__}.{name} is a union of models: {sorted(m.__name__ for m in members)}"
+            )

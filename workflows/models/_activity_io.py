@@ -31,6 +31,8 @@ class RememberInput(ByReference):
 
 
 class PlanInput(ByReference):
+    defaults_omitted = True
+
     request: str
     request_id: str
     workflow_id: str
@@ -57,6 +59,8 @@ class PlanOutput(ByReference):
     """A valid plan; or, when the planner can correct itself, no plan and what the next attempt sends
     back (``repair``, with ``problems``)."""
 
+    defaults_omitted = True
+
     plan: Plan | None = None
     prompt: str
     planner: str
@@ -69,12 +73,16 @@ class PlanOutput(ByReference):
 
 
 class ToolStepInput(ByReference):
+    defaults_omitted = True
+
     step: PlanStep
     request_id: str
     idempotency_key: str
 
 
 class ToolStepOutput(ByReference):
+    defaults_omitted = True
+
     output: JsonValue = None
     # The result text the tool formatted from its output (None: the workflow renders the output as JSON),
     # and why formatting failed when it did (the output is kept; the text says the tool completed).
@@ -83,6 +91,8 @@ class ToolStepOutput(ByReference):
 
 
 class SynthesizeInput(ByReference):
+    defaults_omitted = True
+
     request: str
     request_id: str
     plan: Plan
@@ -96,6 +106,8 @@ class SynthesizeInput(ByReference):
 
 
 class SynthesizeOutput(ByReference):
+    defaults_omitted = True
+
     response: str
     confidence: float = Field(ge=0.0, le=1.0)
     draft: ModelDraft | None = None  # set by the synthesize activity: what the record keeps of ``response``

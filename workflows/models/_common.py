@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import StrEnum
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, PrivateAttr
 
@@ -47,8 +47,15 @@ class ByReference(BaseModel):
 
     A local activity's input never leaves the worker: ``kept_inline()`` keeps it out of the store. Its
     result is recorded in the activity's marker: ``recorded_in_marker()`` lets it go by reference only
-    when it is large, so the marker stays readable where it can."""
+    when it is large, so the marker stays readable where it can.
 
+    A model with ``defaults_omitted`` travels without the fields that hold their default (a step result's
+    ten empty error and skip fields, a plan step's empty dependency lists): the receiver's validation puts
+    them back. A model may say so only when nothing in it tells union members apart by a defaulted field,
+    and its defaults are then part of its recorded form — a history replays its results with the defaults
+    of the code that replays it."""
+
+    defaults_omitted: ClassVar[bool] = False
     _placement: Literal["reference", "inline", "marker"] = PrivateAttr(default="reference")
 
     def kept_inline(self) -> Self:
