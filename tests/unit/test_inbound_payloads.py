@@ -10,6 +10,7 @@ so the workflow can refuse it with a reason instead of failing its task forever.
 from __future__ import annotations
 
 import json
+import types
 import typing
 from collections.abc import Iterator
 
@@ -30,6 +31,7 @@ from workflows.models import (
     ReviewRequest,
     StepResult,
     StepStatus,
+    ToolStepOutput,
     json_size,
 )
 from workflows.support import decode_payload, idempotency_key, single_payload
@@ -284,6 +286,15 @@ def _models_within(annotation: object) -> Iterator[type[BaseModel]]:
         yield from _models_within(argument)
 
 
+def _unions_within(annotation: object) -> Iterator[set[type[BaseModel]]]:
+    """The models of each union an annotation holds, at any depth (``list[A | B]`` holds ``{A, B}``)."""
+    arguments = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        yield {a for a in arguments if isinstance(a, type) and issubclass(a, BaseModel)}
+    for argument in arguments:
+        yield from _unions_within(argument)
+
+
 def _closure(model: type[BaseModel]) -> set[type[BaseModel]]:
     seen: set[type[BaseModel]] = set()
     todo = [model]
@@ -364,7 +375,31 @@ def test_a_payload_without_its_defaults_has_no_union_of_models_to_tell_apart(mod
     take one for the other, so none may be within a payload that omits its defaults."""
     for part in _closure(model):
         for name, field in part.model_fields.items():
-            members = {m for m in typing.get_args(field.annotation) if isinstance(m, type) and issubclass(m, BaseModel)}
-            assert len(members) <= 1, (
-                f"{part.__name__}.{name} is a union of models: {sorted(m.__name__ for m in members)}"
-            )
+            for members in _unions_within(field.annotation):
+                assert len(members) <= 1, f"{part.__name__}.{name}: a union of {sorted(m.__name__ for m in members)}"
+
+
+def test_the_union_check_finds_a_union_of_models_inside_a_list():
+    class A(BaseModel):
+        a: int = 0
+
+    class B(BaseModel):
+        b: int = 0
+
+    assert [sorted(m.__name__ for m in u) for u in _unions_within(list[A | B] | None)] == [[], ["A", "B"]]
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        pytest.param({"price": None, "tags": [], "count": 0, "note": ""}, id="empty values inside JSON"),
+        pytest.param([None, {}, []], id="a list of empty values"),
+        pytest.param(0, id="zero"),
+        pytest.param("", id="an empty string"),
+    ],
+)
+def test_what_a_tool_returned_reads_back_as_it_was_even_where_it_looks_like_a_default(output):
+    value = ToolStepOutput(output=output, text="")
+    [payload] = CONVERTER.to_payloads([value])
+    [back] = CONVERTER.from_payloads([payload], [ToolStepOutput])
+    assert back == value and back.output == output
