@@ -51,9 +51,9 @@ class ByReference(BaseModel):
 
     A model with ``defaults_omitted`` travels without the fields that hold their default (a step result's
     ten empty error and skip fields, a plan step's empty dependency lists): the receiver's validation puts
-    them back. A model may say so only when nothing in it tells union members apart by a defaulted field,
-    and its defaults are then part of its recorded form — a history replays its results with the defaults
-    of the code that replays it."""
+    them back. A model may say so only when it holds no union of models (with a field omitted, one member
+    could read as another), and its defaults are then part of its recorded form: a history replays its
+    results with the defaults of the code that replays it."""
 
     defaults_omitted: ClassVar[bool] = False
     _placement: Literal["reference", "inline", "marker"] = PrivateAttr(default="reference")
