@@ -41,7 +41,7 @@ from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown
 from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
 from storage.replays import ReplayReportStore
-from workflows import WORKFLOWS
+from workflows import WORKFLOWS, callers
 from workflows.local_payloads import LocalPayloadsInline
 from workflows.policy_replay import replay_batch_queue
 
@@ -138,6 +138,7 @@ def build_worker(
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     if not sandboxed:
         options.setdefault("workflow_runner", UnsandboxedWorkflowRunner())
+    callers.install()  # handlers can read who sent a signal or update (a reviewer, by the server's identity)
     options["interceptors"] = [LocalPayloadsInline(), StageListingWatch(client), *options.get("interceptors", ())]
     return Worker(
         client,
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         review = activities.manifest.review
         print(
             f"planner: {_part_name(activities.planner)}; synthesizer: {_part_name(activities.synthesizer)}; "
-            f"reviewers: {', '.join(review.reviewers) or '(any named reviewer)'}; "
+            f"reviewers: {_reviewers(review)}; "
             f"checkpoint expiry: {review.checkpoint_expiry_seconds:g} s; "
             f"reviewers' webhook: {'yes' if review.notify else 'no'}"
         )
@@ -288,6 +289,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutdown_telemetry()
     return 0
+
+
+def _reviewers(review: Any) -> str:
+    """Who may decide checkpoints, and how they are verified, as ``--check`` says it."""
+    if review.verification == "signed":
+        signers = sorted({k.principal for k in review.keys if k.principal})
+        issuers = sorted({k.issuer for k in review.keys if k.issuer})
+        who = ", ".join(review.reviewers or signers) or "(any reviewer an issuer names)"
+        trusted = [f"{len(review.keys)} key(s)"] + [f"issuer {i}" for i in issuers]
+        return f"{who} (signed decisions: {', '.join(trusted)})"
+    if review.verification == "server_identity":
+        return f"{', '.join(review.reviewers) or '(any identity)'} (the server's identity)"
+    return f"{', '.join(review.reviewers) or '(any named reviewer)'} (UNVERIFIED: anyone who can reach the namespace can use any name)"
 
 
 def _part_name(part: Any) -> str:

@@ -68,6 +68,7 @@ async def connect(settings: Settings, *, tracing: bool = True) -> Client:
         settings.temporal_address,
         namespace=settings.temporal_namespace,
         data_converter=process_data_converter(settings),
+        identity=settings.temporal_identity,
         # Every request one trace, even one started without a client span (the Temporal CLI, a schedule).
         interceptors=[RequestTracing()] if tracing else [],
     )

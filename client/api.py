@@ -50,7 +50,7 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows import WORKFLOW_TYPE, data_converter, patches, story
+from workflows import WORKFLOW_TYPE, data_converter, patches, review_proof, story
 from workflows import search_attributes as sa
 from workflows.decisions import REQUEST_ID_CONFLICT
 from workflows.models import (
@@ -72,6 +72,7 @@ from workflows.models import (
     conversation_workflow_id,
 )
 
+from .reviewer_keys import SigningKey, load_signing_key, sign_decision
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -129,7 +130,11 @@ class TurnRefused(Exception):
 
 
 class NoPendingCheckpoint(ValueError):
-    """A review names no checkpoint and the request has none waiting."""
+    """A review names no checkpoint and the request has none waiting, or names one that is not waiting."""
+
+
+class CallsChanged(ValueError):
+    """The checkpoint's calls are not the ones the reviewer was shown (their digest differs)."""
 
 
 class RequestNotFound(LookupError):
@@ -155,6 +160,7 @@ class AgentClient:
     def __init__(self, client: Client, settings: Settings) -> None:
         self.temporal = client  # the underlying Temporal client, for anything not wrapped here
         self.settings = settings
+        self._signing_key: SigningKey | None = None
 
     @classmethod
     async def connect(cls, settings: Settings | None = None, *, tracing: bool = True) -> AgentClient:
@@ -174,15 +180,23 @@ class AgentClient:
         metadata: dict[str, Any] | None = None,
         request_id: str | None = None,
         stream: bool = False,
+        requested_by: str | None = None,
     ) -> WorkflowHandle[Any, RequestResult]:
         """Start a request and return its handle (workflow id ``request-<request id>``).
 
         A request id names one request: starting an id that runs or has finished with the same input
         attaches to that execution (a retried call never runs the request twice); with a different input
         it raises :class:`RequestIdConflict`. With ``stream`` the answer is also published while it is
-        written (read it with :meth:`stream`)."""
+        written (read it with :meth:`stream`). ``requested_by`` (default: ``AGENT_PRINCIPAL``) is who the
+        request is for: they may not approve its checkpoints themselves."""
         return await start_request(
-            self.temporal, self.settings, text, metadata=metadata, request_id=request_id, stream_answer=stream
+            self.temporal,
+            self.settings,
+            text,
+            metadata=metadata,
+            request_id=request_id,
+            stream_answer=stream,
+            requested_by=requested_by,
         )
 
     async def execute(
@@ -270,15 +284,31 @@ class AgentClient:
         comment: str = "",
         checkpoint_id: str | None = None,
         declined: Sequence[str] = (),
+        proof: str = "",
+        calls_digest: str | None = None,
     ) -> ReviewAck:
         """Decide a checkpoint (the oldest pending one unless named) through the validated ``review``
         update; an approval may decline some of its calls (their step ids: each is skipped, reason
-        ``confirmation``, and the others run). A review the request refuses raises :class:`ReviewRefused`
-        and changes nothing."""
+        ``confirmation``, and the others run). The decision is signed with the reviewer's key
+        (``AGENT_REVIEWER_KEY``) when one is configured, or carries ``proof`` (a token from a trusted
+        issuer); ``calls_digest`` refuses to decide if the calls are no longer those shown. A review the
+        request refuses raises :class:`ReviewRefused` and changes nothing."""
         workflow_id = await self.workflow_id(request)
+        key = self.signing_key() if not proof else None
         try:
-            return await review(self.temporal, workflow_id, decision, reviewer, comment, checkpoint_id, declined)
-        except NoPendingCheckpoint as err:
+            return await review(
+                self.temporal,
+                workflow_id,
+                decision,
+                reviewer,
+                comment,
+                checkpoint_id,
+                declined,
+                signing_key=key,
+                proof=proof,
+                calls_digest=calls_digest,
+            )
+        except (NoPendingCheckpoint, CallsChanged) as err:
             raise ReviewRefused(str(err)) from None
         except WorkflowUpdateFailedError as err:
             raise ReviewRefused(str(getattr(err.cause, "message", err.cause))) from None
@@ -291,16 +321,39 @@ class AgentClient:
         comment: str = "",
         checkpoint_id: str | None = None,
         decline: Sequence[str] = (),
+        proof: str = "",
+        calls_digest: str | None = None,
     ) -> ReviewAck:
         """Approve a checkpoint; ``decline`` names calls (step ids) of it not to run."""
         return await self.review(
-            request, "approve", reviewer=reviewer, comment=comment, checkpoint_id=checkpoint_id, declined=decline
+            request,
+            "approve",
+            reviewer=reviewer,
+            comment=comment,
+            checkpoint_id=checkpoint_id,
+            declined=decline,
+            proof=proof,
+            calls_digest=calls_digest,
         )
 
     async def reject(
-        self, request: str, *, reviewer: str, reason: str = "", checkpoint_id: str | None = None
+        self, request: str, *, reviewer: str, reason: str = "", checkpoint_id: str | None = None, proof: str = ""
     ) -> ReviewAck:
-        return await self.review(request, "reject", reviewer=reviewer, comment=reason, checkpoint_id=checkpoint_id)
+        return await self.review(
+            request, "reject", reviewer=reviewer, comment=reason, checkpoint_id=checkpoint_id, proof=proof
+        )
+
+    def signing_key(self) -> SigningKey | None:
+        """The reviewer's key decisions are signed with (``AGENT_REVIEWER_KEY``), loaded once; None without one.
+
+        Raises:
+            ReviewerKeyError: the key file cannot be used (readable by others, not a private key...).
+        """
+        if self.settings.reviewer_key is None:
+            return None
+        if self._signing_key is None:
+            self._signing_key = load_signing_key(self.settings.reviewer_key)
+        return self._signing_key
 
     # -- policy replay -------------------------------------------------------------------------------
 
@@ -357,10 +410,18 @@ async def start_request(
     metadata: dict[str, Any] | None = None,
     request_id: str | None = None,
     stream_answer: bool = False,
+    requested_by: str | None = None,
 ) -> WorkflowHandle[Any, RequestResult]:
-    """:meth:`AgentClient.start` on a Temporal client of the project's (see there)."""
+    """:meth:`AgentClient.start` on a Temporal client of the project's (see there); the request is made for
+    ``requested_by``, else the settings' ``AGENT_PRINCIPAL``."""
     request_id = request_id or uuid.uuid4().hex[:12]
-    request = RequestInput(request=text, metadata=metadata or {}, request_id=request_id, stream_answer=stream_answer)
+    request = RequestInput(
+        request=text,
+        metadata=metadata or {},
+        request_id=request_id,
+        stream_answer=stream_answer,
+        requested_by=requested_by or settings.principal,
+    )
     workflow_id = workflow_id_for(request_id)
 
     async def start(attributes: TypedSearchAttributes | None) -> WorkflowHandle[Any, RequestResult]:
@@ -487,21 +548,55 @@ async def review(
     comment: str = "",
     checkpoint_id: str | None = None,
     declined: Sequence[str] = (),
+    *,
+    signing_key: SigningKey | None = None,
+    proof: str = "",
+    calls_digest: str | None = None,
 ) -> ReviewAck:
     """Decide a checkpoint through the ``review`` update (validated, acknowledged): the one named, or the
     oldest pending; an approval may decline some of its calls. The request is put first (:func:`put_first`)
-    before anything is asked of it. A refused review raises ``WorkflowUpdateFailedError``; no pending
-    checkpoint, :class:`NoPendingCheckpoint`."""
+    before anything is asked of it.
+
+    With ``signing_key`` the decision is signed for the checkpoint's calls as the request lists them now
+    (and, with ``calls_digest``, only if they are still the calls the reviewer was shown); ``proof`` sends
+    a token obtained elsewhere (a trusted issuer's). A refused review raises ``WorkflowUpdateFailedError``;
+    no such pending checkpoint, :class:`NoPendingCheckpoint`; calls other than those shown,
+    :class:`CallsChanged`."""
     await put_first(client, workflow_id)
-    if checkpoint_id is None:
-        checkpoint = await pending_checkpoint(client, workflow_id)
+    handle = client.get_workflow_handle(workflow_id)
+    if checkpoint_id is None or signing_key is not None or calls_digest is not None:
+        pending = await handle.query("pending_checkpoints", result_type=list[Checkpoint])
+        checkpoint = next((c for c in pending if checkpoint_id in (None, c.checkpoint_id)), None)
         if checkpoint is None:
-            raise NoPendingCheckpoint(f"{workflow_id} has no pending checkpoint")
+            named = f"checkpoint {checkpoint_id}" if checkpoint_id else "checkpoint"
+            raise NoPendingCheckpoint(f"{workflow_id} has no pending {named}")
         checkpoint_id = checkpoint.checkpoint_id
+        digest = review_proof.calls_digest(checkpoint.calls, checkpoint.plan)
+        if calls_digest is not None and calls_digest != digest:
+            raise CallsChanged(
+                f"checkpoint {checkpoint_id} now runs other calls than those shown ({digest}, not {calls_digest}): "
+                "look at it again before deciding"
+            )
+        if signing_key is not None:
+            proof = sign_decision(
+                signing_key,
+                checkpoint,
+                workflow_id=workflow_id,
+                decision=decision,
+                reviewer=reviewer,
+                comment=comment,
+                declined=declined,
+            )
+    assert checkpoint_id is not None
     request = ReviewRequest(
-        checkpoint_id=checkpoint_id, reviewer=reviewer, decision=decision, comment=comment, declined=list(declined)
+        checkpoint_id=checkpoint_id,
+        reviewer=reviewer,
+        decision=decision,
+        comment=comment,
+        declined=list(declined),
+        proof=proof,
     )
-    return await client.get_workflow_handle(workflow_id).execute_update("review", request, result_type=ReviewAck)
+    return await handle.execute_update("review", request, result_type=ReviewAck)
 
 
 # Temporal's highest task priority (1 is first, 3 the default, 5 the last).

@@ -16,7 +16,11 @@ A reviewer's inbox:
     agent-lifecycle show 1a2b3c                               # the pending checkpoint: plan and reasons
     agent-lifecycle approve 1a2b3c --reviewer alice --comment "ok"
     agent-lifecycle approve 1a2b3c --reviewer alice --decline send_message-2   # run the rest, skip this call
+    agent-lifecycle approve 1a2b3c --reviewer alice --calls-digest sha256:...   # only the calls `show` showed
     agent-lifecycle reject 1a2b3c --reviewer alice --reason "wrong recipient"
+    agent-lifecycle reviewer-key --reviewer alice --trust-file reviewers.json   # a key to sign decisions with
+
+With AGENT_REVIEWER_KEY set, approve and reject sign the decision with that key (see docs/review.md).
 
 Payloads in the Temporal Web UI (stored by reference, secrets masked; see client/codec.py):
 
@@ -125,6 +129,7 @@ def format_record(record: ExecutionRecord) -> str:
             lines.append(f"  {effect.effect_id:<34} {effect.status.value:<9} {effect.hook or ''}  {effect.summary}")
     for checkpoint in record.checkpoints:
         decided = f" by {checkpoint.reviewer}: {checkpoint.comment!r}" if checkpoint.reviewer else ""
+        decided += f" ({checkpoint.verified_by})" if checkpoint.verified_by else ""
         lines.append(
             f"checkpoint {checkpoint.checkpoint_id} (phase {checkpoint.phase}) {checkpoint.status.value}{decided}"
         )
@@ -236,6 +241,8 @@ def format_checkpoint(workflow_id: str, checkpoint: Checkpoint) -> str:
                 lines.append(f"      planned as {json.dumps(call.planned_arguments, ensure_ascii=False)}{by}")
         if len(checkpoint.calls) > 1:
             lines.append("  (approve --decline <step id> skips that call and runs the others)")
+    if checkpoint.calls_digest:
+        lines.append(f"  calls digest: {checkpoint.calls_digest}  (approve --calls-digest pins it)")
     lines.append("  plan:")
     for step in checkpoint.plan.steps:
         deps = step.depends_on + step.implicit_deps
@@ -388,6 +395,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.command == "replay-policy":
         return await _replay_policy(args, settings)
+    if args.command == "reviewer-key":
+        return _reviewer_key(args, settings)
     if args.command == "hooks":
         from . import declared_hooks
 
@@ -412,6 +421,36 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     except RequestFailed as err:
         print(json.dumps({"failed": err.as_dict()}, indent=2, default=str))
         return 1
+
+
+def _reviewer_key(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from .reviewer_keys import generate_key, trust_reviewer_key
+
+    path = Path(args.key_file) if args.key_file else settings.reviewer_key
+    if path is None:
+        print("error: where should the key go? --key-file, or AGENT_REVIEWER_KEY", file=sys.stderr)
+        return 2
+    jwk = generate_key(path)
+    print(f"wrote {args.reviewer}'s private key to {path} (mode 0600; AGENT_REVIEWER_KEY={path})", file=sys.stderr)
+    if args.trust_file:
+        trust_reviewer_key(Path(args.trust_file), args.reviewer, jwk)
+        print(f"trusted it in {args.trust_file} (the worker's AGENT_REVIEWER_KEYS)", file=sys.stderr)
+    public = {name: value for name, value in jwk.items() if name != "kid"}
+    print(json.dumps({"reviewers": {args.reviewer: [public]}}))
+    return 0
+
+
+def _proof(value: str | None) -> str:
+    """A ``--proof`` value, read from a file when it starts with ``@``."""
+    if not value:
+        return ""
+    if value.startswith("@"):
+        from pathlib import Path
+
+        return Path(value[1:]).read_text(encoding="utf-8").strip()
+    return value.strip()
 
 
 async def _chat(agents: AgentClient, conversation: str | None, reviewer: str) -> int:
@@ -490,13 +529,19 @@ async def _command(agents: AgentClient, args: argparse.Namespace) -> int:
         return 0 if pending else 1
     if args.command in ("approve", "reject"):
         text = args.comment if args.command == "approve" else args.reason
+        reviewer = args.reviewer or settings.principal
+        if not reviewer:
+            print("error: name the reviewer: --reviewer, or AGENT_PRINCIPAL", file=sys.stderr)
+            return 2
         ack = await agents.review(
             args.request,
             args.command,
-            reviewer=args.reviewer,
+            reviewer=reviewer,
             comment=text,
             checkpoint_id=args.checkpoint,
             declined=getattr(args, "decline", None) or (),
+            proof=_proof(args.proof),
+            calls_digest=args.calls_digest,
         )
         print(ack.model_dump_json(indent=2))
         return 0
@@ -511,7 +556,13 @@ async def _command(agents: AgentClient, args: argparse.Namespace) -> int:
     if args.command in ("run", "start"):
         metadata = json.loads(args.metadata) if args.metadata else {}
         await _warn_without_pollers(agents)
-        handle = await agents.start(args.text, metadata=metadata, request_id=args.request_id, stream=args.stream)
+        handle = await agents.start(
+            args.text,
+            metadata=metadata,
+            request_id=args.request_id,
+            stream=args.stream,
+            requested_by=args.requested_by,
+        )
         print(f"started {handle.id}  ({settings.ui_url}/workflows/{handle.id})", file=sys.stderr)
         if args.command == "start":
             print(handle.id)
@@ -536,6 +587,7 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("text")
         sub.add_argument("--metadata", help="request metadata as a JSON object")
         sub.add_argument("--request-id")
+        sub.add_argument("--requested-by", help="who the request is for (default: AGENT_PRINCIPAL)")
         sub.add_argument(
             "--stream",
             action="store_true",
@@ -562,9 +614,16 @@ def _parser() -> argparse.ArgumentParser:
     for name, text_flag in (("approve", "--comment"), ("reject", "--reason")):
         sub = commands.add_parser(name, help=f"{name} a request's pending checkpoint")
         sub.add_argument("request", help=request)
-        sub.add_argument("--reviewer", required=True)
+        sub.add_argument("--reviewer", help="who decides (default: AGENT_PRINCIPAL)")
         sub.add_argument(text_flag, default="")
         sub.add_argument("--checkpoint", help="checkpoint id (default: the oldest pending one)")
+        sub.add_argument(
+            "--calls-digest", help="decide only if the checkpoint still runs the calls `show` printed with this digest"
+        )
+        sub.add_argument(
+            "--proof",
+            help="a decision token from a trusted issuer (or @FILE to read it), instead of AGENT_REVIEWER_KEY",
+        )
         if name == "approve":
             sub.add_argument(
                 "--decline",
@@ -572,6 +631,10 @@ def _parser() -> argparse.ArgumentParser:
                 metavar="STEP",
                 help="a call (step id) of the checkpoint not to run: it is skipped and the others run (repeatable)",
             )
+    sub = commands.add_parser("reviewer-key", help="make a reviewer's signing key; print (or trust) its public key")
+    sub.add_argument("--reviewer", required=True, help="the reviewer the key speaks for")
+    sub.add_argument("--key-file", help="where to write the private key (default: AGENT_REVIEWER_KEY)")
+    sub.add_argument("--trust-file", help="add the public key to this worker trust file (AGENT_REVIEWER_KEYS)")
     _add_hooks_parser(commands)
     sub = commands.add_parser(
         "codec-server",

@@ -29,17 +29,22 @@ from activities.planning import Planner, PromptBuilder, ReadableSynthesizer, Syn
 from hooks import HookRegistry
 from hooks.declarative import DeclaredHook, check_edition
 from storage.executions import ExecutionStore, PostgresExecutionStore, SQLiteExecutionStore
+from workflows import callers
 from workflows.models import ReviewSettings, StageSettings
 
 from . import database, execution_store, review_webhook
 from .declared_hooks import settings_declared_hooks
 from .mcp_servers import settings_mcp_tools
+from .reviewer_keys import ReviewerKeyError, load_trust_file
 from .settings import Settings
 
 # The variables that shape a pipeline (the rest shape the process: where Temporal is, the task queue, the
 # payload store, ...). ``build_pipeline`` applies all of them; ``apply_settings`` applies or refuses each.
 PIPELINE_VARIABLES = (
     "AGENT_REVIEWERS",
+    "AGENT_REVIEW_VERIFICATION",
+    "AGENT_REVIEWER_KEYS",
+    "AGENT_ALLOW_SELF_APPROVAL",
     "AGENT_CHECKPOINT_EXPIRY_SECONDS",
     "AGENT_REVIEW_WEBHOOK",
     "AGENT_HOOKS_FILE",
@@ -138,9 +143,7 @@ def build_pipeline(
         cache_variation=cache_variation,
         reserved_metadata_dimensions=reserved_metadata_dimensions,
         prompt_builder=prompt_builder,
-        review=ReviewSettings(
-            reviewers=settings.reviewers, checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds
-        ),
+        review=review_settings(settings),
         memory=memory,
         review_webhook=review_webhook(settings),
     )
@@ -204,8 +207,69 @@ def _check_declared_hooks(hooks: Sequence[Any], settings: Settings) -> None:
                 )
 
 
+def review_settings(settings: Settings) -> ReviewSettings:
+    """The checkpoints' settings: who may decide, how the workflow knows who decided, and the expiry.
+
+    Raises:
+        PipelineSettingsError: reviewers named with nothing to verify them, a verification without what it
+            needs, or a trust file that cannot be used.
+    """
+    keys = []
+    if settings.reviewer_keys is not None:
+        try:
+            keys = load_trust_file(settings.reviewer_keys)
+        except ReviewerKeyError as err:
+            raise PipelineSettingsError("AGENT_REVIEWER_KEYS", str(err)) from None
+    mode = settings.review_verification or ("signed" if keys else "none")
+    if mode == "signed" and not keys:
+        raise PipelineSettingsError(
+            "AGENT_REVIEW_VERIFICATION", "signed decisions need the reviewers' public keys: set AGENT_REVIEWER_KEYS"
+        )
+    if mode != "signed" and keys:
+        raise PipelineSettingsError(
+            "AGENT_REVIEWER_KEYS", f"reviewer keys are given but AGENT_REVIEW_VERIFICATION is {mode}: unset one"
+        )
+    if mode == "none" and settings.reviewers and settings.review_verification is None:
+        raise PipelineSettingsError(
+            "AGENT_REVIEWERS",
+            "names reviewers, but nothing verifies who is speaking: give their public keys (AGENT_REVIEWER_KEYS), "
+            "trust the server's identity (AGENT_REVIEW_VERIFICATION=server-identity), or accept typed names with "
+            "AGENT_REVIEW_VERIFICATION=none (development only)",
+        )
+    if mode == "server-identity":
+        try:
+            callers.install()
+        except callers.CallerIdentityUnavailable as err:
+            raise PipelineSettingsError("AGENT_REVIEW_VERIFICATION", str(err)) from None
+    return ReviewSettings(
+        reviewers=settings.reviewers,
+        checkpoint_expiry_seconds=settings.checkpoint_expiry_seconds,
+        verification="server_identity" if mode == "server-identity" else mode,
+        keys=keys,
+        allow_self_approval=settings.allow_self_approval,
+    )
+
+
+VERIFICATION_VARIABLES = ("AGENT_REVIEW_VERIFICATION", "AGENT_REVIEWER_KEYS", "AGENT_ALLOW_SELF_APPROVAL")
+
+
 def _apply_review(activities: LifecycleActivities, settings: Settings, given: set[str]) -> None:
     review = activities.manifest.review
+    if given & {*VERIFICATION_VARIABLES, "AGENT_REVIEWERS"}:
+        wanted = review_settings(settings)
+        own = (review.verification, review.keys, review.allow_self_approval)
+        if review.verification != "none" and own != (wanted.verification, wanted.keys, wanted.allow_self_approval):
+            raise PipelineSettingsError(
+                next(v for v in (*VERIFICATION_VARIABLES, "AGENT_REVIEWERS") if v in given),
+                f"the pipeline verifies its reviewers its own way ({review.verification}); set it in one place",
+            )
+        review = review.model_copy(
+            update={
+                "verification": wanted.verification,
+                "keys": wanted.keys,
+                "allow_self_approval": wanted.allow_self_approval,
+            }
+        )
     if settings.reviewers:
         if review.reviewers and set(review.reviewers) != set(settings.reviewers):
             raise PipelineSettingsError(

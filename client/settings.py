@@ -10,7 +10,7 @@ Each variable is declared once, as a pydantic field: its variable is the field's
 (an ``AliasChoices`` where an alternative is honoured, such as ``OPENAI_API_KEY``), its type and bounds
 are the field's, its default the field's (``json_schema_extra={"default": ...}`` says it in words where a
 value cannot), and its one-line meaning the field's ``description``. ``docs/configuration.md`` is
-generated from these declarations (``python -m client.settings --write docs/configuration.md``), and a
+generated from these declarations (``python -m client.settings_reference --write docs/configuration.md``), and a
 unit test fails when the two differ. Adding a variable is one field in the class of the part that reads
 it, then regenerating that file.
 
@@ -344,8 +344,45 @@ class Settings(BaseModel):
     reviewers: CommaList = Field(
         default_factory=list,
         validation_alias="AGENT_REVIEWERS",
-        description="who may decide checkpoints, comma-separated",
-        json_schema_extra={"default": "anyone named"},
+        description="who may decide checkpoints, comma-separated (verified as `AGENT_REVIEW_VERIFICATION` says)",
+        json_schema_extra={"default": "any reviewer the verification accepts"},
+    )
+    review_verification: Literal["signed", "server-identity", "none"] | None = Field(
+        default=None,
+        validation_alias="AGENT_REVIEW_VERIFICATION",
+        description="how a worker knows who decided a checkpoint: `signed` (a decision signed with a key of "
+        "`AGENT_REVIEWER_KEYS`), `server-identity` (the identity the Temporal server's authorizer verified), or "
+        "`none` (a typed name: development only)",
+        json_schema_extra={
+            "default": "`signed` with `AGENT_REVIEWER_KEYS`, else `none` (refused with `AGENT_REVIEWERS`)"
+        },
+    )
+    reviewer_keys: Path | None = Field(
+        default=None,
+        validation_alias="AGENT_REVIEWER_KEYS",
+        description="the worker's trusted reviewer and issuer public keys (JSON; see docs/review.md)",
+    )
+    reviewer_key: Path | None = Field(
+        default=None,
+        validation_alias="AGENT_REVIEWER_KEY",
+        description="the reviewer's own private key (PEM, mode 0600) the CLI and `AgentClient` sign decisions with",
+    )
+    allow_self_approval: bool = Field(
+        default=False,
+        validation_alias="AGENT_ALLOW_SELF_APPROVAL",
+        description="let a request's requester approve its own checkpoints (four-eyes off)",
+    )
+    principal: str | None = Field(
+        default=None,
+        validation_alias="AGENT_PRINCIPAL",
+        max_length=128,
+        description="who the CLI and `AgentClient` start requests for (`requested_by`), as the service authenticated them",
+    )
+    temporal_identity: str | None = Field(
+        default=None,
+        validation_alias="TEMPORAL_IDENTITY",
+        description="the identity this process presents to Temporal (what `server-identity` review verification reads)",
+        json_schema_extra={"default": "`pid@host`"},
     )
     checkpoint_expiry_seconds: float = Field(
         default=24 * 3600.0,
@@ -527,7 +564,9 @@ class Settings(BaseModel):
     memory: MemoryOptions = Field(default_factory=MemoryOptions, description="the memory hooks (`MemoryOptions`)")
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings, description="traces and metrics")
 
-    @field_validator("state_dir", "execution_store", "hook_store", "hooks_file", "mcp_servers_file")
+    @field_validator(
+        "state_dir", "execution_store", "hook_store", "hooks_file", "mcp_servers_file", "reviewer_keys", "reviewer_key"
+    )
     @classmethod
     def _resolved(cls, value: Path | None) -> Path | None:
         return _absolute(value)

@@ -30,16 +30,17 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from activities.mcp import McpStartupError
 from client import Settings, connect, exit_process
 from client.api import describe_failure, pending_checkpoint, review, start_request
 from client.cli import format_checkpoint, format_record
 from client.devserver import start_dev_server
+from client.reviewer_keys import load_signing_key
 from client.settings import SettingsError
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
-from demo.pipeline import DEMO_PIPELINE, demo_settings
+from demo.pipeline import DEMO_PIPELINE, DEMO_REVIEWER, demo_settings
 from worker import build_worker, load_activities, prepare
 from workflows import search_attributes
 from workflows.models import ExecutionRecord, Stage
@@ -48,12 +49,14 @@ QUOTE = "What is the price of ACME?"
 TRADE = "Buy 10 ACME"
 MESSAGE = "Send a message to alice with the price of ACME"
 PROFILE = "Show the company profile of ACME"
-REVIEWER = "demo-reviewer"
 
 
-async def _approve_when_asked(client, workflow_id: str) -> bool:
+async def _approve_when_asked(client, settings, workflow_id: str) -> tuple[bool, str | None]:
     """Play the reviewer: find the request in the reviewers' inbox (the ``AgentAwaitingReview = true``
-    listing), show its checkpoint, approve it through the update. Returns whether the inbox listed it."""
+    listing), show its checkpoint, try an unsigned approval (refused), then approve it through the update,
+    signed with the demo reviewer's key. Returns whether the inbox listed it, and why the unsigned
+    approval was refused (None if it was accepted)."""
+    key = load_signing_key(settings.reviewer_key) if settings.reviewer_key else None
     listed = False
     for _ in range(300):
         if not listed:
@@ -64,23 +67,42 @@ async def _approve_when_asked(client, workflow_id: str) -> bool:
         if checkpoint is not None and listed:
             print("\n=== 4a. a checkpoint is waiting for a reviewer (listed by `agent-lifecycle inbox`)")
             print(format_checkpoint(workflow_id, checkpoint))
+            try:
+                await review(client, workflow_id, "approve", DEMO_REVIEWER, "typed name only", checkpoint.checkpoint_id)
+                refused = None
+            except WorkflowUpdateFailedError as err:
+                refused = str(getattr(err.cause, "message", err.cause))
+                print(f"an unsigned approval naming {DEMO_REVIEWER} was refused: {refused}")
             ack = await review(
-                client, workflow_id, "approve", REVIEWER, "recipient and text checked", checkpoint.checkpoint_id
+                client,
+                workflow_id,
+                "approve",
+                DEMO_REVIEWER,
+                "recipient and text checked",
+                checkpoint.checkpoint_id,
+                signing_key=key,
+                calls_digest=checkpoint.calls_digest,
             )
-            print(f"approved by {ack.reviewer} at {ack.accepted_at:%H:%M:%S}")
-            return True
+            print(f"approved by {ack.reviewer} ({ack.verified_by}) at {ack.accepted_at:%H:%M:%S}")
+            return True, refused
         await asyncio.sleep(0.1)
     if checkpoint is not None:  # never listed: approve anyway so the demo ends, and report the failed check
         await review(
-            client, workflow_id, "approve", REVIEWER, "approved although the inbox missed it", checkpoint.checkpoint_id
+            client,
+            workflow_id,
+            "approve",
+            DEMO_REVIEWER,
+            "approved although the inbox missed it",
+            checkpoint.checkpoint_id,
+            signing_key=key,
         )
-        return False
+        return False, None
     raise TimeoutError("no checkpoint opened")
 
 
 async def _request(client, settings, spans, text: str, metadata: dict | None = None, *, reviewer: bool = False):
     handle = await start_request(client, settings, text, metadata=metadata)
-    listed = await _approve_when_asked(client, handle.id) if reviewer else None
+    reviewed = await _approve_when_asked(client, settings, handle.id) if reviewer else None
     try:
         result, failure = await handle.result(), None
     except WorkflowFailureError as err:
@@ -91,7 +113,7 @@ async def _request(client, settings, spans, text: str, metadata: dict | None = N
         for s in spans.get_finished_spans()
         if s.name.startswith("pipeline.hook.") and s.attributes.get("pipeline.request_id") == record.request_id
     ]
-    return handle.id, result, failure, record, hook_spans, listed
+    return handle.id, result, failure, record, hook_spans, reviewed
 
 
 async def _settled_effect(store, workflow_id: str, effect_id: str) -> str | None:
@@ -117,7 +139,7 @@ def _memory_context(record: ExecutionRecord) -> str:
     return section[start:] if start >= 0 else ""
 
 
-def _show(title: str, settings: Settings, workflow_id: str, result, failure, record, hook_spans, listed=None) -> None:
+def _show(title: str, settings: Settings, workflow_id: str, result, failure, record, hook_spans, reviewed=None) -> None:
     print(f"\n=== {title}")
     if failure:
         print(f"failed with {failure['type']}: {failure['message']}")
@@ -192,6 +214,12 @@ async def main(hold: bool) -> int:
             }
             print(f"activity_signal_cleanup by request: {cleanups}")
 
+            listed, unsigned_refused = message[5] or (False, None)
+            signed_by = (
+                f"key {load_signing_key(settings.reviewer_key).kid} of {DEMO_REVIEWER}"
+                if settings.reviewer_key
+                else None
+            )
             checks = {
                 "quote answered after planning and execution": quote[1] is not None
                 and quote[1].short_circuit is None
@@ -207,8 +235,11 @@ async def main(hold: bool) -> int:
                 and [c.status for c in message[3].checkpoints] == ["approved"]
                 # (a model planner asks once more after the message and plans nothing: a third, empty phase)
                 and [p.phase for p in message[3].plans if p.plan.steps] == [1, 2],
-                "the waiting message request was in the reviewers' inbox (AgentAwaitingReview = true)": message[5]
-                is True,
+                "the waiting message request was in the reviewers' inbox (AgentAwaitingReview = true)": listed,
+                "an unsigned approval was refused; the one signed with the reviewer's key ran the message": (
+                    "must be signed" in (unsigned_refused or "")
+                    and [(c.reviewer, c.verified_by) for c in message[3].checkpoints] == [(DEMO_REVIEWER, signed_by)]
+                ),
                 "audit write detached and completed": audit == "succeeded",
                 "request 2 planned with request 1's outcome in <agent_memory>": read is not None
                 and any(event in read.data["event_ids"] for event in first_events)
@@ -238,7 +269,8 @@ async def main(hold: bool) -> int:
             else:
                 print(
                     f"The dev server's database persists in the state directory ({state}): "
-                    f"`AGENT_STATE_DIR={state} AGENT_PIPELINE={DEMO_PIPELINE} .venv/bin/python worker.py --dev` "
+                    f"`AGENT_STATE_DIR={state} AGENT_PIPELINE={DEMO_PIPELINE} "
+                    f"AGENT_REVIEWER_KEYS={state}/reviewers.json .venv/bin/python worker.py --dev` "
                     "brings these executions back in the UI."
                 )
             return 0 if all(checks.values()) else 1

@@ -13,6 +13,7 @@ from activities import LifecycleActivities
 from activities.memory import MemoryStore
 from client import database, response_cache_store
 from client.pipeline import build_pipeline
+from client.reviewer_keys import generate_key, trust_reviewer_key
 from client.settings import Settings
 from hooks import allow_list, redact
 from hooks.builtin import (
@@ -35,6 +36,7 @@ KNOWLEDGE_FILE = Path(__file__).with_name("knowledge.json")
 # from, so ``worker.py --dev`` with the same AGENT_STATE_DIR shows the demo's executions again.
 DEMO_STATE_DIR = Path(__file__).resolve().parent.parent / ".agent-state"
 AGENT_DOMAIN = "demo-agent"
+DEMO_REVIEWER = "demo-reviewer"  # who approves the demo's checkpoints, with a key of its own
 # The factory ``python -m demo``, the tests and the compose file run (the framework has no default).
 DEMO_PIPELINE = "demo.pipeline:build_activities"
 # The demo's allow-lists where AGENT_TOOL_ALLOW_LIST / AGENT_ALLOWED_OPERATIONS do not set them.
@@ -53,13 +55,20 @@ DEMO_ALLOWED_OPERATIONS = [
 
 def demo_settings(settings: Settings | None = None) -> Settings:
     """``settings`` (from the environment by default) with the demo's own defaults where they name none: the
-    demo's pipeline, and the repository's ``.agent-state`` as the state directory."""
+    demo's pipeline, the repository's ``.agent-state`` as the state directory, and signed reviews — the
+    demo reviewer's key (made once, in the state directory) and a trust file with its public half."""
     settings = settings or Settings.from_env()
     update: dict = {}
     if not settings.pipeline_factory:
         update["pipeline_factory"] = DEMO_PIPELINE
     if "state_dir" not in settings.model_fields_set:
         update["state_dir"] = DEMO_STATE_DIR
+    if settings.reviewer_keys is None and settings.review_verification is None:
+        state = update.get("state_dir", settings.state_dir)
+        key, trust = state / f"{DEMO_REVIEWER}.key", state / "reviewers.json"
+        if not key.exists():
+            trust_reviewer_key(trust, DEMO_REVIEWER, generate_key(key))
+        update.update(reviewer_keys=trust, reviewer_key=key)
     return settings.model_copy(update=update) if update else settings
 
 

@@ -276,9 +276,10 @@ async def _cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
 
 async def test_a_pipeline_of_ones_own_gets_every_review_setting_and_approves_what_runs(client, tmp_path):
     """``AGENT_PIPELINE`` names a pipeline built by hand, with none of the settings wired in. The worker
-    applies the declared hooks, the reviewers, the expiry and the reviewers' webhook around it; the
-    Python, command and HTTP rewrites all finish before the checkpoint; a reviewer outside the list is
-    refused; the approved call is exactly what the outbox receives."""
+    applies the declared hooks, the reviewers and their keys, the expiry and the reviewers' webhook around
+    it; the Python, command and HTTP rewrites all finish before the checkpoint; a decision that is not
+    signed by a trusted reviewer's key is refused; the approved call — signed for by the CLI with alice's
+    key — is exactly what the outbox receives."""
     script = tmp_path / "address.py"
     script.write_text(
         "import json, sys\n"
@@ -304,6 +305,12 @@ async def test_a_pipeline_of_ones_own_gets_every_review_setting_and_approves_wha
     )
     queue = f"own-{uuid.uuid4().hex[:8]}"
     plan = [message("notify", "bob", "hi bob").model_dump(mode="json")]
+    alice_key, trust = tmp_path / "alice.key", tmp_path / "reviewers.json"
+    code, _, err = await _cli(
+        {**os.environ, "AGENT_STATE_DIR": str(tmp_path / "state")},
+        *("reviewer-key", "--reviewer", "alice", "--key-file", str(alice_key), "--trust-file", str(trust)),
+    )
+    assert code == 0, err
     env = {
         **os.environ,
         "TEMPORAL_ADDRESS": client.service_client.config.target_host,
@@ -312,6 +319,7 @@ async def test_a_pipeline_of_ones_own_gets_every_review_setting_and_approves_wha
         "AGENT_PIPELINE": "tests.worker_pipelines:hand_built",
         "AGENT_TEST_PLAN": json.dumps(plan),
         "AGENT_REVIEWERS": "alice",
+        "AGENT_REVIEWER_KEYS": str(trust),
         "AGENT_CHECKPOINT_EXPIRY_SECONDS": "900",
         "AGENT_HOOKS_FILE": str(hooks_file),
         "AGENT_HOOK_ALLOW_LOOPBACK": "true",
@@ -349,17 +357,30 @@ async def test_a_pipeline_of_ones_own_gets_every_review_setting_and_approves_wha
         assert told_call["modified_by"] == ["sign-messages", "address", "annotate"]
         assert "bob@example.com" in json.dumps(told.body["blocks"])
 
-        # AGENT_REVIEWERS holds for this pipeline too: mallory is refused, the CLI's inbox shows the call.
-        with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await handle.execute_update(
-                "review",
-                ReviewRequest(checkpoint_id=checkpoint.checkpoint_id, reviewer="mallory", decision="approve"),
-            )
-        assert "may not review" in str(refused.value.cause)
+        # The reviewers' keys hold for this pipeline too: a typed name is refused, alice's included; the
+        # CLI's inbox shows the call and its digest, and the CLI signs alice's approval with her key.
+        for name in ("mallory", "alice"):
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await handle.execute_update(
+                    "review",
+                    ReviewRequest(checkpoint_id=checkpoint.checkpoint_id, reviewer=name, decision="approve"),
+                )
+            assert "a decision must be signed" in str(refused.value.cause)
         code, shown, err = await _cli(env, "show", handle.id)
         assert code == 0, err
         assert '"to": "bob@example.com"' in shown and "[signed] (via http)" in shown
-        code, _, err = await _cli(env, "approve", handle.id, "--reviewer", "alice", "--comment", "ok")
+        assert f"calls digest: {checkpoint.calls_digest}" in shown
+        reviewer = {**env, "AGENT_REVIEWER_KEY": str(alice_key)}
+        code, _, err = await _cli(
+            reviewer, "approve", handle.id, "--reviewer", "alice", "--comment", "ok", "--calls-digest", "sha256:0"
+        )
+        assert (code, err.strip()) == (1, f"refused: checkpoint {checkpoint.checkpoint_id} now runs other calls than "
+                                          f"those shown ({checkpoint.calls_digest}, not sha256:0): look at it again "
+                                          "before deciding")  # fmt: skip
+        code, _, err = await _cli(
+            reviewer, "approve", handle.id, *("--reviewer", "alice", "--comment", "ok"),
+            *("--calls-digest", str(checkpoint.calls_digest)),
+        )  # fmt: skip
         assert code == 0, err
         try:
             result = await asyncio.wait_for(handle.result(), 60)
@@ -375,7 +396,9 @@ async def test_a_pipeline_of_ones_own_gets_every_review_setting_and_approves_wha
     assert [(m["to"], m["text"]) for m in outbox(tmp_path / "state")] == [(final["to"], final["text"])]
     assert "send_message" in result.response
     assert record.pipeline == "hand-built" and record.steps[0].approved_in == checkpoint.checkpoint_id
-    assert [(c.reviewer, c.status.value) for c in record.checkpoints] == [("alice", "approved")]
+    [decided] = record.checkpoints
+    assert (decided.reviewer, decided.status.value) == ("alice", "approved")
+    assert decided.verified_by is not None and decided.verified_by.endswith(" of alice")
     assert record.ignored_reviews == []  # the update was refused before it was accepted
     before_tool = [a for a in record.pipeline_hooks if a.stage.value == "before_tool"]
     assert [i.hook for i in before_tool] == ["sign-messages", "address", "annotate"]

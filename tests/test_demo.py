@@ -39,6 +39,7 @@ def test_the_demo_passes_its_checks_and_its_reviewer_finds_the_request_in_the_in
     assert done.returncode == 0, output
     assert "[FAILED]" not in output
     assert "[ok] the waiting message request was in the reviewers' inbox (AgentAwaitingReview = true)" in output
+    assert "[ok] an unsigned approval was refused; the one signed with the reviewer's key ran the message" in output
     assert "sk-demo-" not in output  # the knowledge base's key: redacted in answers, never printed as a draft
 
 

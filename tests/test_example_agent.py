@@ -23,6 +23,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env(client, tmp_path: Path) -> dict[str, str]:
+    """The README's variables; alice's key made as it says (``agent-lifecycle reviewer-key``)."""
+    key, trust = tmp_path / "alice.key", tmp_path / "reviewers.json"
+    if not key.exists():
+        made = subprocess.run(
+            [sys.executable, "-m", "client.cli", "reviewer-key", "--reviewer", "alice"]
+            + ["--key-file", str(key), "--trust-file", str(trust)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert made.returncode == 0, made.stderr
     return {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -31,7 +42,8 @@ def _env(client, tmp_path: Path) -> dict[str, str]:
         "AGENT_STATE_DIR": str(tmp_path / "state"),
         "AGENT_PIPELINE": "examples.first_agent.pipeline:build",
         "AGENT_HOOKS_FILE": "examples/first_agent/hooks.json",
-        "AGENT_REVIEWERS": "alice",
+        "AGENT_REVIEWER_KEYS": str(trust),  # the worker trusts alice's public key
+        "AGENT_REVIEWER_KEY": str(key),  # the reviewer's own shell signs with her private key
         "PYTHONUNBUFFERED": "1",
     }
 
@@ -59,7 +71,7 @@ def test_the_worker_checks_the_example_pipeline_and_lists_its_parts(client, tmp_
     assert checked.returncode == 0, checked.stderr
     for part in ("first-agent", "notes/notes-service/find_note", "notes/notes-service/write_note", "no-secrets"):
         assert part in checked.stdout, checked.stdout
-    assert "no-empty-notes" in checked.stdout and "alice" in checked.stdout
+    assert "no-empty-notes" in checked.stdout and "reviewers: alice (signed decisions: 1 key(s))" in checked.stdout
 
 
 async def test_the_example_agent_answers_reviews_and_guards_its_notes(client, tmp_path):
@@ -86,8 +98,8 @@ async def test_the_example_agent_answers_reviews_and_guards_its_notes(client, tm
             "notes-service/write_note",
             {"title": "groceries", "text": "milk and eggs"},
         )
-        with pytest.raises(ReviewRefused, match="may not review"):
-            await agents.approve(handle.id, reviewer="mallory")
+        with pytest.raises(ReviewRefused, match="speaks for 'alice', not 'mallory'"):
+            await agents.approve(handle.id, reviewer="mallory")  # alice's key cannot sign for someone else
         request_id = handle.id.removeprefix("request-")
         await agents.approve(request_id, reviewer="alice", comment="fine")  # by request id
         written = await agents.result(request_id)
@@ -106,6 +118,7 @@ async def test_the_example_agent_answers_reviews_and_guards_its_notes(client, tm
 
         record = await agents.record(handle.id)
         assert record.pipeline == "first-agent" and record.checkpoints[0].reviewer == "alice"
+        assert (record.checkpoints[0].verified_by or "").endswith(" of alice")
         assert {i.hook for i in record.pipeline_hooks} >= {
             "no-secrets",
             "no-empty-notes",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from client.reviewer_keys import generate_key, trust_reviewer_key
 from hooks import HookRegistry, InvalidRequiredAfterPlanningHookError, PipelineHook, RequiredAfterPlanningHook
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,13 +107,20 @@ def test_review_settings_and_declared_hooks_apply_to_a_hand_built_pipeline(tmp_p
     )
     bare = worker(tmp_path, "hand_built")
     assert bare.returncode == 0, bare.stderr
-    assert "reviewers: (any named reviewer); checkpoint expiry: 86400 s; reviewers' webhook: no" in bare.stdout
+    assert (
+        "reviewers: (any named reviewer) (UNVERIFIED: anyone who can reach the namespace can use any name); "
+        "checkpoint expiry: 86400 s; reviewers' webhook: no"
+    ) in bare.stdout
     assert "guard" not in bare.stdout
 
+    trust = tmp_path / "reviewers.json"
+    for name in ("alice", "carol"):
+        trust_reviewer_key(trust, name, generate_key(tmp_path / f"{name}.key"))
     applied = worker(
         tmp_path,
         "hand_built",
         AGENT_REVIEWERS="alice,carol",
+        AGENT_REVIEWER_KEYS=str(trust),
         AGENT_CHECKPOINT_EXPIRY_SECONDS="900",
         AGENT_HOOKS_FILE=str(hooks),
         AGENT_REVIEW_WEBHOOK="https://reviews.example.com/hook",
@@ -124,9 +132,10 @@ def test_review_settings_and_declared_hooks_apply_to_a_hand_built_pipeline(tmp_p
         "0: sign-messages [before_tool]",
         "1: guard [before_tool]",
     ]
-    assert "planner: scripted-planner; synthesizer: readable; reviewers: alice, carol; checkpoint expiry: 900 s; " in (
-        applied.stdout
-    )
+    assert (
+        "planner: scripted-planner; synthesizer: readable; reviewers: alice, carol (signed decisions: 2 key(s)); "
+        "checkpoint expiry: 900 s; "
+    ) in applied.stdout
     assert "reviewers' webhook: yes" in applied.stdout
 
 
@@ -161,8 +170,18 @@ def test_mcp_servers_apply_to_a_hand_built_pipeline(tmp_path):
         ),
         (
             "own_reviewers",
-            {"AGENT_REVIEWERS": "alice"},
+            {"AGENT_REVIEWERS": "alice", "AGENT_REVIEW_VERIFICATION": "none"},
             ["configuration error: AGENT_REVIEWERS:", "its own reviewers ['bob']"],
+        ),
+        (
+            "hand_built",
+            {"AGENT_REVIEWERS": "alice"},
+            ["configuration error: AGENT_REVIEWERS:", "nothing verifies who is speaking", "AGENT_REVIEWER_KEYS"],
+        ),
+        (
+            "hand_built",
+            {"AGENT_REVIEWER_KEYS": "/nonexistent/reviewers.json"},
+            ["configuration error: AGENT_REVIEWER_KEYS:", "reviewer keys /nonexistent/reviewers.json"],
         ),
         (
             "hand_built",
@@ -175,7 +194,15 @@ def test_mcp_servers_apply_to_a_hand_built_pipeline(tmp_path):
             ["configuration error: AGENT_EXECUTION_STORE:", "elsewhere"],
         ),
     ],
-    ids=["model-for-a-rule-planner", "model-for-a-template-synthesizer", "two-reviewer-lists", "database", "store"],
+    ids=[
+        "model-for-a-rule-planner",
+        "model-for-a-template-synthesizer",
+        "two-reviewer-lists",
+        "unverified-reviewers",
+        "missing-reviewer-keys",
+        "database",
+        "store",
+    ],
 )
 def test_a_setting_the_worker_cannot_apply_stops_it_naming_the_variable(tmp_path, factory, env, fragments):
     refused(worker(tmp_path, factory, **env), *fragments)

@@ -30,6 +30,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     from . import decisions, patches, snapshots, stages, story
     from . import search_attributes as sa
+    from .callers import caller_identity
     from .detached import EFFECT_UPDATE_SIGNAL, accept_effect_update
     from .ending import RunEnding, step_summaries
     from .invocation import Ahead, HookRunner, RunStopped, StageRun, error_text, raise_if_cancelled
@@ -82,7 +83,7 @@ with workflow.unsafe.imports_passed_through():
         subagent_depth,
     )
     from .records import RecordKeeper
-    from .reviews import INVALID_REVIEW, Reviews
+    from .reviews import INVALID_REVIEW, ReviewMessage, Reviews
     from .run_state import RunState
     from .scheduling import Scheduler
     from .stages import STAGES, Fold, Stage
@@ -116,7 +117,7 @@ class RequestLifecycleWorkflow:
     def __init__(self, *args: Any) -> None:
         info = workflow.info()
         input, self._input_problem = decode_payload(RequestInput, args)
-        input = input or RequestInput.model_construct(request="", metadata={}, request_id=None)
+        input = input or RequestInput.model_construct(request="", metadata={}, request_id=None, requested_by=None)
         request_id = input.request_id or info.workflow_id
         record = ExecutionRecord(
             request_id=request_id,
@@ -124,6 +125,7 @@ class RequestLifecycleWorkflow:
             run_id=info.run_id,
             request=input.request,
             metadata=input.metadata,
+            requested_by=input.requested_by,
             started_at=workflow.now(),
         )
         self._state = state = RunState(
@@ -172,19 +174,38 @@ class RequestLifecycleWorkflow:
 
     @workflow.signal(name="approve")
     def approve(self, *args: Any) -> None:
-        """Approve the open checkpoint: ``{"checkpoint_id", "reviewer", "comment"}``."""
+        """Approve the open checkpoint: ``{"checkpoint_id", "reviewer", "comment", "declined", "proof"}``."""
         signal = self._inbound("approve", ApproveSignal, args)
         if signal is not None:
             self._reviews.decide(
-                "approve", "approve", signal.checkpoint_id, signal.reviewer, signal.comment, signal.declined
+                ReviewMessage(
+                    "approve",
+                    "approve",
+                    signal.checkpoint_id,
+                    signal.reviewer,
+                    signal.comment,
+                    tuple(signal.declined),
+                    signal.proof,
+                    caller_identity(),
+                )
             )
 
     @workflow.signal(name="reject")
     def reject(self, *args: Any) -> None:
-        """Reject the open checkpoint: ``{"checkpoint_id", "reviewer", "reason"}``."""
+        """Reject the open checkpoint: ``{"checkpoint_id", "reviewer", "reason", "proof"}``."""
         signal = self._inbound("reject", RejectSignal, args)
         if signal is not None:
-            self._reviews.decide("reject", "reject", signal.checkpoint_id, signal.reviewer, signal.reason)
+            self._reviews.decide(
+                ReviewMessage(
+                    "reject",
+                    "reject",
+                    signal.checkpoint_id,
+                    signal.reviewer,
+                    signal.reason,
+                    proof=signal.proof,
+                    caller=caller_identity(),
+                )
+            )
 
     @workflow.signal(name="granted")
     def granted(self, *args: Any) -> None:
@@ -223,23 +244,30 @@ class RequestLifecycleWorkflow:
     def review(self, *args: Any) -> ReviewAck:
         """Approve or reject with an acknowledgement; refused before it is accepted if invalid."""
         request = _review_request(args)
-        self._reviews.decide(
-            "review", request.decision, request.checkpoint_id, request.reviewer, request.comment, request.declined
-        )
+        reviewer = self._reviews.decide(_review_message(request))
         return ReviewAck(
             checkpoint_id=request.checkpoint_id,
             decision=request.decision,
-            reviewer=request.reviewer,
+            reviewer=reviewer.principal if reviewer is not None else request.reviewer,
             accepted_at=workflow.now(),
             declined=request.declined,
+            verified_by=reviewer.verified_by if reviewer is not None else None,
         )
 
     @review.validator
     def _validate_review(self, *args: Any) -> None:
         request = _review_request(args)
-        problem = self._reviews.problem(request.checkpoint_id, request.reviewer, request.decision, request.declined)
-        if problem:
-            raise ApplicationError(problem, type=INVALID_REVIEW, non_retryable=True)
+        reviewer = self._reviews.check(_review_message(request))
+        if isinstance(reviewer, str):
+            # Refused before it is accepted, so nothing of it enters the history: the worker's log keeps it.
+            workflow.logger.warning(
+                "review refused: checkpoint %r, reviewer %r, sent as %r: %s",
+                request.checkpoint_id,
+                request.reviewer,
+                caller_identity(),
+                reviewer,
+            )
+            raise ApplicationError(reviewer, type=INVALID_REVIEW, non_retryable=True)
 
     @workflow.signal(name=EFFECT_UPDATE_SIGNAL)
     def effect_update(self, *args: Any) -> None:
@@ -761,6 +789,19 @@ def _review_request(args: Sequence[Any]) -> ReviewRequest:
     if request is None:
         raise ApplicationError(f"malformed review: {problem}", type=INVALID_REVIEW, non_retryable=True)
     return request
+
+
+def _review_message(request: ReviewRequest) -> ReviewMessage:
+    return ReviewMessage(
+        "review",
+        request.decision,
+        request.checkpoint_id,
+        request.reviewer,
+        request.comment,
+        tuple(request.declined),
+        request.proof,
+        caller_identity(),
+    )
 
 
 def _no_arguments(query: str, args: Sequence[Any]) -> None:

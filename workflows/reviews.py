@@ -1,14 +1,18 @@
 """Human review of a request: its checkpoints, what a reviewer's decision must satisfy, and the wait.
 
-A checkpoint lists the calls it approves exactly as they will run. It is decided by the ``review`` update
-(validated before it is accepted) or the ``approve`` / ``reject`` signals; a message that cannot decide it
-is kept in the record as ignored, never dropped. Rejection or expiry ends the request before any of the
-checkpoint's calls runs. Workflow code only.
+A checkpoint lists the calls it approves exactly as they will run, and their digest. It is decided by the
+``review`` update (validated before it is accepted) or the ``approve`` / ``reject`` signals; a message that
+cannot decide it is kept in the record as ignored, never dropped. Who decided is established as the
+pipeline's ``ReviewSettings.verification`` says (``workflows.review_proof``): a signed decision bound to the
+checkpoint's calls, the identity the server received the message with, or a typed name. The requester may
+not approve a request of their own unless the pipeline allows it. Rejection or expiry ends the request
+before any of the checkpoint's calls runs. Workflow code only.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
@@ -16,8 +20,8 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from . import review_proof, story
     from . import search_attributes as sa
-    from . import story
     from .listing import AWAITING_REVIEW, EXECUTING, StageListing
     from .models import (
         MAX_IGNORED_MESSAGES,
@@ -38,6 +42,29 @@ with workflow.unsafe.imports_passed_through():
 CHECKPOINT_REJECTED = "CheckpointRejected"
 CHECKPOINT_EXPIRED = "CheckpointExpired"
 INVALID_REVIEW = "InvalidReview"
+
+
+@dataclass(frozen=True)
+class ReviewMessage:
+    """A decision as it arrived: through which message, what it decides, who it says decided, its proof,
+    and the identity the server received it with (``workflows.callers``)."""
+
+    via: str
+    decision: Literal["approve", "reject"]
+    checkpoint_id: str
+    reviewer: str
+    comment: str = ""
+    declined: tuple[str, ...] = ()
+    proof: str = ""
+    caller: str | None = None
+
+
+@dataclass(frozen=True)
+class Reviewer:
+    """Who may decide a checkpoint, and what proved it."""
+
+    principal: str
+    verified_by: str
 
 
 class Reviews:
@@ -70,6 +97,7 @@ class Reviews:
             step_id=step_id,
             requested_at=now,
             expires_at=now + timedelta(seconds=self._state.manifest.review.checkpoint_expiry_seconds),
+            calls_digest=review_proof.calls_digest(calls or [], plan),
         )
 
     async def wait(self, checkpoint: Checkpoint) -> None:
@@ -151,22 +179,16 @@ class Reviews:
         reviewed: the plan as planned, with before_tool after the approval."""
         await self.wait(self.new(plan, reasons))
 
-    def problem(
-        self, checkpoint_id: str, reviewer: str, decision: str = "approve", declined: list[str] | None = None
-    ) -> str | None:
-        """Why ``reviewer`` cannot decide ``checkpoint_id`` now, or decline ``declined`` (None when they can)."""
+    def check(self, message: ReviewMessage) -> Reviewer | str:
+        """Who decides ``message``'s checkpoint, or why the message cannot decide it now (one line)."""
+        checkpoint_id, decision, declined = message.checkpoint_id, message.decision, message.declined
         if not checkpoint_id:
             return "checkpoint_id is required"
-        if not reviewer.strip():
-            return "reviewer is required"
         checkpoint = next((c for c in self._state.record.checkpoints if c.checkpoint_id == checkpoint_id), None)
         if checkpoint is None:
             return f"unknown checkpoint {checkpoint_id!r}"
         if checkpoint.status is not CheckpointStatus.PENDING:
             return f"checkpoint {checkpoint_id!r} is already {checkpoint.status.value}"
-        allowed = self._state.manifest.review.reviewers
-        if allowed and reviewer not in allowed:
-            return f"reviewer {reviewer!r} may not review this pipeline's checkpoints"
         if workflow.now() >= checkpoint.expires_at:
             return f"checkpoint {checkpoint_id!r} has expired"
         if declined:
@@ -178,35 +200,86 @@ class Reviews:
             unknown = [step for step in declined if step not in calls]
             if unknown:
                 return f"checkpoint {checkpoint_id!r} has no call {unknown[0]!r} to decline (its calls: {', '.join(calls)})"
-        return None
+        reviewer = self._reviewer(message, checkpoint)
+        if isinstance(reviewer, str):
+            return reviewer
+        review = self._state.manifest.review
+        if review.reviewers and reviewer.principal not in review.reviewers:
+            return f"reviewer {reviewer.principal!r} may not review this pipeline's checkpoints"
+        if decision == "approve" and not review.allow_self_approval and reviewer.principal in self._requesters():
+            return f"{reviewer.principal!r} requested this request and may not approve it (a second person must)"
+        return reviewer
 
-    def decide(
-        self,
-        via: str,
-        decision: Literal["approve", "reject"],
-        checkpoint_id: str,
-        reviewer: str,
-        comment: str,
-        declined: list[str] | None = None,
-    ) -> None:
+    def _reviewer(self, message: ReviewMessage, checkpoint: Checkpoint) -> Reviewer | str:
+        """The reviewer the message proves, as the pipeline verifies reviewers."""
+        review = self._state.manifest.review
+        named = message.reviewer.strip()
+        if review.verification == "server_identity":
+            caller = (message.caller or "").strip()
+            if not caller:
+                return (
+                    "this pipeline takes the reviewer from the server's identity, and the message arrived without one"
+                )
+            if named and named != caller:
+                return f"the message names reviewer {named!r} but was sent as {caller!r}"
+            return Reviewer(caller, "server identity")
+        if review.verification == "signed":
+            if not message.proof:
+                return (
+                    "this pipeline verifies reviewers: a decision must be signed "
+                    "(agent-lifecycle approve/reject with AGENT_REVIEWER_KEY, or a token from a trusted issuer)"
+                )
+            expected = review_proof.decision_claims(
+                workflow_id=workflow.info().workflow_id,
+                checkpoint_id=checkpoint.checkpoint_id,
+                calls=checkpoint.calls_digest or review_proof.calls_digest(checkpoint.calls, checkpoint.plan),
+                decision=message.decision,
+                declined=message.declined,
+                comment=message.comment,
+            )
+            # The crypto library imports parts of itself as it first uses them: not workflow code, so not
+            # re-imported in the sandbox.
+            with workflow.unsafe.imports_passed_through():
+                verified = review_proof.verify_decision(message.proof, review.keys, expected, workflow.now())
+            if isinstance(verified, str):
+                return verified
+            if named and named != verified.principal:
+                return f"the message names reviewer {named!r} but its proof is {verified.principal!r}'s"
+            return Reviewer(verified.principal, verified.verified_by)
+        if not named:
+            return "reviewer is required"
+        return Reviewer(named, "unverified name")
+
+    def _requesters(self) -> set[str]:
+        """The principals the request was made for: ``requested_by``, and its metadata's ``user_id``."""
+        input = self._state.input
+        user = input.metadata.get("user_id")
+        return {p for p in (input.requested_by, user if isinstance(user, str) else None) if p}
+
+    def decide(self, message: ReviewMessage) -> Reviewer | None:
         """Decide a checkpoint (an approval may decline some of its calls), or keep why the message could
-        not as ignored."""
-        problem = self.problem(checkpoint_id, reviewer, decision, declined)
-        if problem:
-            self.ignore(via, checkpoint_id, reviewer, problem)
-            return
-        checkpoint = next(c for c in self._state.record.checkpoints if c.checkpoint_id == checkpoint_id)
-        checkpoint.status = CheckpointStatus.APPROVED if decision == "approve" else CheckpointStatus.REJECTED
-        checkpoint.reviewer = reviewer
-        checkpoint.comment = comment
-        checkpoint.declined = list(dict.fromkeys(declined or ()))
+        not as ignored. Returns who decided (None when the message was ignored)."""
+        reviewer = self.check(message)
+        if isinstance(reviewer, str):
+            self.ignore(message.via, message.checkpoint_id, message.reviewer, reviewer, message.caller)
+            return None
+        checkpoint = next(c for c in self._state.record.checkpoints if c.checkpoint_id == message.checkpoint_id)
+        approved = message.decision == "approve"
+        checkpoint.status = CheckpointStatus.APPROVED if approved else CheckpointStatus.REJECTED
+        checkpoint.reviewer = reviewer.principal
+        checkpoint.verified_by = reviewer.verified_by
+        checkpoint.comment = message.comment
+        checkpoint.declined = list(dict.fromkeys(message.declined))
         checkpoint.decided_at = workflow.now()
+        return reviewer
 
-    def ignore(self, via: str, checkpoint_id: str, reviewer: str, reason: str) -> None:
+    def ignore(self, via: str, checkpoint_id: str, reviewer: str, reason: str, sent_as: str | None = None) -> None:
         """A message that changes nothing is kept so an operator can see what was tried: clipped, and up
         to a bound, beyond which it is only counted (the record must always fit in one payload)."""
         record = self._state.record
         if len(record.ignored_reviews) < MAX_IGNORED_MESSAGES:
-            record.ignored_reviews.append(IgnoredReview.clipped(workflow.now(), via, checkpoint_id, reviewer, reason))
+            record.ignored_reviews.append(
+                IgnoredReview.clipped(workflow.now(), via, checkpoint_id, reviewer, reason, sent_as)
+            )
         else:
             record.ignored_dropped += 1

@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage
 from ._plans import ToolCall, ToolSpec
@@ -104,10 +104,42 @@ class StageSettings(BaseModel):
 MAX_CHECKPOINT_EXPIRY_SECONDS = 365 * 24 * 3600.0
 
 
-class ReviewSettings(BaseModel):
-    """Human-in-the-loop checkpoints: who may decide, and how long a checkpoint waits."""
+class ReviewerKey(BaseModel):
+    """A public key a reviewer's decision may be signed with (a JWK's public members and its id): a
+    reviewer's own key, which speaks for that reviewer only, or an issuer's, which speaks for the reviewer
+    its token names. Public material only: it is recorded in the manifest, in the history."""
 
-    reviewers: list[str] = Field(default_factory=list)  # empty: any named reviewer may decide
+    kid: str = Field(min_length=1, max_length=128)
+    kty: Literal["OKP", "EC", "RSA"]
+    crv: str | None = None
+    x: str | None = None
+    y: str | None = None
+    n: str | None = None
+    e: str | None = None
+    principal: str | None = None  # a reviewer's own key
+    issuer: str | None = None  # an issuer's key
+
+    @model_validator(mode="after")
+    def _one_owner(self) -> ReviewerKey:
+        if (self.principal is None) == (self.issuer is None):
+            raise ValueError(f"key {self.kid!r} must belong to exactly one reviewer or one issuer")
+        return self
+
+
+class ReviewSettings(BaseModel):
+    """Human-in-the-loop checkpoints: who may decide, how the workflow knows who decided, and how long a
+    checkpoint waits.
+
+    ``verification``: ``signed`` (a decision carries a token signed with one of ``keys``), ``server_identity``
+    (the reviewer is the identity the Temporal server received the decision with), or ``none`` (a typed
+    name; anyone who can reach the namespace can type any name). ``workflows.review_proof`` says what each
+    proves. The requester of a request (``requested_by``, or its metadata's ``user_id``) may not approve
+    its own checkpoints unless ``allow_self_approval``."""
+
+    reviewers: list[str] = Field(default_factory=list)  # empty: any reviewer the verification accepts
+    verification: Literal["none", "signed", "server_identity"] = "none"
+    keys: list[ReviewerKey] = Field(default_factory=list)
+    allow_self_approval: bool = False
     checkpoint_expiry_seconds: float = Field(default=24 * 3600.0, gt=0, le=MAX_CHECKPOINT_EXPIRY_SECONDS)
     # A reviewers' webhook is configured: each checkpoint that opens is announced to it by a
     # ``ReviewNotification`` child. Without one a checkpoint starts nothing.

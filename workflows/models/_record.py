@@ -63,7 +63,11 @@ class Checkpoint(BaseModel):
     requested_at: datetime
     expires_at: datetime
     status: CheckpointStatus = CheckpointStatus.PENDING
-    reviewer: str | None = None
+    # The digest of exactly what approving runs (``review_proof.calls_digest``): a signed decision names it,
+    # so a decision made for other calls or arguments is refused.
+    calls_digest: str | None = None
+    reviewer: str | None = None  # who decided: the verified principal where the pipeline verifies reviewers
+    verified_by: str | None = None  # what proved it: a key, an issuer, the server's identity, or an unverified name
     comment: str | None = None  # the approval comment or the rejection reason
     decided_at: datetime | None = None
     # The calls (step ids) the reviewer declined while approving the others: each is skipped (reason
@@ -73,6 +77,7 @@ class Checkpoint(BaseModel):
 
 # Bounds on what a review brings into the record from outside.
 MAX_REVIEW_ID_CHARS = 128  # checkpoint ids and reviewer names
+MAX_REVIEW_PROOF_CHARS = 8192  # a signed decision (a compact JWS)
 MAX_REVIEW_COMMENT_CHARS = 2_000
 MAX_INBOUND_PAYLOAD_BYTES = 16 * 1024  # a larger signal or update payload is refused before decoding
 MAX_IGNORED_FIELD_CHARS = 200  # each text of an ignored message, as the record keeps it
@@ -89,6 +94,7 @@ class ApproveSignal(BaseModel):
     reviewer: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
     comment: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)
     declined: list[str] = Field(default_factory=list, max_length=MAX_DECLINED_CALLS)  # step ids not to run
+    proof: str = Field(default="", max_length=MAX_REVIEW_PROOF_CHARS)  # a signed decision, where required
 
 
 class RejectSignal(BaseModel):
@@ -98,6 +104,7 @@ class RejectSignal(BaseModel):
     checkpoint_id: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
     reviewer: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
     reason: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)
+    proof: str = Field(default="", max_length=MAX_REVIEW_PROOF_CHARS)
 
 
 class ReviewRequest(BaseModel):
@@ -105,20 +112,25 @@ class ReviewRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     checkpoint_id: str = Field(max_length=MAX_REVIEW_ID_CHARS)
-    reviewer: str = Field(max_length=MAX_REVIEW_ID_CHARS)
+    # Who decides. With signed decisions it may be left empty (the proof names the reviewer); with the
+    # server's identity, empty or that identity.
+    reviewer: str = Field(default="", max_length=MAX_REVIEW_ID_CHARS)
     decision: Literal["approve", "reject"]
     comment: str = Field(default="", max_length=MAX_REVIEW_COMMENT_CHARS)  # approval comment, or rejection reason
     # With ``approve``: the calls (step ids of the checkpoint) not to run; they are skipped with reason
     # ``confirmation`` and the request goes on. Rejecting refuses every call and ends the request.
     declined: list[str] = Field(default_factory=list, max_length=MAX_DECLINED_CALLS)
+    # A compact JWS over the decision (``workflows.review_proof``), where the pipeline verifies reviewers.
+    proof: str = Field(default="", max_length=MAX_REVIEW_PROOF_CHARS)
 
 
 class ReviewAck(BaseModel):
     checkpoint_id: str
     decision: Literal["approve", "reject"]
-    reviewer: str
+    reviewer: str  # the verified principal where the pipeline verifies reviewers
     accepted_at: datetime
     declined: list[str] = Field(default_factory=list)
+    verified_by: str | None = None
 
 
 class IgnoredReview(BaseModel):
@@ -131,9 +143,12 @@ class IgnoredReview(BaseModel):
     checkpoint_id: str  # or the effect id, for effect updates
     reviewer: str
     reason: str
+    sent_as: str | None = None  # the identity the Temporal server received the message with
 
     @classmethod
-    def clipped(cls, received_at: datetime, via: str, checkpoint_id: str, reviewer: str, reason: str) -> IgnoredReview:
+    def clipped(
+        cls, received_at: datetime, via: str, checkpoint_id: str, reviewer: str, reason: str, sent_as: str | None = None
+    ) -> IgnoredReview:
         def clip(text: str) -> str:
             return text if len(text) <= MAX_IGNORED_FIELD_CHARS else text[: MAX_IGNORED_FIELD_CHARS - 1] + "…"
 
@@ -143,6 +158,7 @@ class IgnoredReview(BaseModel):
             checkpoint_id=clip(checkpoint_id),
             reviewer=clip(reviewer),
             reason=clip(reason),
+            sent_as=clip(sent_as) if sent_as else None,
         )
 
 
@@ -216,6 +232,7 @@ class ExecutionRecord(BaseModel):
     pipeline: str | None = None
     request: str
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    requested_by: str | None = None  # the principal the request was started for
     status: RequestStatus = RequestStatus.RUNNING
     lifecycle_stage: str = "accepted"
     record_revision: int = 0

@@ -19,6 +19,9 @@ class RequestInput(BaseModel):
     request: str = Field(min_length=1, max_length=MAX_REQUEST_CHARS)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     request_id: str | None = Field(default=None, pattern=REQUEST_ID_PATTERN)
+    # The principal the request is made for (as the starting service authenticated them): a reviewer
+    # may not approve a request of their own unless the pipeline allows it.
+    requested_by: str | None = Field(default=None, min_length=1, max_length=128)
     # Publish the answer to the request's answer stream while the model writes it (when the pipeline
     # allows streaming and its synthesizer can stream); the final answer is published either way.
     stream_answer: bool = False
