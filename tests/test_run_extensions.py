@@ -840,3 +840,25 @@ async def test_after_recall_runs_on_into_before_planning_while_it_leaves_the_mem
         "after_recall",
         "before_planning",
     ]
+
+
+async def test_identical_calls_of_one_phase_run_once_writes_included(client, tmp_path):
+    """Two equal trades and two equal quotes in one phase, with no dependency between them: one of each
+    runs; the other trade is a duplicate and the other quote is answered from the one that ran."""
+    outcomes = Outcomes()
+    plan = [trade("trade-1"), trade("trade-2"), quote("quote-1", "ACME"), quote("quote-2", "ACME")]
+    async with Harness(client, tmp_path, hooks=[outcomes], planner=PhasedPlanner(plan)) as h:
+        out = await h.run("Buy 1 ACME, twice; quote it twice")
+
+    assert out.failure is None, out.failure
+    assert executed_steps(out) == ["trade-1", "quote-1"]
+    assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 1
+    by_id = {s.step_id: s for s in out.record.steps}
+    assert (by_id["trade-2"].status, by_id["trade-2"].skip_reason, by_id["trade-2"].skip_detail) == (
+        StepStatus.SKIPPED,
+        "duplicate",
+        "same call as trade-1",
+    )
+    assert (by_id["quote-2"].status, by_id["quote-2"].cached_from) == (StepStatus.SUCCEEDED, "quote-1")
+    assert by_id["quote-2"].output == by_id["quote-1"].output
+    assert [outcomes.outcomes[s].status for s in ("trade-2", "quote-2")] == ["skipped", "cached"]

@@ -9,11 +9,12 @@ exactly as it will run: prepared (resolved, validated, through before_tool) befo
 and executed with a copy of the approved values; a reviewer may decline one call of a checkpoint, which
 skips it (reason ``confirmation``) and lets the rest run.
 
-Identical calls are found before they run: a read-only call whose tool and resolved arguments equal an
-earlier successful step's is answered from that step (``cached``) once it has passed before_tool
-unchanged — a rewrite of its arguments makes it a call of its own; a write that repeats an earlier
-successful write is not run again (skipped, reason ``duplicate``). Failed and skipped steps are never
-reused. Workflow code only.
+Identical calls are found before they run, writes included: a read-only call whose tool and resolved
+arguments equal an earlier successful step's is answered from that step (``cached``) once it has passed
+before_tool unchanged — a rewrite of its arguments makes it a call of its own; a write that repeats an
+earlier successful write is not run again (skipped, reason ``duplicate``). A call identical to one that is
+running (two equal steps of one phase) waits for it and is then answered the same way, so of identical
+calls only one runs. Failed and skipped steps are never reused. Workflow code only.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class StepExecutor:
         self._approved: dict[str, Checkpoint] = {}
         self._declined: dict[str, Checkpoint] = {}
         self._tool_keys: dict[str, str] = {}  # every step of the request so far -> its tool's key
+        self._running: dict[tuple[str, str], str] = {}  # (tool key, canonical arguments) -> the last step to run it
 
     def _can_start(self, step: PlanStep) -> bool:
         """Whether every step ``step`` depends on (in its phase or an earlier one) has already succeeded."""
@@ -235,7 +237,7 @@ class StepExecutor:
                 [approved] = [c for c in checkpoint.calls if c.step_id == step.step_id]
                 call.arguments = copy.deepcopy(approved.arguments)
                 result.arguments, result.approved_in = call.arguments, checkpoint.checkpoint_id
-            await self._call_tool(step, call, result)
+            await self._run_once(step, prepared)
         elif prepared.invalid:
             await self._on_tool_error(step, call, result)
         if result.status is StepStatus.FAILED:
@@ -250,6 +252,20 @@ class StepExecutor:
         if result.result is not None and len(result.result) > limit:
             result.result = result.result[: max(0, limit - 1)] + "…"
         return result
+
+    async def _run_once(self, step: PlanStep, prepared: PreparedCall) -> None:
+        """Run the tool unless an identical call is running: then wait for it, and answer this one as an
+        identical call to a finished step is answered (a read from its result, a write not at all)."""
+        key = (step.tool_key, _canonical(prepared.call.arguments))
+        twin = self._running.get(key)
+        if twin is not None and twin not in self._state.results:
+            await workflow.wait_condition(lambda: twin in self._state.results)
+            unchanged = not prepared.result.modified_by  # a rewritten read is a call of its own
+            self._answer_identical(step, prepared, self._cached_read(step, prepared.call) if unchanged else None)
+            if not prepared.ready:
+                return
+        self._running[key] = step.step_id  # until its result is in: an identical call waits for it
+        await self._call_tool(step, prepared.call, prepared.result)
 
     async def _prepare_step(self, step: PlanStep, *, missing: str | None = None) -> PreparedCall:
         """Resolve the step's references, validate the resolved arguments and run its before_tool chain:
