@@ -38,7 +38,7 @@ from hooks import (
     Stage,
     Stop,
 )
-from workflows.models import Diagnostic, MemoryOutcome, RequestStatus, StopInfo
+from workflows.models import Diagnostic, MemoryOutcome, RequestStatus, StageSettings, StopInfo
 
 from .doubles import BlockingTool, FixedPlanner, decision, quote, started_attempts
 from .harness import Harness, Outcome
@@ -549,6 +549,37 @@ async def test_after_answer_applies_to_short_circuited_answers(client, tmp_path)
     assert out.record.model_draft is None
 
 
+async def test_an_observing_after_answer_hook_never_sees_an_empty_answer_nor_fails_it(client, tmp_path):
+    """An after_synthesis hook leaves the answer empty: after_answer does not run (it runs once a non-empty
+    answer exists), and the request completes as it does without the observer."""
+
+    class Blank:
+        name = "blank"
+
+        async def after_synthesis(self, ctx, response: str) -> str:
+            return ""
+
+    class Observer:
+        name = "observer"
+        seen: list[str] = []
+
+        async def after_answer(self, ctx, answer: AnswerView):
+            Observer.seen.append(answer.text)
+            return None
+
+    async with Harness(client, tmp_path, hooks=[Blank(), Observer()]) as h:
+        observed = await h.run(ACME_ASK)
+    async with Harness(client, tmp_path / "without", hooks=[Blank()]) as h:
+        alone = await h.run(ACME_ASK)
+
+    for out in (observed, alone):
+        assert out.failure is None, out.failure
+        assert out.result.response == "" and out.record.status is RequestStatus.SUCCEEDED
+    assert Observer.seen == []
+    assert "after_answer_hook" not in observed.activity_types()
+    assert observed.record.invocations(Stage.AFTER_ANSWER) == []
+
+
 async def test_after_answer_stop_replaces_the_answer_and_marks_the_run_stopped(client, tmp_path):
     class Guard:
         name = "guard"
@@ -772,6 +803,47 @@ async def test_stopped_and_failed_runs_are_not_remembered(client, tmp_path, endi
     assert "before_remember_hook" not in out.activity_types() and "remember" not in out.activity_types()
     assert await memory.recent("conv-4") == []
     assert out.record.memory is None
+
+
+async def test_a_best_effort_answer_is_not_remembered_and_after_answer_is_told(client, tmp_path):
+    """The run hits its phase cap before the planner is done: the answer is best-effort — after_answer
+    sees ``best_effort``, before_remember is never asked and nothing is saved."""
+
+    class Endless(RulePlanner):
+        async def plan(self, request):
+            plan = await super().plan(request)
+            return plan.model_copy(update={"continue_after": True})
+
+    class Told:
+        name = "told"
+        seen: list[bool] = []
+
+        async def after_answer(self, ctx, answer: AnswerView):
+            Told.seen.append(answer.best_effort)
+
+    class Peek:
+        name = "peek"
+        calls = 0
+
+        async def before_remember(self, ctx, candidate):
+            Peek.calls += 1
+
+    memory = ConversationMemoryStore(tmp_path / "memory.sqlite3")
+    settings = StageSettings(max_planning_phases=1)
+    async with Harness(
+        client, tmp_path, hooks=[Told(), Peek()], memory=memory, planner=Endless(), settings=settings
+    ) as h:
+        out = await h.run(ACME_ASK, {"conversation_id": "conv-best-effort"})
+
+    assert out.failure is None and out.record.phase_cap_reached
+    assert Told.seen == [True] and Peek.calls == 0
+    assert "before_remember_hook" not in out.activity_types() and "remember" not in out.activity_types()
+    assert await memory.recent("conv-best-effort") == []
+    assert out.record.memory == MemoryOutcome(
+        action="skipped",
+        conversation_id="conv-best-effort",
+        reason="a best-effort answer (the phase cap was hit)",
+    )
 
 
 class _RememberRaises:

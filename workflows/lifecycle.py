@@ -373,7 +373,8 @@ class RequestLifecycleWorkflow:
                 steps=step_summaries(state),
             )
         handled_by = "short_circuit" if result.short_circuit else "pipeline"
-        result.response = await self._after_answer(result.response, handled_by, result.steps)
+        if result.response.strip():  # after_answer runs once a non-empty answer exists
+            result.response = await self._after_answer(result.response, handled_by, result.steps)
         state.record.final_response = result.response
         await self._remember(result.response)
         return result
@@ -595,11 +596,14 @@ class RequestLifecycleWorkflow:
         """After after_execution, when the last plan's text answer is the draft (no synthesis call):
         after_synthesis on it, then after_answer."""
         text = self._models.text_answer(plan)
-        return [] if text is None else [Ahead(Stage.AFTER_SYNTHESIS, text), self._answer_stage(text)]
+        return [] if text is None else [Ahead(Stage.AFTER_SYNTHESIS, text), *self._answer_stage(text)]
 
-    def _answer_stage(self, response: str) -> Ahead:
-        """after_answer on ``response``, where after_synthesis leaves it as it is."""
-        return Ahead(Stage.AFTER_ANSWER, self._answer_view(response, "pipeline", step_summaries(self._state)))
+    def _answer_stage(self, response: str) -> list[Ahead]:
+        """after_answer on ``response``, where after_synthesis leaves it as it is (none for an empty answer:
+        after_answer runs only once there is one)."""
+        if not response.strip():
+            return []
+        return [Ahead(Stage.AFTER_ANSWER, self._answer_view(response, "pipeline", step_summaries(self._state)))]
 
     async def _after_planning(
         self,
@@ -658,7 +662,7 @@ class RequestLifecycleWorkflow:
         """Rewrite the answer, chained; a hook that fails closed (redaction) ends the request rather than
         let its unguarded input out. Its hooks and after_answer's may be the run's last (:meth:`_end`)."""
         end = self._end(response, self._state.record.model_draft, confidence)
-        return await self._stage(Stage.AFTER_SYNTHESIS, response, ahead=[self._answer_stage(response)], end=end)
+        return await self._stage(Stage.AFTER_SYNTHESIS, response, ahead=self._answer_stage(response), end=end)
 
     async def _after_answer(
         self, text: str, handled_by: Literal["pipeline", "short_circuit"], steps: list[StepSummary]
@@ -674,17 +678,31 @@ class RequestLifecycleWorkflow:
     def _answer_view(
         self, text: str, handled_by: Literal["pipeline", "short_circuit"], steps: list[StepSummary]
     ) -> AnswerView:
-        return AnswerView(text=text, handled_by=handled_by, steps=steps, answered_by=self._state.record.handled_by)
+        record = self._state.record
+        return AnswerView(
+            text=text,
+            handled_by=handled_by,
+            steps=steps,
+            answered_by=record.handled_by,
+            best_effort=record.phase_cap_reached,
+        )
 
     async def _remember(self, answer: str) -> None:
         """Offer the exchange to before_remember hooks, then save it to conversation memory. A failed
-        save keeps the completed answer and is recorded as a diagnostic."""
+        save keeps the completed answer and is recorded as a diagnostic; a best-effort answer (the run hit
+        its phase cap) is not remembered."""
         state = self._state
         if not state.manifest.memory:
             return
+        conversation = conversation_id(state.input.metadata) or state.request_id
+        if state.record.phase_cap_reached:  # a best-effort answer is never remembered
+            state.record.memory = MemoryOutcome(
+                action="skipped", conversation_id=conversation, reason="a best-effort answer (the phase cap was hit)"
+            )
+            return
         self._listing.enter(REMEMBERING)
         candidate = MemoryCandidate(
-            conversation_id=conversation_id(state.input.metadata) or state.request_id,
+            conversation_id=conversation,
             request=state.ask,
             answer=answer,
             facts=state.facts,

@@ -169,14 +169,16 @@ class ToolErrorResolution(BaseModel):
 
 
 class AnswerView(BaseModel):
-    """What after_answer sees: the answer, how it was reached (the pipeline, or a short-circuit), the
-    model that answered (``answered_by``: the primary, or the fallback after a handoff; None when no
-    model step ran) and the steps."""
+    """What after_answer sees: the answer (never empty: after_answer runs once there is one), how it was
+    reached (the pipeline, or a short-circuit), the model that answered (``answered_by``: the primary, or
+    the fallback after a handoff; None when no model step ran), whether it is a best-effort answer (the run
+    hit its phase cap before the planner was done: it is not remembered) and the steps."""
 
     text: str
     handled_by: Literal["pipeline", "short_circuit"]
     steps: list[StepSummary] = Field(default_factory=list)
     answered_by: Literal["primary", "fallback"] | None = None
+    best_effort: bool = False
 
 
 # --------------------------------------------------------------------------------------------------

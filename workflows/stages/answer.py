@@ -74,8 +74,9 @@ class AfterSynthesisSpec(StageSpec[AfterSynthesisCall, AfterSynthesisOutcome]):
 
 @runtime_checkable
 class AfterAnswerHook(Protocol):
-    """after_answer: once the final answer exists (synthesized or short-circuited). Return new text,
-    ``Stop``, or ``None``. An empty answer is an ``ExtensionError`` (the hook failed), not a request to retry."""
+    """after_answer: once a non-empty final answer exists (synthesized, short-circuited or best-effort:
+    ``answer.best_effort``). Return new text, ``Stop``, or ``None``. Returning an empty answer is an
+    ``ExtensionError`` (the hook failed), not a request to retry."""
 
     name: str
 
