@@ -862,3 +862,23 @@ async def test_identical_calls_of_one_phase_run_once_writes_included(client, tmp
     assert (by_id["quote-2"].status, by_id["quote-2"].cached_from) == (StepStatus.SUCCEEDED, "quote-1")
     assert by_id["quote-2"].output == by_id["quote-1"].output
     assert [outcomes.outcomes[s].status for s in ("trade-2", "quote-2")] == ["skipped", "cached"]
+
+
+async def test_a_step_whose_tool_ran_stays_in_the_failed_record_when_after_tool_fails(client, tmp_path):
+    class Broken:
+        name = "broken"
+        max_attempts = 1
+
+        def after_tool(self, ctx, call: ToolCall, outcome: ToolOutcomeView) -> None:
+            raise RuntimeError("formatter crashed")
+
+    async with Harness(client, tmp_path, hooks=[Broken()], planner=PhasedPlanner([trade("trade-1")])) as h:
+        out = await h.run("Buy 1 ACME")
+
+    assert out.failure is not None and out.failure.type == "ExtensionError"
+    assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 1
+    for record in (out.record, await out.stored()):
+        [step] = record.steps
+        assert (step.step_id, step.status) == ("trade-1", StepStatus.SUCCEEDED)
+        assert step.output is not None and step.idempotency_key
+        assert record.status.value == "failed"

@@ -170,7 +170,7 @@ class StepExecutor:
     async def execute(self, plan: Plan) -> ExecutionResult:
         """One activity per step, each started as soon as its dependencies have succeeded. If a step ends
         the run (a stop, a hook that fails closed, cancellation) the steps still running are cancelled, and
-        every step that finished is kept in the record."""
+        every step that finished — or had an outcome before a hook ended the run — is kept in the record."""
         self._listing.enter(EXECUTING)
         self._executing = plan
         self._tool_keys.update((step.step_id, step.tool_key) for step in plan.steps)
@@ -230,24 +230,31 @@ class StepExecutor:
             reviewer, comment = declined.reviewer or "the reviewer", declined.comment or ""
             result.skip_reason, result.skip_detail = "confirmation", f"declined by {reviewer}"
             result.result = f"{step.tool} was not run: {reviewer} declined it" + (f": {comment}" if comment else "")
-        if prepared.ready:
-            checkpoint = self._approved.get(step.step_id)
-            if checkpoint is not None:
-                # Execution receives a copy of the approved values, whatever holds the call meanwhile.
-                [approved] = [c for c in checkpoint.calls if c.step_id == step.step_id]
-                call.arguments = copy.deepcopy(approved.arguments)
-                result.arguments, result.approved_in = call.arguments, checkpoint.checkpoint_id
-            await self._run_once(step, prepared)
-        elif prepared.invalid:
-            await self._on_tool_error(step, call, result)
-        if result.status is StepStatus.FAILED:
-            self._state.recover(
-                "tool",
-                result.error_type or "ToolError",
-                result.error or "",
-                {"step_id": step.step_id, "tool": step.tool_key},
-            )
-        await self._after_tool(step, call, result)
+        try:
+            if prepared.ready:
+                checkpoint = self._approved.get(step.step_id)
+                if checkpoint is not None:
+                    # Execution receives a copy of the approved values, whatever holds the call meanwhile.
+                    [approved] = [c for c in checkpoint.calls if c.step_id == step.step_id]
+                    call.arguments = copy.deepcopy(approved.arguments)
+                    result.arguments, result.approved_in = call.arguments, checkpoint.checkpoint_id
+                await self._run_once(step, prepared)
+            elif prepared.invalid:
+                await self._on_tool_error(step, call, result)
+            if result.status is StepStatus.FAILED:
+                self._state.recover(
+                    "tool",
+                    result.error_type or "ToolError",
+                    result.error or "",
+                    {"step_id": step.step_id, "tool": step.tool_key},
+                )
+            await self._after_tool(step, call, result)
+        except BaseException:
+            # A step with an outcome — its tool ran, or it was skipped for a reason — stays in the record,
+            # whatever ends the run after it (a hook that fails closed, a stop); one cut off mid-call does not.
+            if result.status is not StepStatus.SKIPPED or result.skip_reason:
+                self._state.results[step.step_id] = result
+            raise
         limit = self._state.manifest.settings.max_tool_result_chars
         if result.result is not None and len(result.result) > limit:
             result.result = result.result[: max(0, limit - 1)] + "…"

@@ -177,9 +177,11 @@ class OnToolErrorSpec(StageSpec[ToolErrorCall, ToolErrorOutcome]):
 
 @runtime_checkable
 class AfterToolHook(Protocol):
-    """after_tool: every step's outcome — ``executed`` (raw output), ``skipped`` (policy/missing) or
-    ``failed``. Return new result text or ``None``; the execution status never changes. Chained in order;
-    the text is capped after the last hook. A failure ends the run with ``ExtensionError``."""
+    """after_tool: every step's outcome — ``executed`` (its raw output), ``cached`` (answered from an
+    earlier identical read, ``from_step``; no raw output), ``skipped`` (``reason``: policy, confirmation,
+    missing or duplicate) or ``failed``. Return new result text or ``None``; the execution status never
+    changes. Chained in order; the text is capped after the last hook. A failure ends the run with
+    ``ExtensionError``; the step stays in the record as it ran."""
 
     name: str
 
