@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from pydantic import JsonValue
 
 from workflows.models import (
+    MAX_EFFECTS_PER_INVOCATION,
     DetachedWork,
     DetachedWorkResult,
     EffectStatus,
@@ -41,6 +42,8 @@ from workflows.models import (
 )
 
 logger = logging.getLogger(__name__)
+# The card that counts the effects an invocation reported beyond ``MAX_EFFECTS_PER_INVOCATION``.
+OVERFLOW_EFFECT_ID = "effects-dropped"
 
 __all__ = [
     "DetachedContext",
@@ -113,6 +116,7 @@ class PipelineContext:
     state: dict[str, JsonValue] = field(default_factory=dict)
     _hook: Any = field(default=None, repr=False)
     _effects: dict[str, PipelineHookEffect] = field(default_factory=dict, repr=False)
+    _dropped_effects: int = field(default=0, repr=False)
     _detached: dict[str, DetachedWork] = field(default_factory=dict, repr=False)
     _leases: dict[str, ManagedLease] = field(default_factory=dict, repr=False)
     # Ids of the leases the request owner (the workflow) already holds for this request.
@@ -172,9 +176,11 @@ class PipelineContext:
     ) -> PipelineHookEffect:
         """Record work this invocation attempted and what it observed.
 
-        Reporting the same ``effect_id`` again replaces the earlier report: one effect, one card. Data
-        over 32 KiB of JSON is kept by reference (digest, size, preview). A report that cannot be kept
-        (non-JSON data, say) is recorded as a failed effect; it never raises into the hook.
+        Reporting the same ``effect_id`` again replaces the earlier report: one effect, one card. Every
+        field is bounded: data over 32 KiB of JSON is kept by reference (digest, size, preview), texts are
+        clipped, and an invocation keeps at most ``MAX_EFFECTS_PER_INVOCATION`` effects (the last card says
+        how many more were dropped). A report that cannot be kept (non-JSON data, say) is recorded as a
+        failed effect. Reporting never raises into the hook and never changes the request's outcome.
         """
         fields = {
             "effect_id": effect_id,
@@ -202,6 +208,19 @@ class PipelineContext:
                 hook=self.hook_name,
                 stage=self.stage,
             )
+        if effect_id not in self._effects and len(self._effects) >= MAX_EFFECTS_PER_INVOCATION:
+            # Bounded like every effect field: one beyond the limit is counted on one card, never kept.
+            self._dropped_effects += 1
+            logger.warning("hook %s: effect %r dropped: over %d effects", self.hook_name, effect_id, len(self._effects))
+            self._effects[OVERFLOW_EFFECT_ID] = PipelineHookEffect(
+                effect_id=OVERFLOW_EFFECT_ID,
+                name="effects beyond the limit",
+                status=EffectStatus.FAILED,
+                summary=f"{self._dropped_effects} effect(s) beyond {MAX_EFFECTS_PER_INVOCATION} were dropped",
+                hook=self.hook_name,
+                stage=self.stage,
+            )
+            return effect
         self._effects[effect_id] = effect
         return effect
 

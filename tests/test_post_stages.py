@@ -607,3 +607,31 @@ async def test_a_required_rejection_span_says_fail_closed_terminate(client, tmp_
     assert span_decision(span) == ("fail_closed", "terminate", "hook_error")
     assert span_decision(span) == decision(out.record.invocations(Stage.AFTER_PLANNING, "gate")[0])
     assert span.status.status_code.name == "ERROR"
+
+
+async def test_reporting_an_effect_never_changes_the_outcome_however_much_a_hook_reports(client, tmp_path):
+    """A fail-open hook reports an effect with a 2 MiB summary and name, and a hundred more: the request
+    completes as it would without them; the record keeps every field bounded and the overflow counted."""
+
+    class Loud:
+        name = "loud"
+
+        async def after_execution(self, ctx, execution):
+            ctx.report_effect("huge", name="n" * 10_000, summary="s" * (2 * 1024 * 1024), error="e" * 100_000)
+            for n in range(100):
+                ctx.report_effect(f"e{n}", name="one of many", data={"blob": "x" * 50_000})
+
+    async with Harness(client, tmp_path, hooks=[Loud()]) as h:
+        out = await h.run("What is the price of ACME?")
+
+    assert out.failure is None, out.failure
+    assert out.result.response == ACME
+    for record in (out.record, await out.stored()):
+        effects = {e.effect_id: e for e in record.effects if e.hook == "loud"}
+        huge = effects["huge"]
+        assert (len(huge.name), len(huge.summary), len(huge.error or "")) == (200, 2_000, 4_000)
+        assert huge.summary.endswith("…")
+        assert len(effects) == 64 + 1  # the limit, and the card that counts the rest
+        dropped = effects["effects-dropped"]
+        assert dropped.status.value == "failed" and dropped.summary == "37 effect(s) beyond 64 were dropped"
+        assert all(e.data["$truncated"] for i, e in effects.items() if i.startswith("e") and i[1:].isdigit())

@@ -110,6 +110,7 @@ from ._model_calls import (
 from ._pipeline import (
     CHAIN_RESERVE_SECONDS,
     MAX_CHECKPOINT_EXPIRY_SECONDS,
+    MAX_EFFECTS_PER_INVOCATION,
     MIN_CHAIN_START_SECONDS,
     DetachedWork,
     EffectStatus,
@@ -318,6 +319,7 @@ __all__ = [
     "LifecycleBoundary",
     "CHAIN_RESERVE_SECONDS",
     "MAX_CHECKPOINT_EXPIRY_SECONDS",
+    "MAX_EFFECTS_PER_INVOCATION",
     "MIN_CHAIN_START_SECONDS",
     "MAX_EFFECT_VALUE_BYTES",
     "MAX_INLINE_PAYLOAD_BYTES",

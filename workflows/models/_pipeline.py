@@ -9,9 +9,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage
+from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage, bounded_value
 from ._plans import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
@@ -236,7 +236,11 @@ class EffectStatus(StrEnum):
 
 class PipelineHookEffect(BaseModel):
     """A versioned record of work a hook attempted and what it observed; detached work may later bring
-    the same effect from pending to a terminal state."""
+    the same effect from pending to a terminal state.
+
+    Every field is bounded as it is set — texts clipped (with ``…``), ``data`` over 32 KiB of JSON kept by
+    reference (``bounded_value``) — so what a hook reports can never grow the record past what Temporal
+    carries: reporting an effect never changes the request's outcome."""
 
     effect_id: str
     schema_version: int = 1
@@ -249,6 +253,40 @@ class PipelineHookEffect(BaseModel):
     error: str | None = None
     hook: str | None = None
     stage: Stage | None = None
+
+    @field_validator("effect_id", "name", "hook", mode="before")
+    @classmethod
+    def _short(cls, value: Any) -> Any:
+        return clipped(value, MAX_EFFECT_NAME_CHARS)
+
+    @field_validator("summary", mode="before")
+    @classmethod
+    def _summary(cls, value: Any) -> Any:
+        return clipped(value, MAX_EFFECT_SUMMARY_CHARS)
+
+    @field_validator("error", mode="before")
+    @classmethod
+    def _error(cls, value: Any) -> Any:
+        return clipped(value, MAX_EFFECT_ERROR_CHARS)
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _data(cls, value: Any) -> Any:
+        return bounded_value(value)
+
+
+# Bounds on an effect's texts (see ``PipelineHookEffect``) and on the effects one invocation reports.
+MAX_EFFECT_NAME_CHARS = 200
+MAX_EFFECT_SUMMARY_CHARS = 2_000
+MAX_EFFECT_ERROR_CHARS = 4_000
+MAX_EFFECTS_PER_INVOCATION = 64
+
+
+def clipped(value: Any, limit: int) -> Any:
+    """``value`` cut to ``limit`` characters (its last one ``…``) when it is a longer string."""
+    if isinstance(value, str) and len(value) > limit:
+        return value[: limit - 1] + "…"
+    return value
 
 
 class DetachedWork(BaseModel):
