@@ -39,8 +39,10 @@ def hook_runtime(settings: Settings) -> DeclaredHookRuntime:
 
 
 def settings_declared_hooks(settings: Settings) -> list[DeclaredHook]:
-    """The declared hooks of ``AGENT_HOOKS_FILE`` (none when unset). A bad file raises
-    ``DeclaredHookConfigError`` (the worker exits 2 naming the entry and field)."""
+    """The declared hooks of ``AGENT_HOOKS_FILE`` (none when unset): what both the worker's start and
+    ``worker.py --check`` load. A bad file — an invalid entry, a missing command, or a hooks file, command
+    or script others could change — raises ``DeclaredHookConfigError`` (the worker exits 2 naming the
+    entry and field, or the file and the fix)."""
     if settings.hooks_file is None:
         return []
     try:
@@ -106,7 +108,12 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     if path is None:
         print("error: give --file or set AGENT_HOOKS_FILE", file=sys.stderr)
         return 2
-    spec = next((h for h in load_hooks_file(path) if h.id == args.hook), None)
+    try:
+        specs = load_hooks_file(path)
+    except DeclaredHookConfigError as err:
+        print(f"error ({err.reason}): {err}", file=sys.stderr)
+        return 2
+    spec = next((h for h in specs if h.id == args.hook), None)
     if spec is None:
         print(f"error: no hook {args.hook!r} in {path}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ class Reply:
     body: Any = None  # dict/list → JSON; str/bytes sent as is
     delay: float = 0.0
     content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,6 +63,8 @@ class _Server:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", reply.content_type)
                     self.send_header("Content-Length", str(len(data)))
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):

@@ -35,7 +35,7 @@ from hooks.declarative import (
 from hooks.declarative.handlers import HandlerError, post_json
 from workflows.models import HookChain
 
-from .hook_servers import Reply, Webhook
+from .hook_servers import ChatCompletions, Reply, Webhook, decide_reply
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KEY = SecretBox.generate_key()
@@ -587,3 +587,167 @@ def test_the_settings_hold_a_pipelines_own_declared_hooks_to_the_edition_and_bud
     assert build_pipeline(
         Settings.from_env({"AGENT_STATE_DIR": str(tmp_path / "state")}), hooks=own, planner=RulePlanner()
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Files others could change, and commands that are not there: refused at start-up
+# --------------------------------------------------------------------------------------------------
+
+NOBODY = 65534
+
+
+def guarded_by(command_line: str) -> list[dict]:
+    return [command("guard", config={"command": command_line})]
+
+
+def hook_script(directory: Path, mode: int = 0o644) -> Path:
+    directory.mkdir(exist_ok=True)
+    path = directory / "guard.sh"
+    path.write_text("cat >/dev/null\nexit 0\n")
+    path.chmod(mode)
+    return path
+
+
+def _world_writable_hooks_file(tmp_path: Path) -> tuple[list[dict], str]:
+    (tmp_path / "hooks.json").touch()
+    (tmp_path / "hooks.json").chmod(0o666)
+    return [command("guard")], f"declared hooks file {tmp_path / 'hooks.json'} is writable by group or others"
+
+
+def _group_writable_script(tmp_path: Path) -> tuple[list[dict], str]:
+    script = hook_script(tmp_path / "bin", 0o664)
+    return guarded_by(f"bash {script}"), f"script {script} is writable by group or others (mode 664)"
+
+
+def _world_writable_executable(tmp_path: Path) -> tuple[list[dict], str]:
+    script = hook_script(tmp_path / "bin", 0o777)
+    script.write_text("#!/bin/sh\nexit 0\n")
+    return guarded_by(str(script)), f"command {script} is writable by group or others"
+
+
+def _script_of_another_user(tmp_path: Path) -> tuple[list[dict], str]:
+    script = hook_script(tmp_path / "bin")
+    os.chown(script, NOBODY, NOBODY)
+    return guarded_by(f"bash {script}"), f"script {script} is owned by nobody"
+
+
+def _script_in_a_world_writable_directory(tmp_path: Path) -> tuple[list[dict], str]:
+    script = hook_script(tmp_path / "shared")
+    (tmp_path / "shared").chmod(0o777)
+    return guarded_by(f"bash {script}"), "which others can write without the sticky bit"
+
+
+def _symlink_in_a_world_writable_directory(tmp_path: Path) -> tuple[list[dict], str]:
+    script = hook_script(tmp_path / "bin")
+    (tmp_path / "shared").mkdir(mode=0o777)
+    (tmp_path / "shared").chmod(0o777)
+    (tmp_path / "shared" / "guard.sh").symlink_to(script)
+    return guarded_by(f"bash {tmp_path / 'shared' / 'guard.sh'}"), f"is in {tmp_path / 'shared'}"
+
+
+def _missing_command(tmp_path: Path) -> tuple[list[dict], str]:
+    return guarded_by("no-such-hook-binary --check"), "command 'no-such-hook-binary' cannot be started"
+
+
+def _missing_script(tmp_path: Path) -> tuple[list[dict], str]:
+    return guarded_by(f"python3 {tmp_path / 'gone.py'}"), "gone.py does not exist"
+
+
+REFUSALS = {
+    "world-writable-hooks-file": (_world_writable_hooks_file, "untrusted_hook_file", "fix: chmod go-w"),
+    "group-writable-script": (_group_writable_script, "untrusted_hook_file", "fix: chmod go-w"),
+    "world-writable-executable": (_world_writable_executable, "untrusted_hook_file", "fix: chmod go-w"),
+    "script-of-another-user": (_script_of_another_user, "untrusted_hook_file", "fix: chown root"),
+    "world-writable-directory": (_script_in_a_world_writable_directory, "untrusted_hook_file", "fix: chmod o-w"),
+    "symlink-in-world-writable-directory": (
+        _symlink_in_a_world_writable_directory,
+        "untrusted_hook_file",
+        "fix: chmod o-w",
+    ),
+    "missing-command": (_missing_command, "invalid_declared_hook", "entry 0 ('guard'): field config.command"),
+    "missing-script": (_missing_script, "invalid_declared_hook", "entry 0 ('guard'): field config.command"),
+}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize(
+    "case, args",
+    [*((case, ("--check",)) for case in REFUSALS), ("world-writable-hooks-file", ()), ("group-writable-script", ())],
+    ids=[*(f"{case}-check" for case in REFUSALS), "world-writable-hooks-file-start", "group-writable-script-start"],
+)
+def test_the_worker_refuses_hooks_files_and_commands_others_could_change_or_that_are_missing(tmp_path, case, args):
+    """``--check`` and the worker's start both refuse, before anything connects, with one line naming the
+    file and the fix, and exit 2: a hooks file, command or interpreter script that is writable by group
+    or others, owned by another user, or in a directory others can write without the sticky bit (through
+    a symlink too), and a command or script that is not there."""
+    make, reason, fix = REFUSALS[case]
+    hooks, problem = make(tmp_path)
+    run = worker_check(tmp_path, hooks, *args)  # (rewriting the file keeps its mode)
+    assert run.returncode == 2, run.stdout + run.stderr
+    [line] = [line for line in run.stderr.splitlines() if line.startswith("pipeline configuration error")]
+    assert line.startswith(f"pipeline configuration error ({reason}): ") and problem in line and fix in line, line
+    assert "Traceback" not in run.stderr and "pipeline ok" not in run.stdout and "worker polling" not in run.stdout
+
+
+def test_a_command_in_a_sticky_shared_directory_is_trusted_and_a_disabled_hook_is_not_checked(tmp_path):
+    """A world-writable directory with the sticky bit (like /tmp) lets no one replace another's file; a
+    disabled hook never runs, so its command is not checked."""
+    script = hook_script(tmp_path / "shared")
+    (tmp_path / "shared").chmod(0o1777)
+    hooks = [
+        command("guard", config={"command": f"bash {script}"}),
+        command("off", enabled=False, config={"command": "no-such-hook-binary"}),
+    ]
+    run = worker_check(tmp_path, hooks, "--check")
+    assert run.returncode == 0, run.stderr
+    assert "guard [before_tool]" in run.stdout and "pipeline ok" in run.stdout
+
+
+def test_building_the_hooks_refuses_what_the_worker_refuses(tmp_path):
+    """The same check holds declared hooks a pipeline builds itself (``declared_hooks``): it names the
+    entry, the field and the fix."""
+    script = hook_script(tmp_path / "bin", 0o646)
+    runtime = DeclaredHookRuntime(store=HookStore(tmp_path / "h.sqlite3"))
+    with pytest.raises(DeclaredHookConfigError) as caught:
+        declared_hooks(
+            parse_hooks({"hooks": [command("ok"), command("bad", config={"command": f"bash {script}"})]}), runtime
+        )
+    err = caught.value
+    assert (err.reason, err.index, err.hook, err.field) == ("untrusted_hook_file", 1, "bad", "config.command")
+    assert f"fix: chmod go-w {script}" in str(err)
+    with pytest.raises(DeclaredHookConfigError, match="cannot be started") as missing:
+        declared_hook(parse_hooks({"hooks": [command("gone", config={"command": "no-such-hook-binary"})]})[0], runtime)
+    assert missing.value.reason == "invalid_declared_hook"
+
+
+@pytest.mark.parametrize("tokens", [-1000, float("inf"), "lots", None], ids=["negative", "infinite", "text", "none"])
+async def test_an_evaluator_reporting_nonsense_usage_never_refunds_the_budget(tmp_path, tokens):
+    """The tokens an evaluator says it used are deducted from the tenant's budget: a negative, infinite
+    or non-numeric count deducts nothing — and gives nothing back."""
+    reply = decide_reply("allow", "fine")
+    reply.body["usage"] = {"total_tokens": tokens}
+    llm = ChatCompletions(lambda body: reply)
+    try:
+        store = HookStore(tmp_path / "h.sqlite3")
+        store.set_budget("acme", 200, used=100)
+        runtime = DeclaredHookRuntime(store=store, allow_loopback=True)
+        [spec] = parse_hooks(
+            {
+                "hooks": [
+                    {
+                        "id": "judge",
+                        "event": "pre_tool_use",
+                        "handler_type": "prompt",
+                        "matcher": "^shell/",
+                        "config": {"prompt_template": "judge", "model": "m", "endpoint": llm.endpoint},
+                    }
+                ]
+            }
+        )
+        result = await dry_run(
+            spec, runtime, {"tool_name": "shell/exec", "tool_input": {"cmd": "ls"}, "tenant_id": "acme"}
+        )
+    finally:
+        llm.close()
+    assert (result.decision, result.status) == ("allow", "completed")
+    assert store.budget_remaining("acme") == (100, 200)

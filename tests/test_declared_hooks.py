@@ -4,6 +4,7 @@ breaker across workers, audit rows (dedup under retry, encrypted errors) and spa
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -241,14 +242,17 @@ async def test_command_hook_allow_block_continue_false_error_and_timeout(client,
     assert only("exit2").metadata["trace_id"] == format(hook_span.context.trace_id, "032x")
 
 
-@pytest.mark.parametrize(
-    "command", ["bash /nonexistent/hook.sh", "python3 /nonexistent/hook.py", "/nonexistent/bin/hook"]
-)
-async def test_a_command_that_cannot_start_is_an_error_not_a_deliberate_block(client, tmp_path, command):
-    """``python3 /missing.py`` exits 2 — which would read as a block. The command is checked before it
-    runs, so the audit row says error (fail-closed) with the cause, distinguishable from a decision."""
+@pytest.mark.parametrize("interpreter", ["bash", "python3", None], ids=["bash-script", "python-script", "executable"])
+async def test_a_command_gone_since_start_up_is_an_error_not_a_deliberate_block(client, tmp_path, interpreter):
+    """``python3 /missing.py`` exits 2 — which would read as a block. A missing command stops the worker
+    at start-up (``test_declared_config``); one removed since is checked again before each run, so the
+    audit row says error (fail-closed) with the cause, distinguishable from a decision."""
+    path = tmp_path / "hook"
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
     rt = runtime_for(tmp_path / "hooks.sqlite3")
-    hooks = declare(rt, cmd_hook("guard", command))
+    hooks = declare(rt, cmd_hook("guard", f"{interpreter} {path}" if interpreter else str(path)))
+    path.unlink()
     tool = Shell()
     async with harness(client, tmp_path, hooks, shell("s1", "ls"), tools=[tool, Echo()]) as h:
         out = await h.run("list files")
@@ -282,26 +286,59 @@ def http_hook(id: str, url: str, event: str = "pre_tool_use", **fields: Any) -> 
         ([Reply(body={"decision": "allow"})], "allowed", "completed", 1),
         ([Reply(body={"decision": "block", "reason": "shell is off"})], "shell is off", "completed", 1),
         ([Reply(body={"continue": False})], "blocked", "completed", 1),
-        ([Reply(body="<html>ok</html>", content_type="text/html")], "allowed", "completed", 1),
+        ([Reply(body={})], "allowed", "completed", 1),
+        ([Reply(body="<html>ok</html>", content_type="text/html")], "unparseable_output", "error", 1),
+        ([Reply(body='{"decision": "block", "rea')], "unparseable_output", "error", 1),
+        ([Reply(body=None)], "unparseable_output", "error", 1),
+        ([Reply(status=204)], "unparseable_output", "error", 1),
+        ([Reply(body=b"\xff\xfe{}")], "unparseable_output", "error", 1),
+        (
+            [Reply(body=gzip.compress(b'{"decision": "allow"}'), headers={"Content-Encoding": "gzip"})],
+            "unparseable_output",
+            "error",
+            1,
+        ),
+        ([Reply(body=["allow"])], "invalid_output", "error", 1),
+        ([Reply(body={"decision": "Allow"})], "invalid_output", "error", 1),
+        ([Reply(body={"continue": "false"})], "invalid_output", "error", 1),
         ([Reply(status=403, body={"error": "forbidden"})], "hook_error", "error", 1),
         ([Reply(status=503, body="busy"), Reply(body={"decision": "allow"})], "allowed", "completed", 2),
         ([Reply(status=500), Reply(status=502)], "hook_error", "error", 2),
-        ([Reply(body=b"x" * (1024 * 1024 + 10), content_type="application/octet-stream")], "hook_error", "error", 1),
+        (
+            [Reply(body=b"x" * (1024 * 1024 + 10), content_type="application/octet-stream")],
+            "output_over_cap",
+            "error",
+            1,
+        ),
+        ([Reply(body={"decision": "block", "reason": "x" * (1024 * 1024)})], "output_over_cap", "error", 1),
         ([Reply(body={"decision": "allow"}, delay=1.5)], "timeout", "timeout", 1),
     ],
     ids=[
         "allow",
         "block",
         "continue-false",
-        "non-json-allows",
+        "empty-object-allows",
+        "html-blocks",
+        "truncated-json",
+        "empty-body",
+        "no-content",
+        "not-utf8",
+        "gzip-refused",
+        "json-array",
+        "unknown-decision",
+        "continue-not-a-bool",
         "4xx-fails-closed",
         "5xx-retried-once",
         "5xx-twice",
         "over-1MiB",
+        "over-1MiB-block-reason",
         "timeout",
     ],
 )
 async def test_http_hook_response_contract(client, tmp_path, replies, expected, status, calls):
+    """What a 2xx answer must be: a JSON object of the contract (an empty one allows). Anything else —
+    not JSON, cut off, empty, compressed, over 1 MiB (even an answer that blocks), JSON of another shape —
+    blocks the call with a reason saying which, never allows it."""
     server = Webhook(*replies)
     try:
         rt = runtime_for(tmp_path / "hooks.sqlite3")
@@ -318,7 +355,9 @@ async def test_http_hook_response_contract(client, tmp_path, replies, expected, 
     if expected == "allowed":
         assert tool.ran == ["ls"] and r.decision == "allow"
     else:
-        assert tool.ran == [] and r.decision == "block" and steps(out)["s1"].skip_detail == expected
+        assert tool.ran == [] and "execute_tool_step" not in out.activity_types()
+        assert r.decision == "block" and steps(out)["s1"].skip_detail == expected
+        assert status == "completed" or r.reason == expected  # a failure's reason is in its audit row
     last_status = None if status == "timeout" else replies[calls - 1].status
     assert r.metadata.get("http_status") == last_status
 
@@ -670,10 +709,24 @@ async def test_prompt_hook_decides_through_decide_and_caches_until_the_version_c
                 ]
             }
         ),
+        Reply(body={"choices": [{"message": "allow"}]}),
+        Reply(body={"choices": [{"message": {"tool_calls": {"function": {"name": "decide"}}}}]}),
+        Reply(body="Sure, allow it.", content_type="text/plain"),
+        Reply(body='{"choices": [{"message": {"tool_calls": [{"function": {"name": "decide", "argum'),
+        Reply(body={"choices": [], "padding": "x" * (1024 * 1024)}),
     ],
-    ids=["free-text", "unknown-decision", "malformed-arguments"],
+    ids=[
+        "free-text",
+        "unknown-decision",
+        "malformed-arguments",
+        "message-not-an-object",
+        "tool-calls-not-a-list",
+        "not-json",
+        "truncated",
+        "over-1MiB",
+    ],
 )
-async def test_prompt_hook_fails_closed_without_a_valid_decide_call(client, tmp_path, reply):
+async def test_prompt_hook_fails_closed_without_a_valid_decide_call(client, tmp_path, reply, request):
     llm = ChatCompletions(lambda body: reply)
     try:
         rt = runtime_for(tmp_path / "hooks.sqlite3")
@@ -684,10 +737,13 @@ async def test_prompt_hook_fails_closed_without_a_valid_decide_call(client, tmp_
             out = await h.run("list")
     finally:
         llm.close()
+    expected = {"not-json": "unparseable_output", "truncated": "unparseable_output", "over-1MiB": "output_over_cap"}
+    reason = expected.get(request.node.callspec.id, "invalid_output")
     assert out.failure is None, out.failure
-    assert tool.ran == [] and steps(out)["s1"].skip_detail == "hook_error"
+    assert tool.ran == [] and steps(out)["s1"].skip_detail == reason
     [r] = rows(rt, "judge")
-    assert (r.decision, r.status) == ("block", "error") and "decide" in r.error
+    assert (r.decision, r.status, r.reason) == ("block", "error", reason)
+    assert reason != "invalid_output" or "decide" in r.error or "message" in r.error
 
 
 async def test_prompt_injection_detected_blocks_and_updated_input_modifies(client, tmp_path):

@@ -21,6 +21,7 @@ import cel
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from ..registry import InvalidPipelineConfigError
+from .trust import untrusted
 
 DEFAULT_TIMEOUT_MS = 5_000
 MAX_TIMEOUT_MS = 10_000
@@ -253,13 +254,25 @@ class DeclaredHooksFile(BaseModel):
     hooks: list[DeclaredHookSpec] = Field(default_factory=list)
 
 
+REASON_INVALID = "invalid_declared_hook"
+# A hooks file, command or script that others could change: the worker would run what they wrote.
+REASON_UNTRUSTED = "untrusted_hook_file"
+
+
 class DeclaredHookConfigError(InvalidPipelineConfigError):
-    """A declared-hooks file cannot be used; ``index`` is the entry, ``field`` the offending field."""
+    """A declared-hooks file cannot be used; ``index`` is the entry, ``field`` the offending field;
+    ``reason`` is ``invalid_declared_hook``, or ``untrusted_hook_file`` for a file others could change."""
 
     def __init__(
-        self, message: str, *, index: int | None = None, hook: str | None = None, field: str | None = None
+        self,
+        message: str,
+        *,
+        index: int | None = None,
+        hook: str | None = None,
+        field: str | None = None,
+        reason: str = REASON_INVALID,
     ) -> None:
-        super().__init__(message, reason="invalid_declared_hook", index=index, hook=hook)
+        super().__init__(message, reason=reason, index=index, hook=hook)
         self.field = field
 
 
@@ -332,8 +345,12 @@ def check_edition(
 
 
 def load_hooks_file(path: str | Path) -> list[CommandHook | HttpHook | PromptHook]:
-    """Read and validate a declared-hooks file (``.json`` or ``.toml``)."""
+    """Read and validate a declared-hooks file (``.json`` or ``.toml``), which must be one only the
+    worker's user or root can change (:func:`~hooks.declarative.trust.untrusted`)."""
     path = Path(path)
+    problem = untrusted(path, "declared hooks file")
+    if problem is not None:
+        raise DeclaredHookConfigError(problem, reason=REASON_UNTRUSTED)
     try:
         text = path.read_text()
     except OSError as err:

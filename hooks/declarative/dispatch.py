@@ -19,10 +19,13 @@ a detached effect (a ``DetachedEffect`` child the request does not wait for), wh
 handler; what it answers (``additionalContext``, ``updatedInput``, a block) is recorded as ignored.
 
 Every invocation leaves one audit row, keyed by the activity's identity (a detached one by its effect),
-so a retry never writes twice. Blocking events fail closed: an error blocks, a timeout follows
-``on_timeout``, a spent chain decides as a timeout would (``chain_budget_exhausted``), and a tripped breaker
-blocks with ``circuit_open`` until re-enabled. A handler the worker's edition does not allow (``command``
-under ``standard``) never runs, however the hook reached dispatch.
+so a retry never writes twice. Blocking events fail closed: an error blocks — an answer over the cap,
+not JSON or not the contract too (``output_over_cap``, ``unparseable_output``, ``invalid_output``) — a
+timeout follows ``on_timeout`` (and kills the command's whole process tree), a spent chain decides as a
+timeout would (``chain_budget_exhausted``), and a tripped breaker blocks with ``circuit_open`` until
+re-enabled. A handler the worker's edition does not allow (``command`` under ``standard``) never runs,
+however the hook reached dispatch; nor does a command that is missing or that others could change,
+refused when the hooks are built and checked again before each run (``untrusted_command``).
 """
 
 from __future__ import annotations
@@ -65,7 +68,10 @@ from .config import (
     DEFAULT_EDITION,
     EDITION_HANDLERS,
     MAX_CHAIN_BUDGET_SECONDS,
+    REASON_INVALID,
+    REASON_UNTRUSTED,
     CommandHook,
+    DeclaredHookConfigError,
     Edition,
     HookEvent,
     HttpHook,
@@ -75,14 +81,17 @@ from .config import (
     load_hooks_file,
 )
 from .handlers import (
+    REASON_UNTRUSTED_COMMAND,
     DecideArguments,
     HandlerError,
     HandlerResult,
+    command_environment,
     decide_result,
     prompt_cache_key,
     run_command,
     run_http,
     run_prompt,
+    startable_argv,
 )
 from .security import SecretBox
 from .store import GLOBAL_TENANT, ExecutionRow, HookStore
@@ -329,15 +338,18 @@ async def _decide(
         metadata["chain_time_left_ms"] = round(limit * 1000.0, 1)
     if limit <= 0:
         return failed("timeout", f"{exhausted} before the handler could start", reason=REASON_CHAIN_BUDGET_EXHAUSTED)
+    report: dict[str, Any] = {}  # what a command's process did, kept if it is cut off
     try:
         async with asyncio.timeout(limit):
-            outcome = await _run_handler(spec, runtime, event, state, turn_key)
+            outcome = await _run_handler(spec, runtime, event, state, turn_key, report)
     except TimeoutError:
         if capped:
-            return failed("timeout", f"{exhausted} after {limit * 1000.0:.0f} ms", reason=REASON_CHAIN_BUDGET_EXHAUSTED)
-        return failed("timeout", f"hook did not answer within {spec.timeout_ms} ms")
+            return failed(
+                "timeout", f"{exhausted} after {limit * 1000.0:.0f} ms", report, reason=REASON_CHAIN_BUDGET_EXHAUSTED
+            )
+        return failed("timeout", f"hook did not answer within {spec.timeout_ms} ms", report)
     except HandlerError as err:
-        result = failed("error", str(err), err.metadata)
+        result = failed("error", str(err), err.metadata, reason=err.reason)
         result.output = err.output
         return result
     except Exception as err:  # noqa: BLE001 - any unhandled error: fail closed on blocking events
@@ -355,10 +367,15 @@ async def _decide(
 
 
 async def _run_handler(
-    spec: DeclaredSpec, runtime: DeclaredHookRuntime, event: HookEventData, state: dict[str, Any], turn_key: str | None
+    spec: DeclaredSpec,
+    runtime: DeclaredHookRuntime,
+    event: HookEventData,
+    state: dict[str, Any],
+    turn_key: str | None,
+    report: dict[str, Any],
 ) -> HandlerResult:
     if isinstance(spec, CommandHook):
-        return await run_command(spec.config, event.payload, environ=runtime.environ)
+        return await run_command(spec.config, event.payload, environ=runtime.environ, report=report)
     if isinstance(spec, HttpHook):
         return await run_http(
             spec.config, event.payload, secrets=runtime.secrets, allow_loopback=runtime.allow_loopback
@@ -664,10 +681,31 @@ _ADAPTERS: dict[HookEvent, type[DeclaredHook]] = {
 }
 
 
+def check_command(spec: DeclaredSpec, runtime: DeclaredHookRuntime, *, who: str, index: int | None = None) -> None:
+    """Refuse a command hook whose command cannot start (a missing executable, script or cwd:
+    ``invalid_declared_hook``) or is a file others could change (``untrusted_hook_file``, with the fix),
+    before it is ever run — the check each run repeats (``startable_argv``)."""
+    if not isinstance(spec, CommandHook):
+        return
+    try:
+        startable_argv(spec.config, command_environment(spec.config, runtime.environ))
+    except HandlerError as err:
+        untrusted = err.reason == REASON_UNTRUSTED_COMMAND
+        raise DeclaredHookConfigError(
+            f"{who}: field config.command: {err}",
+            index=index,
+            hook=spec.id,
+            field="config.command",
+            reason=REASON_UNTRUSTED if untrusted else REASON_INVALID,
+        ) from None
+
+
 def declared_hook(spec: DeclaredSpec, runtime: DeclaredHookRuntime) -> DeclaredHook:
     """The pipeline hook for one declared hook (its stage is fixed by its event); a handler the runtime's
-    edition does not allow raises ``DeclaredHookConfigError``."""
+    edition does not allow, or a command that cannot start or others could change, raises
+    ``DeclaredHookConfigError``."""
     check_edition([spec], runtime.edition, source=f"declared hook {spec.id!r}")
+    check_command(spec, runtime, who=f"declared hook {spec.id!r}")
     return _ADAPTERS[spec.event](spec, runtime)
 
 
@@ -676,14 +714,16 @@ def declared_hooks(
 ) -> list[DeclaredHook]:
     """Pipeline hooks for the enabled specs, each registered in the store (new ones start enabled; a
     tripped one stays tripped until an operator re-enables it). A handler the runtime's edition does not
-    allow — enabled or not — raises ``DeclaredHookConfigError`` naming the entry, the hook and the edition."""
+    allow — enabled or not — raises ``DeclaredHookConfigError`` naming the entry, the hook and the edition;
+    so does an enabled command hook whose command cannot start or is a file others could change."""
     check_edition(specs, runtime.edition, source=source)
+    enabled = [(index, spec) for index, spec in enumerate(specs) if spec.enabled]
+    for index, spec in enabled:
+        check_command(spec, runtime, who=f"{source}: entry {index} ({spec.id!r})", index=index)
     hooks = []
-    for spec in specs:
-        if not spec.enabled:
-            continue
+    for _, spec in enabled:
         runtime.store.register(spec)
-        hooks.append(declared_hook(spec, runtime))
+        hooks.append(_ADAPTERS[spec.event](spec, runtime))
     return hooks
 
 

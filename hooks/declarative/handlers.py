@@ -2,20 +2,24 @@
 
 Each returns a :class:`HandlerResult` (a decision the hook *made*) or raises :class:`HandlerError` (the
 hook could not decide: the dispatcher fails closed on blocking events). Timeouts are the dispatcher's.
+
+What a hook answers is read under a cap while it arrives and must be the contract, or nothing: output
+over the cap (``output_over_cap``), output that is not JSON — cut off, garbage, or an empty HTTP body
+(``unparseable_output``) — and JSON that is not the contract (``invalid_output``) are errors with those
+reasons, so a blocking event blocks. Only a command's empty stdout (exit 0) allows without an answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import secrets as pysecrets
 import shlex
 import shutil
-import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +29,20 @@ import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .config import CommandConfig, HttpConfig, PromptHook
+from .processes import run_capped
 from .security import BlockedAddress, SecretBox, decrypted_values, resolve_target
 from .store import HookStore
+from .trust import untrusted
 
 logger = logging.getLogger(__name__)
 
-MAX_RESPONSE_BYTES = 1024 * 1024
+MAX_RESPONSE_BYTES = 1024 * 1024  # of a command's stdout or stderr, an HTTP body: more stops the hook
 MAX_OUTPUT_CHARS = 4_000  # of stdout/stderr kept for dry-run output and reasons
+STDERR_KEEP_BYTES = 8 * 1024  # of stderr kept (the rest is counted, up to the cap)
+REASON_OUTPUT_OVER_CAP = "output_over_cap"
+REASON_UNPARSEABLE_OUTPUT = "unparseable_output"
+REASON_INVALID_OUTPUT = "invalid_output"
+REASON_UNTRUSTED_COMMAND = "untrusted_command"
 RETRY_AFTER_5XX_SECONDS = 1.0
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Interpreters whose first non-option argument is a script file that must exist before we run them:
@@ -59,14 +70,21 @@ _INLINE_FLAGS = {"-c", "-m", "-e", "--eval", "-E", "-r", "--command"}
 
 
 class HandlerError(Exception):
-    """The handler could not reach a decision (not a block)."""
+    """The handler could not reach a decision (not a block). ``reason`` is a stable code for what went
+    wrong (``output_over_cap``, ``unparseable_output``, ...); None: the dispatcher's ``hook_error``."""
 
     def __init__(
-        self, message: str, *, metadata: Mapping[str, Any] | None = None, output: Mapping[str, Any] | None = None
+        self,
+        message: str,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        output: Mapping[str, Any] | None = None,
+        reason: str | None = None,
     ) -> None:
         super().__init__(message)
         self.metadata = dict(metadata or {})
         self.output = dict(output or {})
+        self.reason = reason
 
 
 @dataclass
@@ -80,21 +98,29 @@ class HandlerResult:
 
 
 def contract_result(body: Any, **extra: Any) -> HandlerResult:
-    """The gateway response contract of http and command hooks: ``decision`` (allow/block), ``continue`` (false blocks),
-    ``additionalContext``, ``updatedInput``. Anything but a JSON object allows."""
+    """The gateway response contract of http and command hooks, a JSON object: ``decision`` (allow/block,
+    default allow), ``continue`` (false blocks), ``reason``/``stopReason``, ``additionalContext``,
+    ``updatedInput``. Anything else — not an object, a field of the wrong type — is ``invalid_output``."""
+
+    def invalid(message: str) -> HandlerError:
+        return HandlerError(message, reason=REASON_INVALID_OUTPUT, **extra)
+
     if not isinstance(body, dict):
-        return HandlerResult("allow", **extra)
+        raise invalid(f"the answer is JSON but not an object ({type(body).__name__})")
     decision = body.get("decision", "allow")
     if decision not in ("allow", "block", "approve", "deny"):
-        raise HandlerError(f"response decision {decision!r} is not allow or block", **extra)
-    blocked = decision in ("block", "deny") or body.get("continue") is False
+        raise invalid(f"response decision {str(decision)[:100]!r} is not allow or block")
+    proceed = body.get("continue")
+    if proceed is not None and not isinstance(proceed, bool):
+        raise invalid("continue must be true or false")
+    blocked = decision in ("block", "deny") or proceed is False
     reason = body.get("reason") or body.get("stopReason") or ""
     context = body.get("additionalContext")
     updated = body.get("updatedInput")
     if context is not None and not isinstance(context, str):
-        raise HandlerError("additionalContext must be a string", **extra)
+        raise invalid("additionalContext must be a string")
     if updated is not None and not isinstance(updated, dict):
-        raise HandlerError("updatedInput must be a JSON object", **extra)
+        raise invalid("updatedInput must be a JSON object")
     return HandlerResult(
         "block" if blocked else "allow",
         reason=str(reason)[:500] if blocked else "",
@@ -102,6 +128,29 @@ def contract_result(body: Any, **extra: Any) -> HandlerResult:
         updated_input=updated if not blocked else None,
         **extra,
     )
+
+
+def answer_result(raw: bytes, *, empty_allows: bool, **extra: Any) -> HandlerResult:
+    """The decision in a hook's answer (a command's stdout, an HTTP body): UTF-8 JSON holding the
+    contract. Empty (or blank) allows where ``empty_allows`` (a command's stdout); anything that is not
+    JSON — cut off, garbage, or empty where an answer is due — is ``unparseable_output``."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise HandlerError(f"the answer is not UTF-8 text: {err}", reason=REASON_UNPARSEABLE_OUTPUT, **extra) from None
+    if not text.strip():
+        if empty_allows:
+            return HandlerResult("allow", **extra)
+        raise HandlerError("the answer is empty", reason=REASON_UNPARSEABLE_OUTPUT, **extra)
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise HandlerError(
+            f"the answer is not JSON ({type(err).__name__}: {str(err)[:200]}): {text[:200]!r}",
+            reason=REASON_UNPARSEABLE_OUTPUT,
+            **extra,
+        ) from None
+    return contract_result(body, **extra)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -117,19 +166,25 @@ def command_environment(config: CommandConfig, environ: Mapping[str, str]) -> di
 
 
 def startable_argv(config: CommandConfig, env: Mapping[str, str]) -> tuple[list[str], Path | None]:
-    """The argv to execute, with the executable resolved, after checking it can start: the working
-    directory exists, the executable is found, and an interpreter's script file exists and is readable.
+    """The argv to execute, with the executable resolved, after checking it can start and may be trusted:
+    the working directory exists, the executable is found, an interpreter's script file exists and is
+    readable, and neither is a file others could change (:func:`~hooks.declarative.trust.untrusted`).
 
     Raises:
-        HandlerError: the command cannot be started (an error, never a block).
+        HandlerError: the command cannot be started (an error, never a block); reason
+            ``untrusted_command`` for a file others could change.
     """
     argv = shlex.split(config.command) if isinstance(config.command, str) else list(config.command)
-    cwd = Path(config.cwd) if config.cwd else None
+    cwd = Path(config.cwd).absolute() if config.cwd else None
     if cwd is not None and not cwd.is_dir():
         raise HandlerError(f"cwd {cwd} does not exist or is not a directory")
-    executable = shutil.which(argv[0], path=env.get("PATH")) if os.sep not in argv[0] else argv[0]
+    if os.sep in argv[0]:  # a path: relative to the command's working directory, as the process sees it
+        executable: str | None = str(Path(argv[0]) if cwd is None else cwd / argv[0])
+    else:
+        executable = shutil.which(argv[0], path=env.get("PATH"))
     if executable is None or not os.access(executable, os.X_OK) or not Path(executable).is_file():
         raise HandlerError(f"command {argv[0]!r} cannot be started: not found or not executable")
+    files = [("command", Path(executable))]
     name = Path(executable).name
     interpreter = name in INTERPRETERS or name.rstrip("0123456789.") in INTERPRETERS
     if interpreter:
@@ -143,40 +198,62 @@ def startable_argv(config: CommandConfig, env: Mapping[str, str]) -> tuple[list[
                 raise HandlerError(f"command {config.command!r} cannot be started: script {arg} does not exist")
             if not os.access(script, os.R_OK):
                 raise HandlerError(f"command {config.command!r} cannot be started: script {arg} is not readable")
+            files.append(("script", script))
             break
+    for what, path in files:
+        problem = untrusted(path, what)
+        if problem is not None:
+            raise HandlerError(problem, reason=REASON_UNTRUSTED_COMMAND)
     return [executable, *argv[1:]], cwd
 
 
-async def run_command(config: CommandConfig, event: Mapping[str, Any], *, environ: Mapping[str, str]) -> HandlerResult:
+async def run_command(
+    config: CommandConfig,
+    event: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str],
+    report: dict[str, Any] | None = None,
+) -> HandlerResult:
     """Run the command with the event JSON on stdin: exit 2 or stdout ``{"continue": false}`` blocks,
-    exit 0 allows, any other exit is an error. The process group is killed if the hook is cancelled."""
+    exit 0 with empty stdout or an allowing answer allows, any other exit is an error, and stdout that is
+    not the contract is an error with its reason (``answer_result``). stdout and stderr are read under
+    :data:`MAX_RESPONSE_BYTES` each; a stream over it stops the command (``output_over_cap``).
+
+    However it ends — its decision, a stream over the cap, a cancellation (its timeout) — its whole
+    process tree is killed (``processes.run_capped``); ``report`` receives what a timeout's audit row
+    keeps (``killed_processes``, ``stdout_len``, ``stderr_len``). Processes it left running after it
+    exited are counted in the metadata (``left_processes``)."""
     env = command_environment(config, environ)
     argv, cwd = startable_argv(config, env)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        out = await run_capped(
+            argv,
+            stdin=json.dumps(event).encode(),
             env=env,
             cwd=cwd,
-            start_new_session=True,
+            cap=MAX_RESPONSE_BYTES,
+            stderr_keep=STDERR_KEEP_BYTES,
+            report=report if report is not None else {},
         )
     except OSError as err:
         raise HandlerError(f"command {argv[0]!r} could not be started: {err}") from None
-    try:
-        stdout_b, stderr_b = await proc.communicate(json.dumps(event).encode())
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            await asyncio.shield(proc.wait())
-        raise
-    stdout = stdout_b[:MAX_RESPONSE_BYTES].decode(errors="replace")
-    stderr = stderr_b.decode(errors="replace")
-    code = proc.returncode
-    metadata = {"exit_code": code, "stdout_len": len(stdout_b), "stderr_len": len(stderr_b)}
-    output = {"exit_code": code, "stdout": stdout[:MAX_OUTPUT_CHARS], "stderr": stderr[:MAX_OUTPUT_CHARS]}
+    stdout = out.stdout[:MAX_OUTPUT_CHARS].decode(errors="replace")
+    stderr = out.stderr.decode(errors="replace")
+    code = out.returncode
+    metadata: dict[str, Any] = {"exit_code": code, "stdout_len": out.stdout_len, "stderr_len": out.stderr_len}
+    if out.left_processes:
+        metadata["left_processes"] = out.left_processes
+    if not out.eof:
+        metadata["pipes_left_open"] = True  # a leftover held them: the decision was taken without EOF
+    output = {"exit_code": code, "stdout": stdout, "stderr": stderr[:MAX_OUTPUT_CHARS]}
+    if out.over_cap is not None:
+        metadata["killed_processes"] = out.killed
+        raise HandlerError(
+            f"command wrote more than {MAX_RESPONSE_BYTES} bytes to {out.over_cap}: stopped there",
+            reason=REASON_OUTPUT_OVER_CAP,
+            metadata=metadata,
+            output=output,
+        )
     if code == 2:
         return HandlerResult(
             "block", reason=stderr.strip()[:500] or "blocked (exit 2)", output=output, metadata=metadata
@@ -185,11 +262,7 @@ async def run_command(config: CommandConfig, event: Mapping[str, Any], *, enviro
         raise HandlerError(
             f"command exited with status {code}: {stderr.strip()[:1000]}", metadata=metadata, output=output
         )
-    try:
-        body = json.loads(stdout) if stdout.strip() else None
-    except ValueError:
-        body = None
-    return contract_result(body, output=output, metadata=metadata)
+    return answer_result(out.stdout, empty_allows=True, output=output, metadata=metadata)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,7 +288,9 @@ async def post_json(
 ) -> HttpResponse:
     """POST ``payload`` as JSON to the address ``url``'s host resolves to, after the SSRF check, pinned:
     the connection goes to the checked address while the Host header and the TLS server name stay the
-    URL's. No redirects, no proxies from the environment, 1 MiB response cap, one retry on 5xx after 1 s.
+    URL's. No redirects, no proxies from the environment, one retry on 5xx after 1 s. The body is read
+    as it arrives, uncompressed (``Accept-Encoding: identity``: a compressed one is refused, so the cap
+    holds for what is kept), up to 1 MiB: past it, ``output_over_cap``.
     """
     target_url = httpx.URL(url)
     port = target_url.port or (443 if target_url.scheme == "https" else 80)
@@ -224,7 +299,12 @@ async def post_json(
     except BlockedAddress as err:
         raise HandlerError(f"SSRF protection refused {url}: {err}", metadata={"ssrf_blocked": True}) from None
     pinned = target_url.copy_with(host=target.address)
-    send_headers = {**headers, "Host": target_url.netloc.decode(), "Content-Type": "application/json"}
+    send_headers = {
+        **headers,
+        "Host": target_url.netloc.decode(),
+        "Content-Type": "application/json",
+        "Accept-Encoding": "identity",
+    }
     extensions = {"sni_hostname": target_url.host} if target_url.scheme == "https" else {}
     body = json.dumps(payload).encode()
     async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=None, transport=transport) as client:
@@ -233,13 +313,21 @@ async def post_json(
                 async with client.stream(
                     "POST", pinned, content=body, headers=send_headers, extensions=extensions
                 ) as response:
+                    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+                    if encoding not in ("", "identity"):
+                        raise HandlerError(
+                            f"response from {url} is {encoding}-encoded; it was asked for identity",
+                            reason=REASON_UNPARSEABLE_OUTPUT,
+                            metadata={"http_status": response.status_code},
+                        )
                     chunks, size = [], 0
-                    async for chunk in response.aiter_bytes():
+                    async for chunk in response.aiter_bytes():  # identity: as they arrive
                         size += len(chunk)
                         if size > MAX_RESPONSE_BYTES:
                             raise HandlerError(
                                 f"response from {url} exceeds {MAX_RESPONSE_BYTES} bytes",
-                                metadata={"http_status": response.status_code},
+                                reason=REASON_OUTPUT_OVER_CAP,
+                                metadata={"http_status": response.status_code, "response_bytes": size},
                             )
                         chunks.append(chunk)
                     status = response.status_code
@@ -272,11 +360,7 @@ async def run_http(
         raise HandlerError(
             f"POST {config.url} answered {response.status}: {text[:200]}", metadata=metadata, output=output
         )
-    try:
-        body = json.loads(response.body)
-    except ValueError:
-        return HandlerResult("allow", output=output, metadata=metadata)  # non-JSON 2xx allows
-    return contract_result(body, output=output, metadata=metadata)
+    return answer_result(response.body, empty_allows=False, output=output, metadata=metadata)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,21 +427,48 @@ def prompt_messages(template: str, tool_input: Any) -> list[dict[str, str]]:
 
 
 def parse_decide(data: Any) -> DecideArguments:
-    """The ``decide`` call's arguments; anything else (free text, another function, bad JSON) raises."""
+    """The ``decide`` call's arguments; anything else (free text, another function, bad JSON, a value
+    of the wrong shape anywhere) raises ``invalid_output``."""
+
+    def invalid(message: str) -> HandlerError:
+        return HandlerError(message, reason=REASON_INVALID_OUTPUT)
+
     try:
         message = data["choices"][0]["message"]
     except (KeyError, IndexError, TypeError):
-        raise HandlerError("evaluator response has no message") from None
+        raise invalid("evaluator response has no message") from None
+    if not isinstance(message, dict):
+        raise invalid("evaluator response has no message")
     calls = message.get("tool_calls") or []
-    call = next((c for c in calls if isinstance(c, dict) and (c.get("function") or {}).get("name") == "decide"), None)
+    if not isinstance(calls, list):
+        raise invalid("evaluator answered without calling decide (tool_calls is not a list)")
+    call = next(
+        (
+            c
+            for c in calls
+            if isinstance(c, dict) and isinstance(c.get("function"), dict) and c["function"].get("name") == "decide"
+        ),
+        None,
+    )
     if call is None:
-        raise HandlerError("evaluator answered without calling decide (free text fails closed)")
+        raise invalid("evaluator answered without calling decide (free text fails closed)")
     arguments = call["function"].get("arguments")
     try:
         parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
         return DecideArguments.model_validate(parsed)
-    except (ValueError, ValidationError) as err:
-        raise HandlerError(f"evaluator called decide with malformed arguments: {str(err)[:300]}") from None
+    except (ValueError, RecursionError, ValidationError) as err:
+        raise invalid(f"evaluator called decide with malformed arguments: {str(err)[:300]}") from None
+
+
+def reported_tokens(data: Any) -> int:
+    """The tokens an evaluator's answer says it used; 0 when it says nothing usable (never negative)."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    total = usage.get("total_tokens") if isinstance(usage, dict) else None
+    if isinstance(total, bool) or not isinstance(total, (int, float)):
+        return 0
+    if isinstance(total, float) and not math.isfinite(total):
+        return 0
+    return max(0, min(int(total), 1 << 40))
 
 
 def decide_result(args: DecideArguments, **extra: Any) -> HandlerResult:
@@ -436,11 +547,12 @@ async def run_prompt(
     if response.status != 200:
         raise HandlerError(f"evaluator answered {response.status}", metadata=metadata)
     try:
-        data = json.loads(response.body)
-    except ValueError:
-        raise HandlerError("evaluator response is not JSON", metadata=metadata) from None
-    usage = data.get("usage") if isinstance(data, dict) else None
-    tokens = int((usage or {}).get("total_tokens") or 0) if isinstance(usage, dict) else 0
+        data = json.loads(response.body.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise HandlerError(
+            "evaluator response is not JSON", metadata=metadata, reason=REASON_UNPARSEABLE_OUTPUT
+        ) from None
+    tokens = reported_tokens(data)
     charge = await asyncio.to_thread(store.charge_budget, tenant, tokens)
     metadata.update(prompt_tokens=tokens, budget_remaining=charge.remaining, budget_total=charge.total)
     if charge.warn:
