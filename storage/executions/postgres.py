@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 from workflows.models import ExecutionRecord, LifecycleBoundary, PipelineHookEffect
 
 from ..postgres import Database, Migration
+from ..text import MARK, escape, from_document, to_document
 from .base import (
     DEFAULT_ERROR_RETENTION,
     DEFAULT_RETENTION,
@@ -70,6 +71,11 @@ SWEEP_BATCH = 500
 
 def _at(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC)
+
+
+def _matching(value: str | None) -> tuple[str | None, str, str | None, str | None]:
+    """The parameters of a metadata filter: a record whose strings are escaped holds the value escaped."""
+    return value, MARK, None if value is None else escape(value), value
 
 
 class PostgresExecutionStore:
@@ -159,7 +165,7 @@ class PostgresExecutionStore:
                     record.started_at,
                     _at(now),
                     _at(now + keep.total_seconds()),
-                    Jsonb(record.model_dump(mode="json")),
+                    Jsonb(to_document(record.model_dump(mode="json"))),
                 ),
             )
             written = await cursor.fetchone() is not None
@@ -173,7 +179,7 @@ class PostgresExecutionStore:
             await self._sweep(conn, now)
             cursor = await conn.execute(
                 "INSERT INTO agent_effect_updates VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                (workflow_id, run_id, effect.effect_id, Jsonb(effect.model_dump(mode="json")), _at(now)),
+                (workflow_id, run_id, effect.effect_id, Jsonb(to_document(effect.model_dump(mode="json"))), _at(now)),
             )
             written = cursor.rowcount == 1
             return await self._revision(conn, workflow_id, run_id), written
@@ -194,8 +200,8 @@ class PostgresExecutionStore:
                     "ORDER BY updated_at, effect_id",
                     (workflow_id, run_id),
                 )
-                effects = [PipelineHookEffect.model_validate(row[0]) for row in await updates.fetchall()]
-                records.append(merge_effects(ExecutionRecord.model_validate(record), effects))
+                effects = [PipelineHookEffect.model_validate(from_document(row[0])) for row in await updates.fetchall()]
+                records.append(merge_effects(ExecutionRecord.model_validate(from_document(record)), effects))
             return records
 
     async def get(self, key: str) -> ExecutionRecord | None:
@@ -224,9 +230,20 @@ class PostgresExecutionStore:
                 "SELECT workflow_id, run_id FROM agent_executions WHERE expires_at >= %s "
                 "AND (%s::timestamptz IS NULL OR started_at >= %s::timestamptz) "
                 "AND (%s::timestamptz IS NULL OR started_at < %s::timestamptz) "
-                "AND (%s::text IS NULL OR record->'metadata'->>'tenant_id' = %s::text) "
-                "AND (%s::text IS NULL OR record->'metadata'->>'agent_id' = %s::text) "
+                "AND (%s::text IS NULL OR record->'metadata'->>'tenant_id' = "
+                "(CASE WHEN record ? %s THEN %s::text ELSE %s::text END)) "
+                "AND (%s::text IS NULL OR record->'metadata'->>'agent_id' = "
+                "(CASE WHEN record ? %s THEN %s::text ELSE %s::text END)) "
                 "ORDER BY started_at, workflow_id, run_id LIMIT %s",
-                (_at(self._clock()), since, since, until, until, tenant, tenant, agent, agent, limit),
+                (
+                    _at(self._clock()),
+                    since,
+                    since,
+                    until,
+                    until,
+                    *_matching(tenant),
+                    *_matching(agent),
+                    limit,
+                ),
             )
             return [(w, r) for w, r in await cursor.fetchall()]
