@@ -91,6 +91,10 @@ class StageSettings(BaseModel):
     # Dispatches of one activity that may end in a lost worker before the request fails with the
     # infrastructure error ``WorkerLost`` (a hook that kills every worker it runs on must not loop forever).
     max_worker_losses: int = Field(default=5, ge=1)
+    # Attempts at writing one snapshot of the execution record (spaced 1, 2, 4, ... s) before the request
+    # fails with ``RecordNotStored``: a store that is down for a moment is waited for, one that stays down
+    # (or refuses the write) ends the request rather than let it go on, or end, unrecorded.
+    record_write_attempts: int = Field(default=5, ge=1)
     # Consecutive in-process (local activity) hooks of one stage run in one local activity: one marker
     # in history for the run of them, one record entry and span for each hook.
     batch_local_hooks: bool = True
