@@ -191,13 +191,27 @@ class HookInvocation(BaseModel):
 
 
 class WorkerLoss(BaseModel):
-    """An activity dispatch that ended because its worker stopped heartbeating (crashed, was killed,
-    lost its connection). The activity was dispatched again; its own attempts were not spent."""
+    """An activity attempt that ended because its worker stopped heartbeating (crashed, was killed, lost
+    its connection). Without ``attempt``: the dispatch's last attempt, and the activity was dispatched
+    again. With it: an attempt the activity's own retries followed, found by the attempt after it; when
+    the activity's attempts ran out all the same, it was dispatched again with as many as workers took,
+    so lost workers never spend the attempts that decide an outcome."""
 
     activity: str
     summary: str
     at: datetime
-    dispatch: int  # 1 for the first lost dispatch of this call, 2 for the next, ...
+    dispatch: int  # 1 for the first dispatch of this call (the first lost dispatch), 2 for the next, ...
+    attempt: int | None = None  # the attempt within its dispatch, for a loss its retries followed
+    activity_id: str | None = None  # as the Temporal UI shows it, for a loss its retries followed
+
+
+class LostAttempt(BaseModel):
+    """Signal ``attempt_lost``: an activity's attempt found that the one before it lost its worker (the
+    server timed it out on its heartbeat), and tells the request."""
+
+    activity: str = Field(min_length=1, max_length=200)  # the activity type
+    activity_id: str = Field(min_length=1, max_length=200)
+    attempt: int = Field(ge=1)  # the lost attempt
 
 
 class EffectStatus(StrEnum):
