@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
-from pydantic_core import PydanticSerializationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from .postgres import Migration
 
@@ -52,6 +52,12 @@ def _escape_char(match: re.Match[str]) -> str:
 def _unescape_sequence(match: re.Match[str]) -> str:
     code = match.group(1)
     return ESCAPE if code == ESCAPE else chr(int(code[1:], 16))
+
+
+def as_written_before(text: str) -> str | None:
+    """``text`` as a writer from before the escaping could have stored it: itself, or None for text
+    holding NUL or a lone surrogate, which no such writer could store (for matching older rows)."""
+    return None if re.search("[\x00\ud800-\udfff]", text) else text
 
 
 def needs_escape(text: str) -> bool:
@@ -79,17 +85,17 @@ def _any_special(value: Any) -> bool:
         return needs_escape(value)
     if isinstance(value, dict):
         return any(needs_escape(k) or _any_special(v) for k, v in value.items())
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return any(_any_special(v) for v in value)
     return False
 
 
-def _map_strings(value: Any, convert) -> Any:
+def _map_strings(value: Any, convert: Callable[[str], str]) -> Any:
     if isinstance(value, str):
         return convert(value)
     if isinstance(value, dict):
-        return {convert(k): _map_strings(v, convert) for k, v in value.items()}
-    if isinstance(value, list):
+        return {convert(k) if isinstance(k, str) else k: _map_strings(v, convert) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
         return [_map_strings(v, convert) for v in value]
     return value
 
@@ -109,29 +115,32 @@ def from_document(value: Any) -> Any:
     return {unescape(k): _map_strings(v, unescape) for k, v in value.items() if k != MARK}
 
 
-def document_json(value: dict[str, Any]) -> str:
-    """:func:`to_document` as JSON text (for a text column)."""
-    return json.dumps(to_document(value), ensure_ascii=False, separators=(",", ":"))
-
-
 def model_json(model: BaseModel) -> str:
-    """A model as JSON text any store can hold: pydantic's own JSON when nothing in it needs escaping
-    (the common case, and the fast one), else its escaped document."""
+    """A model as JSON text any store can hold, in a text or a ``jsonb`` column: pydantic's own JSON when
+    nothing in it needs escaping (the common case, and the fast one), else its escaped document."""
     try:
         text = model.model_dump_json()
-    except PydanticSerializationError:  # a lone surrogate has no UTF-8 encoding
+    except PydanticSerializationError:  # a lone surrogate in a value has no UTF-8 encoding
         text = None
-    # A NUL is written ``\u0000``; a false alarm (an escaped backslash before "u0000") costs a slower path.
-    if text is not None and "\\u0000" not in text and ESCAPE not in text:
+    # pydantic writes NUL as ``\u0000`` and a key holding a lone surrogate as U+FFFD (losing it): either,
+    # or the escape character, takes the careful path (a false alarm only costs its time).
+    if text is not None and not any(sign in text for sign in ("\\u0000", "\ufffd", ESCAPE)):
         return text
-    return document_json(model.model_dump(mode="json"))
+    # Its own values (datetimes, enums, ...), every key kept: escaped before they become JSON.
+    python = model.model_dump(mode="python")
+    if not _any_special(python):
+        return text if text is not None else model.model_dump_json()
+    document = {MARK: 1, **to_jsonable_python(_map_strings(python, escape))}
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
 
 
-def model_from_json(model: type[ModelT], text: str) -> ModelT:
-    """The model :func:`model_json` wrote (or pydantic's JSON of it, written before this scheme)."""
-    if ESCAPE not in text:
-        return model.model_validate_json(text)
-    return model.model_validate(from_document(json.loads(text)))
+def model_from_json(model: type[ModelT], stored: str | dict[str, Any]) -> ModelT:
+    """The model :func:`model_json` wrote — its text (or, from a ``jsonb`` column, its object)."""
+    if isinstance(stored, str):
+        if ESCAPE not in stored:
+            return model.model_validate_json(stored)
+        stored = json.loads(stored)
+    return model.model_validate(from_document(stored))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,12 +17,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
 from psycopg import AsyncConnection
-from psycopg.types.json import Jsonb
 
 from workflows.models import ExecutionRecord, LifecycleBoundary, PipelineHookEffect
 
 from ..postgres import Database, Migration
-from ..text import MARK, escape, from_document, to_document
+from ..text import MARK, as_written_before, escape, model_from_json, model_json
 from .base import (
     DEFAULT_ERROR_RETENTION,
     DEFAULT_RETENTION,
@@ -74,8 +73,11 @@ def _at(epoch: float) -> datetime:
 
 
 def _matching(value: str | None) -> tuple[str | None, str, str | None, str | None]:
-    """The parameters of a metadata filter: a record whose strings are escaped holds the value escaped."""
-    return value, MARK, None if value is None else escape(value), value
+    """The parameters of a metadata filter: a record whose strings are escaped holds the value escaped;
+    another, the value as it is (if it could hold it at all)."""
+    if value is None:
+        return None, MARK, None, None
+    return escape(value), MARK, escape(value), as_written_before(value)
 
 
 class PostgresExecutionStore:
@@ -150,7 +152,7 @@ class PostgresExecutionStore:
             await self._sweep(conn, now)
             cursor = await conn.execute(
                 "INSERT INTO agent_executions AS stored (workflow_id, run_id, request_id, status, snapshot_revision,"
-                " started_at, updated_at, expires_at, record) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " started_at, updated_at, expires_at, record) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)"
                 " ON CONFLICT (workflow_id, run_id) DO UPDATE SET request_id = EXCLUDED.request_id,"
                 " status = EXCLUDED.status, snapshot_revision = EXCLUDED.snapshot_revision,"
                 " started_at = EXCLUDED.started_at, updated_at = EXCLUDED.updated_at,"
@@ -165,7 +167,7 @@ class PostgresExecutionStore:
                     record.started_at,
                     _at(now),
                     _at(now + keep.total_seconds()),
-                    Jsonb(to_document(record.model_dump(mode="json"))),
+                    model_json(record),
                 ),
             )
             written = await cursor.fetchone() is not None
@@ -178,8 +180,8 @@ class PostgresExecutionStore:
         async with self.database.transaction() as conn:
             await self._sweep(conn, now)
             cursor = await conn.execute(
-                "INSERT INTO agent_effect_updates VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                (workflow_id, run_id, effect.effect_id, Jsonb(to_document(effect.model_dump(mode="json"))), _at(now)),
+                "INSERT INTO agent_effect_updates VALUES (%s, %s, %s, %s::jsonb, %s) ON CONFLICT DO NOTHING",
+                (workflow_id, run_id, effect.effect_id, model_json(effect), _at(now)),
             )
             written = cursor.rowcount == 1
             return await self._revision(conn, workflow_id, run_id), written
@@ -200,8 +202,8 @@ class PostgresExecutionStore:
                     "ORDER BY updated_at, effect_id",
                     (workflow_id, run_id),
                 )
-                effects = [PipelineHookEffect.model_validate(from_document(row[0])) for row in await updates.fetchall()]
-                records.append(merge_effects(ExecutionRecord.model_validate(from_document(record)), effects))
+                effects = [model_from_json(PipelineHookEffect, row[0]) for row in await updates.fetchall()]
+                records.append(merge_effects(model_from_json(ExecutionRecord, record), effects))
             return records
 
     async def get(self, key: str) -> ExecutionRecord | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from workflows.models import ExecutionRecord, LifecycleBoundary, PipelineHookEffect
 
 from .. import sqlite
-from ..text import MARK, escape, model_from_json, model_json
+from ..text import MARK, as_written_before, escape, model_from_json, model_json
 from .base import (
     DEFAULT_ERROR_RETENTION,
     DEFAULT_RETENTION,
@@ -212,7 +212,7 @@ class SQLiteExecutionStore:
                     f"json_extract(record, '$.metadata.{key}') = "
                     f"(CASE WHEN json_type(record, '$.\"{MARK}\"') IS NULL THEN ? ELSE ? END)"
                 )
-                params += [value, escape(value)]
+                params += [as_written_before(value), escape(value)]
         with sqlite.connection(self.path) as db:
             rows = db.execute(
                 f"SELECT workflow_id, run_id FROM executions WHERE {' AND '.join(where)} "
