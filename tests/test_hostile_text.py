@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 from temporalio.api.common.v1 import Payload
 
 from activities.memory import MIGRATIONS as MEMORY_MIGRATIONS
@@ -27,6 +28,7 @@ from storage.text import ESCAPE
 from workflows.models import (
     EffectStatus,
     ExecutionRecord,
+    LifecycleBoundary,
     MemoryCandidate,
     PipelineHookEffect,
     RecordLifecycle,
@@ -55,7 +57,9 @@ def hostile_record(revision: int = 1, **changes) -> ExecutionRecord:
         started_at=STARTED,
         final_response=HOSTILE,
         effects=[PipelineHookEffect(effect_id="e1", name=HOSTILE, hook="h", status=EffectStatus.PENDING)],
-        lifecycle=RecordLifecycle(boundary="terminal", completion="completed", snapshot_revision=revision),
+        lifecycle=RecordLifecycle(
+            boundary=LifecycleBoundary.TERMINAL, completion="completed", snapshot_revision=revision
+        ),
         **changes,
     )
 
@@ -106,7 +110,7 @@ async def test_a_record_written_before_the_escaping_reads_back_as_written(backen
                     "req-old",
                     "running",
                     STARTED,
-                    psycopg.types.json.Jsonb(old.model_dump(mode="json")),
+                    Jsonb(old.model_dump(mode="json")),
                 ),
             )
     else:
