@@ -103,7 +103,8 @@ async def execute(
                 policy, why = retry_policy, "worker lost"
             else:
                 taken = lost_attempts(err.activity_id) if lost_attempts is not None else 0
-                if not taken or err.retry_state is not RetryState.MAXIMUM_ATTEMPTS_REACHED:
+                taken = min(taken, policy.maximum_attempts - 1)  # the last attempt failed on its own
+                if taken <= 0 or err.retry_state is not RetryState.MAXIMUM_ATTEMPTS_REACHED:
                     raise
                 again += 1
                 policy = dataclasses.replace(retry_policy, maximum_attempts=taken)
