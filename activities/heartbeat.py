@@ -6,6 +6,11 @@ activity's own work, in the worker's event loop: sync hooks and tools run in thr
 up, but an ``async`` hook that blocks the event loop for longer than the heartbeat timeout looks like a
 lost worker. Heartbeats also carry cancellation to the activity (a cancelled request stops its work).
 
+A lost worker whose attempt the activity's own retries follow is found here: an attempt after the first
+asks the server how the one before it ended, and when the server timed it out on its heartbeat, tells the
+request (``LOST_ATTEMPT_SIGNAL``) before it does anything else — so the request records the loss, and can
+give the attempt back, whatever this attempt then does.
+
 Progress (what a next attempt must know, such as the model calls already made and paid for) rides on
 the heartbeats: it is sent :data:`PROGRESS_DELAY` after it is reported while the attempt still runs, and
 at once when the attempt fails. An attempt that completes sooner sends no heartbeat at all: its result
@@ -18,12 +23,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 from temporalio import activity
+from temporalio.api.enums.v1 import TimeoutType
 
+from workflows import WORKFLOW_TYPE
+from workflows.dispatch import LOST_ATTEMPT_SIGNAL
+from workflows.models import LostAttempt
+
+logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -31,6 +43,8 @@ R = TypeVar("R")
 # this time of a report leaves the next attempt without it; a call still in flight when a worker is lost
 # is not known to the next attempt either.
 PROGRESS_DELAY = 0.2
+# How long an attempt spends at most finding out about the one before it and telling its request.
+LOSS_REPORT_SECONDS = 10.0
 
 
 class _Progress:
@@ -96,6 +110,7 @@ async def heartbeats():
     token = _progress.set(progress)
     task = asyncio.create_task(_beat(interval, progress))
     try:
+        await report_lost_attempt()
         yield
     except BaseException:
         if progress.reported.is_set():  # the worker sends this heartbeat before it reports the failure
@@ -106,6 +121,33 @@ async def heartbeats():
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def report_lost_attempt() -> None:
+    """In a request's activity, an attempt after the first: when the server timed the attempt before it
+    out on its heartbeat (its worker was lost), tell the request, which records it. A report that cannot be
+    made is logged; the attempt goes on either way."""
+    info = activity.info()
+    if info.attempt <= 1 or info.workflow_type != WORKFLOW_TYPE or info.workflow_id is None:
+        return
+    try:
+        async with asyncio.timeout(LOSS_REPORT_SECONDS):
+            handle = activity.client().get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+            described = await handle.describe()
+            pending = next(
+                (p for p in described.raw_description.pending_activities if p.activity_id == info.activity_id), None
+            )
+            failure = pending.last_failure if pending is not None else None
+            if failure is None or not failure.HasField("timeout_failure_info"):
+                return
+            if failure.timeout_failure_info.timeout_type != TimeoutType.TIMEOUT_TYPE_HEARTBEAT:
+                return
+            lost = LostAttempt(activity=info.activity_type, activity_id=info.activity_id, attempt=info.attempt - 1)
+            await handle.signal(LOST_ATTEMPT_SIGNAL, lost)
+    except Exception as err:  # noqa: BLE001 - the report is bookkeeping: the attempt goes on
+        logger.warning(
+            "could not report the lost attempt before attempt %s of %s: %s", info.attempt, info.activity_type, err
+        )
 
 
 def heartbeating(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:

@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 import pydantic
@@ -28,7 +29,7 @@ from hooks.builtin.secret_redaction import masked_preview
 from hooks.contracts import DetachedContext, LeaseContext
 from hooks.memory import MemoryModel
 from hooks.registry import HookRegistry
-from storage.executions import ExecutionStore
+from storage.executions import ExecutionStore, lasting
 from workflows import decisions
 from workflows.models import (
     MAX_PLAN_ATTEMPTS,
@@ -108,6 +109,10 @@ DRAFT_PREVIEW_CHARS = 160  # of the model's draft, secrets masked, as the record
 RECALLED_EXCHANGES = KEPT_EXCHANGES  # the latest exchanges of a conversation a run recalls (besides its summary)
 # A tool's result text when its formatter failed: the output is kept, and the model reads that it completed.
 FORMATTED_FAILURE_CHARS = 300
+# A store's error as ``RecordNotStored`` carries it, and the time an attempt at a write leaves before its
+# start-to-close timeout to report that it failed.
+MAX_STORE_ERROR_CHARS = 500
+WRITE_MARGIN_SECONDS = 2.0
 
 
 class LifecycleActivities(HookStageActivities):
@@ -515,8 +520,32 @@ class LifecycleActivities(HookStageActivities):
     @activity.defn(name="persist_execution_record")
     @heartbeating
     async def persist_execution_record(self, input: PersistRecordInput) -> PersistRecordOutput:
-        """Write a full record snapshot; an older or equal revision never replaces a newer one."""
-        revision, written = await self.save_record(input.record)
+        """Write a full record snapshot; an older or equal revision never replaces a newer one. A write
+        that cannot succeed — the store refuses it (``storage.executions.lasting``), or its workflow's last
+        attempt fails too, a timeout included — ends in the non-retryable ``RecordNotStored``, the store's
+        error in its details; any other failure is retried."""
+        info = activity.info()
+        try:
+            async with asyncio.timeout(_write_budget(info.start_to_close_timeout)):
+                revision, written = await self.save_record(input.record)
+        except Exception as err:
+            refused = lasting(err)
+            if not refused and (input.final_attempt is None or info.attempt < input.final_attempt):
+                raise
+            problem = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[
+                :MAX_STORE_ERROR_CHARS
+            ]
+            raise ApplicationError(
+                f"the execution record (revision {input.record.record_revision}) was not stored: {problem}",
+                {
+                    "revision": input.record.record_revision,
+                    "store_error": problem,
+                    "attempts": info.attempt,
+                    "refused": refused,
+                },
+                type=decisions.RECORD_NOT_STORED,
+                non_retryable=True,
+            ) from None
         return PersistRecordOutput(stored_revision=revision, written=written)
 
     async def save_record(self, record: ExecutionRecord) -> tuple[int, bool]:
@@ -683,6 +712,15 @@ class LifecycleActivities(HookStageActivities):
                     type="LeaseProviderError",
                 ) from None
         return _returned_or_default(value, LeaseObservation, "release_lease")
+
+
+def _write_budget(start_to_close: timedelta | None) -> float | None:
+    """How long one attempt at writing a snapshot may take: less than its start-to-close timeout, so that
+    a store that hangs on the last attempt still ends it in the typed failure, not in the timeout."""
+    if start_to_close is None:
+        return None
+    seconds = start_to_close.total_seconds()
+    return max(seconds / 2, seconds - WRITE_MARGIN_SECONDS)
 
 
 def recorded_prompt(prompt: str) -> str:

@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from hooks.memory import ActivitySignal, EpisodicEvent, KnowledgeFragment, ReadResult, UserFact, WriteResult
 from storage import sqlite
 from storage.postgres import STORE_ERRORS, Database, Migration, from_sqlite_schema
+from storage.text import EscapedStatements, escape_existing
 from workflows.models import CHARS_PER_TOKEN, MemoryCandidate, MemoryExchange, RecalledMemory, estimate_tokens
 
 logger = logging.getLogger(__name__)
@@ -106,10 +107,16 @@ CREATE INDEX IF NOT EXISTS activity_signals_expiry ON activity_signals (expires_
 """
 
 
+# Text is written escaped (``storage.text``): NUL and lone surrogates are stored and read back as they were;
+# the escaping migrations make text written before them read back unchanged, on either backend.
+_ESCAPES = (escape_existing("conversation_memory", 3, _SCHEMA + _SUMMARY_SCHEMA),)
+_SHARED_ESCAPES = (escape_existing("shared_memory", 2, _SHARED_SCHEMA),)
 MIGRATIONS = (
     Migration("conversation_memory", 1, from_sqlite_schema(_SCHEMA)),
     Migration("conversation_memory", 2, from_sqlite_schema(_SUMMARY_SCHEMA)),
+    *_ESCAPES,
     Migration("shared_memory", 1, from_sqlite_schema(_SHARED_SCHEMA)),
+    *_SHARED_ESCAPES,
 )
 # What a conversation's saved memory keeps: its latest exchanges, and a summary of the older ones capped at
 # an eighth of the model's context window (by the conservative token estimate); a window of this size is
@@ -208,24 +215,29 @@ class ConversationMemoryStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with sqlite.connection(self.path, busy_timeout_seconds=busy_timeout_seconds) as db:
                 db.executescript(self._schema())
+            sqlite.migrate(self.path, self._escapes(), busy_timeout_seconds=busy_timeout_seconds)
 
     def _schema(self) -> str:
         return _SCHEMA + ";\n" + _SUMMARY_SCHEMA
 
     def _migrations(self) -> tuple[Migration, ...]:
-        return MIGRATIONS[:2]
+        return MIGRATIONS[:3]
+
+    def _escapes(self) -> tuple[Migration, ...]:
+        return _ESCAPES
 
     @contextmanager
-    def _transaction(self) -> Iterator[Any]:
+    def _transaction(self) -> Iterator[EscapedStatements]:
         """One short transaction (on SQLite on a fresh connection, closed afterwards: several processes
-        share the file); its ``execute`` and ``executemany`` take ``?`` placeholders on both backends."""
+        share the file); its ``execute`` and ``executemany`` take ``?`` placeholders on both backends, and
+        its text goes in escaped and comes back as it was (``storage.text``)."""
         if self.database is not None:
             with self.database.statements() as db:
-                yield db
+                yield EscapedStatements(db)
             return
         assert self.path is not None
         with sqlite.immediate(self.path, busy_timeout_seconds=self.busy_timeout_seconds) as db:
-            yield db
+            yield EscapedStatements(db)
 
     def _save(self, candidate: MemoryCandidate, request_id: str) -> None:
         with self._transaction() as db:
@@ -339,6 +351,9 @@ class MemoryStore(ConversationMemoryStore):
 
     def _migrations(self) -> tuple[Migration, ...]:
         return MIGRATIONS
+
+    def _escapes(self) -> tuple[Migration, ...]:
+        return _ESCAPES + _SHARED_ESCAPES
 
     # -- fail-open plumbing ---------------------------------------------------------------------------
 

@@ -138,9 +138,11 @@ def format_record(record: ExecutionRecord) -> str:
     if record.ignored_dropped:
         lines.append(f"ignored {record.ignored_dropped} more message(s) beyond the record's bound")
     for loss in record.worker_losses:
-        lines.append(
-            f"worker lost under {loss.summary} at {loss.at:%H:%M:%S} (dispatch {loss.dispatch}); dispatched again"
-        )
+        if loss.attempt is None:
+            what = f"(dispatch {loss.dispatch}); dispatched again"
+        else:
+            what = f"(dispatch {loss.dispatch}, attempt {loss.attempt}); retried"
+        lines.append(f"worker lost under {loss.summary} at {loss.at:%H:%M:%S} {what}")
     if record.cache is not None and record.status.value == "succeeded":
         lines.append(
             "cacheable: yes" if record.cache.cacheable else f"cacheable: no ({'; '.join(record.cache.reasons[:3])})"

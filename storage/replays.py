@@ -16,6 +16,7 @@ from workflows.models import RequestReplay
 
 from . import sqlite
 from .postgres import Database, Migration, from_sqlite_schema
+from .text import EscapedStatements, escape_existing
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS policy_replay_batches (
@@ -32,7 +33,9 @@ CREATE TABLE IF NOT EXISTS policy_replay_keys (
     PRIMARY KEY (replay_id, batch)
 );
 """
-MIGRATIONS = (Migration("policy_replay", 1, from_sqlite_schema(_SCHEMA)),)
+# Its text is written escaped (``storage.text``) from the second migration on.
+_ESCAPES = (escape_existing("policy_replay", 2, _SCHEMA),)
+MIGRATIONS = (Migration("policy_replay", 1, from_sqlite_schema(_SCHEMA)), *_ESCAPES)
 
 
 class ReplayReportStore:
@@ -53,6 +56,7 @@ class ReplayReportStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with sqlite.connection(self.path) as db:
                 db.executescript(_SCHEMA)
+            sqlite.migrate(self.path, _ESCAPES)
 
     def migrate(self) -> None:
         """Create the table now (a worker at start-up), not at the first write."""
@@ -60,11 +64,12 @@ class ReplayReportStore:
             self.database.migrate_sync(MIGRATIONS)
 
     def _run(self, work):
+        """``work(db, now)`` in one transaction, its text escaped on the way in and out (``storage.text``)."""
         if self.database is not None:
-            return self.database.run(work, self._clock)
+            return self.database.run(lambda db, now: work(EscapedStatements(db), now), self._clock)
         assert self.path is not None
         with sqlite.immediate(self.path) as db:
-            return work(db, self._clock())
+            return work(EscapedStatements(db), self._clock())
 
     def save_keys(self, replay_id: str, batches: list[list[tuple[str, str]]]) -> None:
         """The records each batch replays (listed once: a retried listing replaces the same rows)."""

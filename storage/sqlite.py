@@ -12,9 +12,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+from .postgres import Migration
 
 DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
 
@@ -74,6 +76,35 @@ def immediate(path: str | Path, **options) -> Iterator[sqlite3.Connection]:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+
+_LEDGER = """
+CREATE TABLE IF NOT EXISTS agent_schema_migrations (
+    component  TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    applied_at REAL NOT NULL,
+    PRIMARY KEY (component, version)
+)
+"""
+
+
+def migrate(path: str | Path, migrations: Sequence[Migration], **options) -> None:
+    """Apply each of ``migrations`` the file has not recorded, once, in one immediate transaction: the
+    ledger a PostgreSQL store keeps (``storage.postgres.Database.migrate``), in a file several processes
+    share. A migration's statements are separated by ``;`` at the end of a line."""
+    with immediate(path, **options) as db:
+        db.execute(_LEDGER)
+        done = set(db.execute("SELECT component, version FROM agent_schema_migrations").fetchall())
+        for migration in sorted(migrations, key=lambda m: (m.component, m.version)):
+            if (migration.component, migration.version) in done:
+                continue
+            for statement in migration.sql.split(";\n"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(
+                "INSERT INTO agent_schema_migrations VALUES (?, ?, ?)",
+                (migration.component, migration.version, time.time()),
+            )
 
 
 class ThreadConnections:

@@ -40,7 +40,8 @@ def _free_port() -> int:
 
 
 class Cluster:
-    """``start()`` a cluster; ``database()`` a fresh empty database on it (its URL); ``stop()``."""
+    """``start()`` a cluster; ``database()`` a fresh empty database on it (its URL); ``stop()``. Its server
+    alone stops and starts again with ``stop_server()`` and ``start_server()``."""
 
     def __init__(self) -> None:
         self.bindir = server_bindir()
@@ -48,6 +49,7 @@ class Cluster:
         self.data = self.root / "data"
         self.port = _free_port()
         self._as_postgres = os.geteuid() == 0
+        self._serving = False
 
     def _run(self, *args: str) -> None:
         command = [str(self.bindir / args[0]), *args[1:]]
@@ -61,8 +63,18 @@ class Cluster:
         if self._as_postgres:
             shutil.chown(self.root, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync")
+        self.start_server()
+
+    def start_server(self) -> None:
+        """Start the server on the cluster's port (again, after :meth:`stop_server`)."""
         options = f"-p {self.port} -h 127.0.0.1 -k {self.root} -F -c max_connections=200"
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "server.log"), "-w", "start")
+        self._serving = True
+
+    def stop_server(self) -> None:
+        """Stop the server as an operator would (fast shutdown), keeping the cluster's data."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        self._serving = False
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{dbname}"
@@ -75,6 +87,7 @@ class Cluster:
 
     def stop(self) -> None:
         try:
-            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            if self._serving:
+                self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)

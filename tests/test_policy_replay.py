@@ -89,6 +89,11 @@ async def _record_traffic(client: Client, settings: Settings, leftovers: list) -
     return ids
 
 
+# The ledger of a store's migrations: its schema, not its data (a store opened on a new file records its
+# migrations there as it creates its tables).
+LEDGER = "agent_schema_migrations"
+
+
 def _dump(settings: Settings) -> dict[str, Any]:
     """Every row of every store and the demo's journals, but the replay's own report."""
     found: dict[str, Any] = {}
@@ -96,7 +101,7 @@ def _dump(settings: Settings) -> dict[str, Any]:
         if path.name == "policy-replay.sqlite3":
             continue
         with sqlite3.connect(path) as db:
-            tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'") if r[0] != LEDGER]
             for table in tables:
                 found[f"{path.name}:{table}"] = sorted(map(repr, db.execute(f'SELECT * FROM "{table}"')))
     for path in sorted(settings.state_dir.glob("*.jsonl")):

@@ -110,9 +110,14 @@ async def test_three_workers_dying_under_the_required_hook_do_not_decide_the_req
     assert len(pids) >= 4  # three workers died under the gate; a fourth finished the request
     [gate] = record.invocations(Stage.AFTER_PLANNING)
     assert gate.outcome is InvocationOutcome.SUCCEEDED and decision(gate) == ("fail_closed", "continue", "accepted")
-    # Three crashes spent one dispatch's three attempts: the dispatch was lost, the next one decided.
+    # Three crashes spent one dispatch's three attempts: the dispatch was lost, the next one decided. The
+    # record has each: the first two found by the attempts after them, the last one as the lost dispatch.
     assert gate.worker_losses == 1
-    assert [(w.activity, w.dispatch) for w in record.worker_losses] == [("after_planning_hook", 1)]
+    assert [(w.activity, w.dispatch, w.attempt) for w in record.worker_losses] == [
+        ("after_planning_hook", 1, 1),
+        ("after_planning_hook", 1, 2),
+        ("after_planning_hook", 1, None),
+    ]
     assert record.status is RequestStatus.SUCCEEDED and record.error is None
 
 
@@ -130,6 +135,50 @@ async def test_a_hook_that_kills_every_worker_ends_in_worker_lost_not_in_a_polic
     assert decision(gate) == ("fail_closed", "terminate", "worker_lost")
     assert record.error.type == "WorkerLost" and record.status is RequestStatus.FAILED
     assert "execute_tool_step" not in str(history.to_json())  # no tool ran
+
+
+async def test_a_worker_killed_under_an_attempt_is_recorded_and_the_attempt_given_back(client, tmp_path):
+    """Two attempts: the first loses its worker (SIGKILL), the second, on another worker, finds that and
+    says so, then fails. The attempts ran out, but only one of them was the gate's: the call is dispatched
+    again with one attempt, which decides."""
+    queue = f"crash-{uuid.uuid4()}"
+    env = {"AGENT_TEST_CRASHES": "1", "AGENT_TEST_GATE_FAILURES": "1", "AGENT_TEST_GATE_ATTEMPTS": "2"}
+    client = with_payload_store(client, tmp_path)
+    async with supervised_workers(client, tmp_path, queue, **env):
+        result, failure, record, history = await run_request(client, queue)
+
+    assert failure is None, failure  # without the attempt given back: RequiredAfterPlanningError
+    assert "ACME is trading at" in result.response
+    [gate] = record.invocations(Stage.AFTER_PLANNING)
+    assert gate.outcome is InvocationOutcome.SUCCEEDED and decision(gate) == ("fail_closed", "continue", "accepted")
+    [loss] = record.worker_losses
+    assert (loss.activity, loss.summary, loss.dispatch, loss.attempt) == (
+        "after_planning_hook",
+        "after_planning · crashing-gate",
+        1,
+        1,
+    )
+    assert loss.activity_id and gate.worker_losses == 0  # an attempt was lost, no dispatch
+    assert scheduled_summaries(history, "after_planning_hook") == [
+        "after_planning · crashing-gate",
+        "after_planning · crashing-gate · dispatch 2 (1 attempt lost)",
+    ]
+    assert (tmp_path / "crashes").read_text() == "3"  # killed, failed, accepted
+
+
+def scheduled_summaries(history, activity_type: str) -> list[str]:
+    """The summaries of the activities of ``activity_type`` the history scheduled, in order."""
+    from temporalio.api.enums.v1 import EventType
+
+    from workflows import data_converter
+
+    found = []
+    for event in history.events:
+        if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            continue
+        if event.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
+            found.append(data_converter.payload_converter.from_payload(event.user_metadata.summary, str))
+    return found
 
 
 @pytest.mark.parametrize("start_to_close,ceiling,expected", [(20.0, 5.0, 5.0), (4.0, 5.0, 2.0), (1.5, 5.0, None)])

@@ -106,33 +106,39 @@ def duplicate_name(settings: Settings) -> LifecycleActivities:
 
 class CrashingGate(RequiredAfterPlanningHook, PipelineHook):
     """The required gate, whose worker process dies under it (SIGKILL, as an OOM kill or a lost machine
-    would) the first ``crashes`` times it runs, counted in a file the worker processes share."""
+    would) the first ``crashes`` times it runs, then fails (raises) the next ``failures`` times, counted in
+    a file the worker processes share."""
 
     name = "crashing-gate"
     timeout_seconds = 20.0
     max_attempts = 3
     run_mode = RunMode.ACTIVITY  # heartbeated: a lost worker is found within seconds
 
-    def __init__(self, counter: Path, crashes: int, max_attempts: int) -> None:
+    def __init__(self, counter: Path, crashes: int, max_attempts: int, failures: int = 0) -> None:
         self.counter = counter
         self.crashes = crashes
+        self.failures = failures
         self.max_attempts = max_attempts
 
     def after_planning(self, ctx, plan):
         done = int(self.counter.read_text() or 0) if self.counter.exists() else 0
+        self.counter.write_text(str(done + 1))
         if done < self.crashes:
-            self.counter.write_text(str(done + 1))
             os.kill(os.getpid(), signal.SIGKILL)
+        if done < self.crashes + self.failures:
+            raise RuntimeError(f"the gate's run {done + 1} fails")
         return plan
 
 
 def crashing_gate(settings: Settings) -> LifecycleActivities:
-    """``AGENT_TEST_CRASHES`` crashes under the required gate (``AGENT_TEST_GATE_ATTEMPTS`` attempts per
-    dispatch), heartbeat timeout 2 s, at most ``AGENT_TEST_WORKER_LOSSES`` lost dispatches."""
+    """``AGENT_TEST_CRASHES`` crashes under the required gate, then ``AGENT_TEST_GATE_FAILURES`` failures
+    (``AGENT_TEST_GATE_ATTEMPTS`` attempts per dispatch), heartbeat timeout 2 s, at most
+    ``AGENT_TEST_WORKER_LOSSES`` lost dispatches."""
     gate = CrashingGate(
         settings.state_dir / "crashes",
         int(os.environ["AGENT_TEST_CRASHES"]),
         int(os.environ.get("AGENT_TEST_GATE_ATTEMPTS", "3")),
+        int(os.environ.get("AGENT_TEST_GATE_FAILURES", "0")),
     )
     return LifecycleActivities(
         registry=HookRegistry([gate], pipeline="crashing"),

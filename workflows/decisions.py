@@ -23,6 +23,9 @@ PIPELINE_UNAVAILABLE = "PipelineUnavailable"
 EXTENSION_ERROR = "ExtensionError"
 WORKER_LOST = "WorkerLost"  # infrastructure: workers kept dying under one activity
 PAYLOAD_TOO_LARGE = "PayloadTooLarge"  # a value the request would send exceeds what Temporal (or the store) carries
+# Infrastructure: the execution store refused the record's snapshot at a boundary (or stayed unavailable for
+# every attempt): the request never goes on, or ends as succeeded, without its record.
+RECORD_NOT_STORED = "RecordNotStored"
 REQUEST_ID_CONFLICT = "RequestIdConflict"
 # A model's failure ends a planning or synthesis request under its own name: the request fails with it.
 MODEL_UNAVAILABLE = "ModelUnavailable"  # 429, 408, 409, 5xx, timeouts: retried, then this

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Literal
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from . import decisions, stages, story
@@ -172,7 +173,14 @@ class RunEnding:
             )
             self._listing.legacy_upsert(terminal, awaiting_review=False)
         tried, wrote = self._written_with_hooks(status)
-        await self._records.persist(LifecycleBoundary.TERMINAL, tried, wrote=wrote)
+        try:
+            await self._records.persist(LifecycleBoundary.TERMINAL, tried, wrote=wrote)
+        except ApplicationError as err:
+            if err.type == decisions.RECORD_NOT_STORED and state.behaviour.stage_upserts:
+                # Listed as it ends: failed, whatever it was listed as a moment ago.
+                self._listing.enter(str(RequestStatus.FAILED), outcome=story.failure_headline(err.type, err.message))
+                self._listing.publish()
+            raise
 
     def _written_with_hooks(self, status: RequestStatus) -> tuple[SnapshotAttempt | None, ExecutionRecord | None]:
         """The terminal snapshot the local activity of the run's last hooks tried to write (see

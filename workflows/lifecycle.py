@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from . import search_attributes as sa
     from .callers import caller_identity
     from .detached import EFFECT_UPDATE_SIGNAL, accept_effect_update
+    from .dispatch import LOST_ATTEMPT_SIGNAL
     from .ending import RunEnding, step_summaries
     from .invocation import Ahead, HookRunner, RunStopped, StageRun, error_text, raise_if_cancelled
     from .leases import ManagedLeases
@@ -54,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         HookDecision,
         HookEntry,
         LifecycleBoundary,
+        LostAttempt,
         MemoryCandidate,
         MemoryOutcome,
         ModelDraft,
@@ -100,7 +102,7 @@ with workflow.unsafe.imports_passed_through():
 
 WORKFLOW_TYPE = "RequestLifecycle"
 INVALID_QUERY = "InvalidQuery"
-SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal, EffectUpdateSignal)
+SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal, EffectUpdateSignal, LostAttempt)
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
@@ -278,6 +280,14 @@ class RequestLifecycleWorkflow:
         problem = accept_effect_update(self._state.record, self._state.detached_tokens, update)
         if problem is not None:
             self._reviews.ignore(EFFECT_UPDATE_SIGNAL, update.effect.effect_id, "", problem)
+
+    @workflow.signal(name=LOST_ATTEMPT_SIGNAL)
+    def attempt_lost(self, *args: Any) -> None:
+        """An activity's attempt found that the one before it lost its worker (``activities.heartbeat``):
+        kept in the record's worker losses, and the attempt given back should its activity's run out."""
+        lost = self._inbound(LOST_ATTEMPT_SIGNAL, LostAttempt, args)
+        if lost is not None:
+            self._scheduler.note_attempt_lost(lost)
 
     # ------------------------------------------------------------------------------------------------
     # The lifecycle

@@ -1,11 +1,13 @@
 """How the request workflow schedules the framework's own activities: heartbeated and dispatched again
 when a worker is lost, bounded in bytes in flight, refused before sending what Temporal cannot carry;
-the in-process bookkeeping (resolving the pipeline, writing the record) as local activities. Workflow
-code only."""
+the in-process bookkeeping (resolving the pipeline, writing the record) as local activities. Every worker
+loss is kept in the record — a dispatch's, and an attempt's its retries followed (reported by the next
+attempt, ``dispatch.LOST_ATTEMPT_SIGNAL``). Workflow code only."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -22,12 +24,22 @@ with workflow.unsafe.imports_passed_through():
         MAX_STORED_PAYLOAD_BYTES,
         STORED_REFERENCE_BYTES,
         TASK_PAYLOAD_BUDGET_BYTES,
+        LostAttempt,
         WorkerLoss,
     )
     from .run_state import RunState
     from .support import payload_bytes
 
 ResultT = TypeVar("ResultT")
+
+
+@dataclass
+class _Call:
+    """One of the framework's activities while it runs: what a lost attempt of it is recorded with."""
+
+    activity: str
+    summary: str
+    dispatch: int = 1
 
 
 class Scheduler:
@@ -37,6 +49,8 @@ class Scheduler:
         self._state = state
         self._listing = listing
         self._inflight_bytes = 0  # inline input bytes of the activities scheduled and not yet finished
+        self._running: list[_Call] = []
+        self._lost_attempts: dict[str, set[int]] = {}  # by activity id: its attempts reported lost
 
     async def activity(
         self,
@@ -57,7 +71,10 @@ class Scheduler:
         inline = self._inline_bytes(self.check_payload(summary, arg))
         self._listing.publish(untimed=True)
 
+        call = _Call(activity, summary)
+
         def lost(n: int) -> None:
+            call.dispatch = n + 1
             self.note_worker_lost(activity, summary, n)
             if on_worker_lost is not None:
                 on_worker_lost(n)
@@ -69,6 +86,7 @@ class Scheduler:
                 lambda: self._inflight_bytes + inline <= TASK_PAYLOAD_BUDGET_BYTES or not self._inflight_bytes
             )
         self._inflight_bytes += inline
+        self._running.append(call)
         try:
             return await dispatch.execute(
                 activity,
@@ -80,10 +98,12 @@ class Scheduler:
                 heartbeat_ceiling=timedelta(seconds=settings.heartbeat_timeout_seconds),
                 max_worker_losses=settings.max_worker_losses,
                 on_worker_lost=lost,
+                lost_attempts=lambda activity_id: len(self._lost_attempts.get(activity_id, ())),
                 deadline=deadline,
             )
         finally:
             self._inflight_bytes -= inline
+            self._running.remove(call)
 
     async def bookkeeping(
         self,
@@ -148,4 +168,32 @@ class Scheduler:
         if len(record.worker_losses) < MAX_IGNORED_MESSAGES:
             record.worker_losses.append(
                 WorkerLoss(activity=activity, summary=summary, at=workflow.now(), dispatch=dispatch_number)
+            )
+
+    def note_attempt_lost(self, lost: LostAttempt) -> None:
+        """Keep an attempt that lost its worker within its activity's retries, as the attempt after it
+        reported it (once per attempt, whoever reports it again). It is recorded with the summary of the
+        activity it belongs to — when one activity of its type runs; with several at once, as one of them."""
+        seen = self._lost_attempts.setdefault(lost.activity_id, set())
+        if lost.attempt in seen:
+            return
+        seen.add(lost.attempt)
+        calls = [c for c in self._running if c.activity == lost.activity]
+        if len(calls) == 1:
+            summary, dispatch_number = calls[0].summary, calls[0].dispatch
+        else:
+            summary = lost.activity if not calls else f"{lost.activity} · one of {len(calls)} running"
+            dispatch_number = min((c.dispatch for c in calls), default=1)
+        workflow.logger.warning("worker lost under %s (attempt %s); its retries went on", summary, lost.attempt)
+        record = self._state.record
+        if len(record.worker_losses) < MAX_IGNORED_MESSAGES:
+            record.worker_losses.append(
+                WorkerLoss(
+                    activity=lost.activity,
+                    summary=summary,
+                    at=workflow.now(),
+                    dispatch=dispatch_number,
+                    attempt=lost.attempt,
+                    activity_id=lost.activity_id,
+                )
             )

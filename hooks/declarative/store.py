@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from storage import sqlite
 from storage.postgres import Database, Migration, from_sqlite_schema
+from storage.text import EscapedStatements, escape_existing
 
 from .security import SecretBox
 
@@ -118,8 +119,12 @@ CREATE TABLE IF NOT EXISTS tenant_hook_budget (
 """
 
 
+# Text is written escaped (``storage.text``): a NUL or a lone surrogate in a hook's reason, error or
+# metadata is stored and read back as it was; the escaping migration makes text written before it read
+# back unchanged.
+_ESCAPES = (escape_existing("declared_hooks", 2, _SCHEMA),)
 # The same tables on PostgreSQL.
-MIGRATIONS = (Migration("declared_hooks", 1, from_sqlite_schema(_SCHEMA)),)
+MIGRATIONS = (Migration("declared_hooks", 1, from_sqlite_schema(_SCHEMA)), *_ESCAPES)
 
 
 class Statements(Protocol):
@@ -204,22 +209,24 @@ class HookStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with sqlite.connection(self.path) as db:
                 db.executescript(_SCHEMA)
+            sqlite.migrate(self.path, _ESCAPES)
 
     def _transaction(self, work):
         """``work(db, now)`` in one transaction that behaves as if it ran alone (on SQLite an immediate one,
-        foreign keys on: deleting a hook nulls its rows; on PostgreSQL a serializable one, retried)."""
+        foreign keys on: deleting a hook nulls its rows; on PostgreSQL a serializable one, retried). Its
+        text goes in escaped and comes back as it was (``storage.text``)."""
         if self.database is not None:
-            return self.database.run(work, self._clock)
+            return self.database.run(lambda db, now: work(EscapedStatements(db), now), self._clock)
         assert self.path is not None
         with sqlite.immediate(self.path, foreign_keys=True) as db:
-            return work(db, self._clock())
+            return work(EscapedStatements(db), self._clock())
 
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
         if self.database is not None:
-            return self.database.run(lambda db, now: db.execute(sql, params).fetchall(), self._clock)
+            return self.database.run(lambda db, now: EscapedStatements(db).execute(sql, params).fetchall(), self._clock)
         assert self.path is not None
         with sqlite.connection(self.path, foreign_keys=True) as db:
-            return db.execute(sql, params).fetchall()
+            return EscapedStatements(db).execute(sql, params).fetchall()
 
     # ------------------------------------------------------------------------------------------------
     # Definitions and state
@@ -300,7 +307,9 @@ class HookStore:
         truncated = error if len(error) <= MAX_ERROR_CHARS else error[: MAX_ERROR_CHARS - 1] + "…"
         if self.secrets is None:
             return truncated, None, None
-        nonce, sealed = self.secrets.seal(error.encode(), dedup_key.encode())
+        nonce, sealed = self.secrets.seal(
+            error.encode(errors="surrogatepass"), dedup_key.encode(errors="surrogatepass")
+        )
         return truncated, sealed, nonce
 
     def open_error(self, row: ExecutionRow) -> str | None:
@@ -309,7 +318,8 @@ class HookStore:
             return None
         if self.secrets is None:
             raise ValueError("no hook secret key is configured; the full error cannot be read")
-        return self.secrets.open(row.error_nonce, row.error_detail, row.dedup_key.encode()).decode()
+        opened = self.secrets.open(row.error_nonce, row.error_detail, row.dedup_key.encode(errors="surrogatepass"))
+        return opened.decode(errors="surrogatepass")
 
     def record_execution(self, row: ExecutionRow, *, counts_as_block: bool) -> bool:
         """Write one audit row (ignored when its dedup key exists) and, only if it was written, move the

@@ -1,7 +1,7 @@
 """Execution records: the interface every backend implements, and its two backends — one SQLite file
 (the embedded default) and PostgreSQL (workers on several machines)."""
 
-from .base import DEFAULT_ERROR_RETENTION, DEFAULT_RETENTION, ExecutionStore, merge_effects, snapshot_revision
+from .base import DEFAULT_ERROR_RETENTION, DEFAULT_RETENTION, ExecutionStore, lasting, merge_effects, snapshot_revision
 from .postgres import PostgresExecutionStore
 from .sqlite import SQLiteExecutionStore
 
@@ -11,6 +11,7 @@ __all__ = [
     "ExecutionStore",
     "PostgresExecutionStore",
     "SQLiteExecutionStore",
+    "lasting",
     "merge_effects",
     "snapshot_revision",
 ]

@@ -17,8 +17,11 @@ failure or cancel) are swept by writers; a sweep is safe to run from every worke
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import datetime, timedelta
 from typing import Protocol
+
+import psycopg
 
 from workflows.models import EffectStatus, ExecutionRecord, PipelineHookEffect, RequestStatus
 
@@ -60,6 +63,33 @@ class ExecutionStore(Protocol):
         (metadata ``tenant_id``) and agent (``agent_id``) when given — oldest first, at most ``limit``.
         A read: what a policy replay lists before it reads the records a batch at a time."""
         ...
+
+
+# SQLite result codes of a write that fails the same way however often it is tried: an error in the statement
+# (a table that is gone) or a database opened read-only. Others — busy, locked, full, I/O — may pass.
+_LASTING_SQLITE_CODES = frozenset({sqlite3.SQLITE_ERROR, sqlite3.SQLITE_READONLY})
+
+
+def lasting(err: BaseException) -> bool:
+    """Whether a store's error would come back however often the write were tried again: the data, the
+    schema or the permissions refuse it, not the store's availability (a connection refused, a lock held,
+    a timeout), which retries may outlast."""
+    if isinstance(err, (ValueError, TypeError)):  # data no backend can take (UnicodeError among them)
+        return True
+    if isinstance(err, psycopg.Error):
+        return isinstance(
+            err,
+            (
+                psycopg.DataError,
+                psycopg.IntegrityError,
+                psycopg.ProgrammingError,
+                psycopg.NotSupportedError,
+                psycopg.errors.RaiseException,
+            ),
+        )
+    if isinstance(err, sqlite3.OperationalError):
+        return getattr(err, "sqlite_errorcode", None) in _LASTING_SQLITE_CODES
+    return isinstance(err, (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.ProgrammingError))
 
 
 def snapshot_revision(record: ExecutionRecord) -> int:

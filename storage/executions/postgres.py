@@ -17,11 +17,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
 from psycopg import AsyncConnection
-from psycopg.types.json import Jsonb
 
 from workflows.models import ExecutionRecord, LifecycleBoundary, PipelineHookEffect
 
 from ..postgres import Database, Migration
+from ..text import MARK, as_written_before, escape, model_from_json, model_json
 from .base import (
     DEFAULT_ERROR_RETENTION,
     DEFAULT_RETENTION,
@@ -70,6 +70,14 @@ SWEEP_BATCH = 500
 
 def _at(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC)
+
+
+def _matching(value: str | None) -> tuple[str | None, str, str | None, str | None]:
+    """The parameters of a metadata filter: a record whose strings are escaped holds the value escaped;
+    another, the value as it is (if it could hold it at all)."""
+    if value is None:
+        return None, MARK, None, None
+    return escape(value), MARK, escape(value), as_written_before(value)
 
 
 class PostgresExecutionStore:
@@ -144,7 +152,7 @@ class PostgresExecutionStore:
             await self._sweep(conn, now)
             cursor = await conn.execute(
                 "INSERT INTO agent_executions AS stored (workflow_id, run_id, request_id, status, snapshot_revision,"
-                " started_at, updated_at, expires_at, record) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " started_at, updated_at, expires_at, record) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)"
                 " ON CONFLICT (workflow_id, run_id) DO UPDATE SET request_id = EXCLUDED.request_id,"
                 " status = EXCLUDED.status, snapshot_revision = EXCLUDED.snapshot_revision,"
                 " started_at = EXCLUDED.started_at, updated_at = EXCLUDED.updated_at,"
@@ -159,7 +167,7 @@ class PostgresExecutionStore:
                     record.started_at,
                     _at(now),
                     _at(now + keep.total_seconds()),
-                    Jsonb(record.model_dump(mode="json")),
+                    model_json(record),
                 ),
             )
             written = await cursor.fetchone() is not None
@@ -172,8 +180,8 @@ class PostgresExecutionStore:
         async with self.database.transaction() as conn:
             await self._sweep(conn, now)
             cursor = await conn.execute(
-                "INSERT INTO agent_effect_updates VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                (workflow_id, run_id, effect.effect_id, Jsonb(effect.model_dump(mode="json")), _at(now)),
+                "INSERT INTO agent_effect_updates VALUES (%s, %s, %s, %s::jsonb, %s) ON CONFLICT DO NOTHING",
+                (workflow_id, run_id, effect.effect_id, model_json(effect), _at(now)),
             )
             written = cursor.rowcount == 1
             return await self._revision(conn, workflow_id, run_id), written
@@ -194,8 +202,8 @@ class PostgresExecutionStore:
                     "ORDER BY updated_at, effect_id",
                     (workflow_id, run_id),
                 )
-                effects = [PipelineHookEffect.model_validate(row[0]) for row in await updates.fetchall()]
-                records.append(merge_effects(ExecutionRecord.model_validate(record), effects))
+                effects = [model_from_json(PipelineHookEffect, row[0]) for row in await updates.fetchall()]
+                records.append(merge_effects(model_from_json(ExecutionRecord, record), effects))
             return records
 
     async def get(self, key: str) -> ExecutionRecord | None:
@@ -224,9 +232,20 @@ class PostgresExecutionStore:
                 "SELECT workflow_id, run_id FROM agent_executions WHERE expires_at >= %s "
                 "AND (%s::timestamptz IS NULL OR started_at >= %s::timestamptz) "
                 "AND (%s::timestamptz IS NULL OR started_at < %s::timestamptz) "
-                "AND (%s::text IS NULL OR record->'metadata'->>'tenant_id' = %s::text) "
-                "AND (%s::text IS NULL OR record->'metadata'->>'agent_id' = %s::text) "
+                "AND (%s::text IS NULL OR record->'metadata'->>'tenant_id' = "
+                "(CASE WHEN record ? %s THEN %s::text ELSE %s::text END)) "
+                "AND (%s::text IS NULL OR record->'metadata'->>'agent_id' = "
+                "(CASE WHEN record ? %s THEN %s::text ELSE %s::text END)) "
                 "ORDER BY started_at, workflow_id, run_id LIMIT %s",
-                (_at(self._clock()), since, since, until, until, tenant, tenant, agent, agent, limit),
+                (
+                    _at(self._clock()),
+                    since,
+                    since,
+                    until,
+                    until,
+                    *_matching(tenant),
+                    *_matching(agent),
+                    limit,
+                ),
             )
             return [(w, r) for w, r in await cursor.fetchall()]

@@ -13,6 +13,7 @@ from pathlib import Path
 from workflows.models import ExecutionRecord, LifecycleBoundary, PipelineHookEffect
 
 from .. import sqlite
+from ..text import MARK, as_written_before, escape, model_from_json, model_json
 from .base import (
     DEFAULT_ERROR_RETENTION,
     DEFAULT_RETENTION,
@@ -133,7 +134,7 @@ class SQLiteExecutionStore:
                     record.started_at.isoformat(),
                     now,
                     now + keep.total_seconds(),
-                    record.model_dump_json(),
+                    model_json(record),
                 ),
             )
             return revision + updates, True
@@ -148,7 +149,7 @@ class SQLiteExecutionStore:
         def work(db: sqlite3.Connection, now: float) -> tuple[int, bool]:
             inserted = db.execute(
                 "INSERT OR IGNORE INTO effect_updates VALUES (?, ?, ?, ?, ?)",
-                (workflow_id, run_id, effect.effect_id, effect.model_dump_json(), now),
+                (workflow_id, run_id, effect.effect_id, model_json(effect), now),
             ).rowcount
             row = db.execute(
                 "SELECT snapshot_revision FROM executions WHERE workflow_id = ? AND run_id = ?", (workflow_id, run_id)
@@ -167,13 +168,13 @@ class SQLiteExecutionStore:
             records = []
             for workflow_id, run_id, text in rows:
                 updates = [
-                    PipelineHookEffect.model_validate_json(u[0])
+                    model_from_json(PipelineHookEffect, u[0])
                     for u in db.execute(
                         "SELECT effect FROM effect_updates WHERE workflow_id = ? AND run_id = ? ORDER BY updated_at",
                         (workflow_id, run_id),
                     )
                 ]
-                records.append(merge_effects(ExecutionRecord.model_validate_json(text), updates))
+                records.append(merge_effects(model_from_json(ExecutionRecord, text), updates))
             return records
 
     async def save(self, record: ExecutionRecord) -> tuple[int, bool]:
@@ -204,12 +205,14 @@ class SQLiteExecutionStore:
         if until is not None:
             where.append("julianday(started_at) < julianday(?)")
             params.append(until.isoformat())
-        if tenant is not None:
-            where.append("json_extract(record, '$.metadata.tenant_id') = ?")
-            params.append(tenant)
-        if agent is not None:
-            where.append("json_extract(record, '$.metadata.agent_id') = ?")
-            params.append(agent)
+        # A record whose strings are escaped (``storage.text``) holds the value escaped.
+        for key, value in (("tenant_id", tenant), ("agent_id", agent)):
+            if value is not None:
+                where.append(
+                    f"json_extract(record, '$.metadata.{key}') = "
+                    f"(CASE WHEN json_type(record, '$.\"{MARK}\"') IS NULL THEN ? ELSE ? END)"
+                )
+                params += [as_written_before(value), escape(value)]
         with sqlite.connection(self.path) as db:
             rows = db.execute(
                 f"SELECT workflow_id, run_id FROM executions WHERE {' AND '.join(where)} "

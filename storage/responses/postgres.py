@@ -5,22 +5,22 @@ from __future__ import annotations
 from psycopg.types.json import Jsonb
 
 from ..postgres import Database, Migration
+from ..text import escape, escape_existing, from_document, to_document, unescape
 from .base import CachedResponse
 
+_SCHEMA = """
+CREATE TABLE agent_response_cache (
+    key        TEXT PRIMARY KEY,
+    response   TEXT NOT NULL,
+    variation  JSONB NOT NULL,
+    written_at DOUBLE PRECISION NOT NULL,
+    request_id TEXT NOT NULL
+);
+"""
 MIGRATIONS = (
-    Migration(
-        "response_cache",
-        1,
-        """
-        CREATE TABLE agent_response_cache (
-            key        TEXT PRIMARY KEY,
-            response   TEXT NOT NULL,
-            variation  JSONB NOT NULL,
-            written_at DOUBLE PRECISION NOT NULL,
-            request_id TEXT NOT NULL
-        );
-        """,
-    ),
+    Migration("response_cache", 1, _SCHEMA),
+    # Its text is written escaped (``storage.text``) from here on, its variation as an escaped document.
+    escape_existing("response_cache", 2, _SCHEMA),
 )
 
 
@@ -36,10 +36,13 @@ class PostgresResponseCacheStore:
         await self.migrate()
         async with self.database.transaction() as conn:
             cursor = await conn.execute(
-                "SELECT response, variation, written_at, request_id FROM agent_response_cache WHERE key = %s", (key,)
+                "SELECT response, variation, written_at, request_id FROM agent_response_cache WHERE key = %s",
+                (escape(key),),
             )
             row = await cursor.fetchone()
-        return None if row is None else CachedResponse(row[0], row[1], row[2], row[3])
+        if row is None:
+            return None
+        return CachedResponse(unescape(row[0]), from_document(row[1]), row[2], unescape(row[3]))
 
     async def put(self, key: str, entry: CachedResponse) -> None:
         await self.migrate()
@@ -48,5 +51,11 @@ class PostgresResponseCacheStore:
                 "INSERT INTO agent_response_cache VALUES (%s, %s, %s, %s, %s) ON CONFLICT (key) DO UPDATE SET "
                 "response = EXCLUDED.response, variation = EXCLUDED.variation, written_at = EXCLUDED.written_at, "
                 "request_id = EXCLUDED.request_id",
-                (key, entry.response, Jsonb(entry.variation), entry.written_at, entry.request_id),
+                (
+                    escape(key),
+                    escape(entry.response),
+                    Jsonb(to_document(entry.variation)),
+                    entry.written_at,
+                    escape(entry.request_id),
+                ),
             )

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from .. import sqlite
+from ..text import EscapedStatements, escape_existing
 from .base import CachedResponse
 
 _SCHEMA = """
@@ -18,6 +19,8 @@ CREATE TABLE IF NOT EXISTS response_cache (
     request_id  TEXT NOT NULL
 )
 """
+# Its text is written escaped (``storage.text``), from this migration on.
+ESCAPES = (escape_existing("response_cache", 2, _SCHEMA),)
 
 
 class SQLiteResponseCacheStore:
@@ -26,17 +29,20 @@ class SQLiteResponseCacheStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with sqlite.connection(self.path) as db:
             db.execute(_SCHEMA)
+        sqlite.migrate(self.path, ESCAPES)
 
     def _get(self, key: str) -> CachedResponse | None:
         with sqlite.connection(self.path) as db:
-            row = db.execute(
-                "SELECT response, variation, written_at, request_id FROM response_cache WHERE key = ?", (key,)
-            ).fetchone()
+            row = (
+                EscapedStatements(db)
+                .execute("SELECT response, variation, written_at, request_id FROM response_cache WHERE key = ?", (key,))
+                .fetchone()
+            )
         return None if row is None else CachedResponse(row[0], json.loads(row[1]), row[2], row[3])
 
     def _put(self, key: str, entry: CachedResponse) -> None:
         with sqlite.connection(self.path) as db:
-            db.execute(
+            EscapedStatements(db).execute(
                 "INSERT OR REPLACE INTO response_cache VALUES (?, ?, ?, ?, ?)",
                 (key, entry.response, json.dumps(entry.variation, sort_keys=True), entry.written_at, entry.request_id),
             )

@@ -91,6 +91,10 @@ class StageSettings(BaseModel):
     # Dispatches of one activity that may end in a lost worker before the request fails with the
     # infrastructure error ``WorkerLost`` (a hook that kills every worker it runs on must not loop forever).
     max_worker_losses: int = Field(default=5, ge=1)
+    # Attempts at writing one snapshot of the execution record (spaced 1, 2, 4, ... s) before the request
+    # fails with ``RecordNotStored``: a store that is down for a moment is waited for, one that stays down
+    # (or refuses the write) ends the request rather than let it go on, or end, unrecorded.
+    record_write_attempts: int = Field(default=5, ge=1)
     # Consecutive in-process (local activity) hooks of one stage run in one local activity: one marker
     # in history for the run of them, one record entry and span for each hook.
     batch_local_hooks: bool = True
@@ -219,13 +223,27 @@ class HookInvocation(BaseModel):
 
 
 class WorkerLoss(BaseModel):
-    """An activity dispatch that ended because its worker stopped heartbeating (crashed, was killed,
-    lost its connection). The activity was dispatched again; its own attempts were not spent."""
+    """An activity attempt that ended because its worker stopped heartbeating (crashed, was killed, lost
+    its connection). Without ``attempt``: the dispatch's last attempt, and the activity was dispatched
+    again. With it: an attempt the activity's own retries followed, found by the attempt after it; when
+    the activity's attempts ran out all the same, it was dispatched again with as many as workers took,
+    so lost workers never spend the attempts that decide an outcome."""
 
     activity: str
     summary: str
     at: datetime
-    dispatch: int  # 1 for the first lost dispatch of this call, 2 for the next, ...
+    dispatch: int  # 1 for the first dispatch of this call (the first lost dispatch), 2 for the next, ...
+    attempt: int | None = None  # the attempt within its dispatch, for a loss its retries followed
+    activity_id: str | None = None  # as the Temporal UI shows it, for a loss its retries followed
+
+
+class LostAttempt(BaseModel):
+    """Signal ``attempt_lost``: an activity's attempt found that the one before it lost its worker (the
+    server timed it out on its heartbeat), and tells the request."""
+
+    activity: str = Field(min_length=1, max_length=200)  # the activity type
+    activity_id: str = Field(min_length=1, max_length=200)
+    attempt: int = Field(ge=1)  # the lost attempt
 
 
 class EffectStatus(StrEnum):

@@ -340,6 +340,9 @@ class TerminalWrite(BaseModel):
 
 class PersistRecordInput(ByReference):
     record: ExecutionRecord
+    # The attempt the workflow retries the write no more after: when it fails too, the activity ends the
+    # write with the typed ``RecordNotStored`` (None: the write's failures are the store's own, retried).
+    final_attempt: int | None = None
 
 
 class PersistRecordOutput(ByReference):
