@@ -23,7 +23,7 @@ CREATE TABLE IF NOT EXISTS response_cache (
 class SQLiteResponseCacheStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        sqlite.private_directory(self.path.parent)
         with sqlite.connection(self.path) as db:
             db.execute(_SCHEMA)
 
