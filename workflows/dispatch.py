@@ -23,6 +23,9 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
+with workflow.unsafe.imports_passed_through():
+    from .converter import Shown
+
 WORKER_LOST = "WorkerLost"
 MIN_HEARTBEAT_TIMEOUT = timedelta(seconds=1)
 DEFAULT_HEARTBEAT_CEILING = timedelta(seconds=5)
@@ -78,7 +81,7 @@ async def execute(
                 start_to_close_timeout=start_to_close_timeout,
                 heartbeat_timeout=heartbeat_timeout(start_to_close_timeout, heartbeat_ceiling),
                 retry_policy=retry_policy,
-                summary=summary if not lost else f"{summary} · dispatch {lost + 1} (worker lost)",
+                summary=Shown(summary if not lost else f"{summary} · dispatch {lost + 1} (worker lost)"),
                 **options,
             )
         except ActivityError as err:

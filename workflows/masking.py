@@ -64,9 +64,7 @@ COMMON_SECRET_PATTERNS: dict[str, re.Pattern[str] | Rule] = {
     "private_key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]+?-----END [A-Z ]*PRIVATE KEY-----"),
     "aws_access_key_id": re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b"),
     "aws_secret_access_key": Rule(
-        re.compile(
-            r"(?i)\baws_?secret_?(?:access_?)?key[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"
-        ),
+        re.compile(r"(?i)\baws_?secret_?(?:access_?)?key[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"),
         group=1,
     ),
     "github_token": re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})\b"),
@@ -89,9 +87,7 @@ COMMON_SECRET_PATTERNS: dict[str, re.Pattern[str] | Rule] = {
     # Area 001-899 but 666, group 01-99, serial 0001-9999; both separators the same.
     "us_ssn": re.compile(r"(?<![\w-])(?!000|666|9[0-9]{2})[0-9]{3}([- ])(?!00)[0-9]{2}\1(?!0000)[0-9]{4}(?![\w-])"),
     "credential": Rule(
-        re.compile(
-            rf"(?i)(?<![A-Za-z0-9_])(?:{_CREDENTIAL_NAMES})[\"']?\s*[:=]\s*[\"']?([^\s\"',;&<>\[\]{{}}]{{4,}})"
-        ),
+        re.compile(rf"(?i)(?<![A-Za-z0-9_])(?:{_CREDENTIAL_NAMES})[\"']?\s*[:=]\s*[\"']?([^\s\"',;&<>\[\]{{}}]{{4,}})"),
         group=1,
     ),
 }

@@ -10,6 +10,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
+    from .converter import Shown
     from .invocation import error_text, raise_if_cancelled
     from .models import ExecutionRecord, LifecycleBoundary, PersistRecordInput, PersistRecordOutput, SnapshotAttempt
     from .run_state import RunState
@@ -59,7 +60,9 @@ class RecordKeeper:
                     result_type=PersistRecordOutput,
                     timeout=30,
                     retry_policy=RetryPolicy(maximum_attempts=5),
-                    summary=f"bookkeeping · persist record · {boundary.value} · revision {record.record_revision}",
+                    summary=Shown(
+                        f"bookkeeping · persist record · {boundary.value} · revision {record.record_revision}"
+                    ),
                 )
                 return
             except (ActivityError, ApplicationError) as err:
