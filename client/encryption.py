@@ -91,8 +91,10 @@ class Keyring:
         return next(iter(self.keys))
 
     @classmethod
-    def parse(cls, text: str, *, where: str = "the keys") -> Keyring:
-        """Keys from ``<id>=<base64 key>`` entries, one per line (or comma-separated), the first encrypting."""
+    def parse(cls, text: str, *, where: str = "") -> Keyring:
+        """Keys from ``<id>=<base64 key>`` entries, one per line (or comma-separated), the first encrypting;
+        ``where`` heads each error (a file's path)."""
+        at = f"{where}: " if where else ""
         keys: dict[str, bytes] = {}
         for number, line in enumerate(re.split(r"[\n,]", text), start=1):
             entry = line.split("#", 1)[0].strip()
@@ -101,19 +103,19 @@ class Keyring:
             key_id, sep, encoded = (part.strip() for part in entry.partition("="))
             if not sep or not _KEY_ID.fullmatch(key_id):
                 raise EncryptionKeyError(
-                    f"{where}, entry {number}: not <key id>=<base64 key> (an id of letters, digits, '.', '_', '-')"
+                    f"{at}entry {number} is not <key id>=<base64 key> (an id of letters, digits, '.', '_', '-')"
                 )
             try:
                 key = base64.b64decode(encoded, validate=True)
             except (binascii.Error, ValueError):
-                raise EncryptionKeyError(f"{where}, key {key_id!r}: not base64") from None
+                raise EncryptionKeyError(f"{at}key {key_id!r} is not base64") from None
             if len(key) != KEY_BYTES:
-                raise EncryptionKeyError(f"{where}, key {key_id!r}: {len(key)} bytes, not {KEY_BYTES} (AES-256)")
+                raise EncryptionKeyError(f"{at}key {key_id!r} is {len(key)} bytes, not {KEY_BYTES} (AES-256)")
             if key_id in keys:
-                raise EncryptionKeyError(f"{where}: key {key_id!r} is listed twice")
+                raise EncryptionKeyError(f"{at}key {key_id!r} is listed twice")
             keys[key_id] = key
         if not keys:
-            raise EncryptionKeyError(f"{where}: no key is listed")
+            raise EncryptionKeyError(f"{at}no key is listed")
         return cls(keys)
 
     @classmethod

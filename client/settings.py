@@ -381,7 +381,7 @@ class DataProtection(BaseModel):
         if value is not None:
             from .encryption import Keyring
 
-            Keyring.parse(value.get_secret_value(), where="AGENT_ENCRYPTION_KEYS")
+            Keyring.parse(value.get_secret_value())
         return value
 
     @model_validator(mode="after")
@@ -406,7 +406,7 @@ class DataProtection(BaseModel):
         if self.keys_file is not None:
             return Keyring.from_file(self.keys_file)
         if self.keys is not None:
-            return Keyring.parse(self.keys.get_secret_value(), where="AGENT_ENCRYPTION_KEYS")
+            return Keyring.parse(self.keys.get_secret_value())
         return None
 
 
