@@ -150,13 +150,21 @@ def database(settings: Settings) -> Database | None:
 
 def response_cache_store(settings: Settings) -> ResponseCacheStore:
     """The response cache the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else a SQLite file
-    in the state directory."""
+    in the state directory; its answers sealed where payloads are encrypted."""
     from storage.responses import PostgresResponseCacheStore, SQLiteResponseCacheStore
 
     db = database(settings)
-    if db is not None:
-        return PostgresResponseCacheStore(db)
-    return SQLiteResponseCacheStore(settings.state_dir / "response-cache.sqlite3")
+    store: ResponseCacheStore = (
+        PostgresResponseCacheStore(db)
+        if db is not None
+        else SQLiteResponseCacheStore(settings.state_dir / "response-cache.sqlite3")
+    )
+    keyring = settings.protection.keyring()
+    if keyring is not None:
+        from .sealed_stores import SealedResponseCache
+
+        return SealedResponseCache(store, keyring)
+    return store
 
 
 def review_webhook(settings: Settings) -> ReviewWebhook | None:
@@ -170,12 +178,21 @@ def review_webhook(settings: Settings) -> ReviewWebhook | None:
 
 
 def execution_store(settings: Settings) -> ExecutionStore:
-    """The execution store the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else the SQLite file."""
+    """The execution store the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else the SQLite file;
+    its records sealed where payloads are encrypted (``client.sealed_stores``)."""
     from storage.executions import PostgresExecutionStore, SQLiteExecutionStore
 
     retention = timedelta(days=settings.record_retention_days)
     error_retention = timedelta(days=settings.error_retention_days)
     db = database(settings)
-    if db is not None:
-        return PostgresExecutionStore(db, retention=retention, error_retention=error_retention)
-    return SQLiteExecutionStore(settings.execution_store_path, retention=retention, error_retention=error_retention)
+    store: ExecutionStore = (
+        PostgresExecutionStore(db, retention=retention, error_retention=error_retention)
+        if db is not None
+        else SQLiteExecutionStore(settings.execution_store_path, retention=retention, error_retention=error_retention)
+    )
+    keyring = settings.protection.keyring()
+    if keyring is not None:
+        from .sealed_stores import SealedExecutionStore
+
+        return SealedExecutionStore(store, keyring)
+    return store

@@ -187,3 +187,37 @@ class EncryptionCodec(PayloadCodec):
 def encrypted(payload: Payload) -> bool:
     """Whether ``payload`` is one :class:`EncryptionCodec` encrypted."""
     return payload.metadata.get("encoding") == ENCODING
+
+
+SEALED_PREFIX = "enc:v1:"
+
+
+class Sealer:
+    """Text sealed with the keyring for a store (``enc:v1:<key id>:<base64 nonce + ciphertext>``), bound to
+    what it is (``purpose``): a sealed record does not open as a cached answer."""
+
+    def __init__(self, keyring: Keyring, purpose: str) -> None:
+        self.keyring = keyring
+        self._associated = f"agent-lifecycle store v1:{purpose}:".encode()
+        self._ciphers = {key_id: AESGCM(key) for key_id, key in keyring.keys.items()}
+
+    def seal(self, text: str) -> str:
+        key_id = self.keyring.active
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = self._ciphers[key_id].encrypt(nonce, text.encode(), self._associated + key_id.encode())
+        return f"{SEALED_PREFIX}{key_id}:{base64.b64encode(nonce + sealed).decode()}"
+
+    def open(self, sealed: str) -> str:
+        """The text of a sealed value; a value that is not sealed is returned as it is (written before
+        encryption was on)."""
+        if not sealed.startswith(SEALED_PREFIX):
+            return sealed
+        key_id, _, encoded = sealed.removeprefix(SEALED_PREFIX).partition(":")
+        cipher = self._ciphers.get(key_id)
+        if cipher is None:
+            raise UnknownEncryptionKey(key_id)
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+            return cipher.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], self._associated + key_id.encode()).decode()
+        except (InvalidTag, binascii.Error, ValueError):
+            raise PayloadDecryptionError(key_id) from None
