@@ -218,8 +218,7 @@ class Access:
         if settings.jwks_file is not None:
             assert settings.jwt_audience and settings.jwt_issuer  # the settings require them together
             jwt = JwtVerifier(load_jwks(settings.jwks_file), settings.jwt_audience, settings.jwt_issuer)
-        token = settings.token.get_secret_value() if settings.token is not None else None
-        auth = BearerAuth(token=token, jwt=jwt)
+        auth = BearerAuth(token=settings.shared_token(), jwt=jwt)
         hosts = set(settings.allowed_hosts)
         if not hosts:
             if not loopback(host):

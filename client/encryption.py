@@ -40,10 +40,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import PayloadCodec
 
-from workflows.converter import BY_REFERENCE_METADATA, SHOWN_METADATA
+from workflows.converter import BY_REFERENCE_METADATA, ENCRYPTED_ENCODING, KEY_ID_METADATA, SHOWN_METADATA
 
-ENCODING = b"binary/encrypted"
-KEY_ID_METADATA = "encryption-key-id"
+ENCODING = ENCRYPTED_ENCODING
 KEY_BYTES = 32
 NONCE_BYTES = 12
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")

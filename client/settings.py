@@ -410,6 +410,12 @@ class DataProtection(BaseModel):
         return None
 
 
+def _strong_token(token: str) -> str:
+    if len(token.strip()) < 32:
+        raise ValueError("too short: use at least 32 characters (e.g. `openssl rand -base64 32`)")
+    return token.strip()
+
+
 def _origin(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
@@ -427,6 +433,11 @@ class CodecServerSettings(BaseModel):
         default=None,
         validation_alias="AGENT_CODEC_TOKEN",
         description="a shared secret callers send as `Authorization: Bearer …` (at least 32 characters)",
+    )
+    token_file: Path | None = Field(
+        default=None,
+        validation_alias="AGENT_CODEC_TOKEN_FILE",
+        description="the shared token read from a file instead (a mounted secret)",
     )
     jwks_file: Path | None = Field(
         default=None,
@@ -467,9 +478,21 @@ class CodecServerSettings(BaseModel):
     @field_validator("token")
     @classmethod
     def _strong(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value().strip()) < 32:
-            raise ValueError("too short: use at least 32 characters (e.g. `openssl rand -base64 32`)")
-        return SecretStr(value.get_secret_value().strip()) if value is not None else None
+        return SecretStr(_strong_token(value.get_secret_value())) if value is not None else None
+
+    @field_validator("token_file")
+    @classmethod
+    def _token_file(cls, value: Path | None) -> Path | None:
+        value = _readable_file(value)
+        if value is not None:
+            _strong_token(value.read_text())
+        return value
+
+    def shared_token(self) -> str | None:
+        """The shared token: ``AGENT_CODEC_TOKEN``, else the content of ``AGENT_CODEC_TOKEN_FILE``."""
+        if self.token is not None:
+            return self.token.get_secret_value()
+        return self.token_file.read_text().strip() if self.token_file is not None else None
 
     @field_validator("jwks_file")
     @classmethod
@@ -498,6 +521,8 @@ class CodecServerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _jwt_claims(self) -> CodecServerSettings:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set AGENT_CODEC_TOKEN or AGENT_CODEC_TOKEN_FILE, not both")
         if self.jwks_file is not None and not (self.jwt_audience and self.jwt_issuer):
             raise ValueError(
                 "AGENT_CODEC_JWKS_FILE needs AGENT_CODEC_JWT_AUDIENCE and AGENT_CODEC_JWT_ISSUER: a token the "

@@ -61,6 +61,24 @@ BY_REFERENCE_METADATA = "agent-by-reference"
 SHOWN_METADATA = "agent-shown"
 
 
+# What an encrypted payload says of itself (``client.encryption``): its encoding and its key's id.
+ENCRYPTED_ENCODING = b"binary/encrypted"
+KEY_ID_METADATA = "encryption-key-id"
+
+
+class EncryptedPayloadError(RuntimeError):
+    """An encrypted payload reached a converter without the codec that decrypts it: a process of the
+    deployment without its keys. Not the sender's fault, so never a typed failure of the request: the task
+    that met it fails and is retried until a process with the keys takes it."""
+
+    def __init__(self, key_id: str) -> None:
+        self.key_id = key_id
+        super().__init__(
+            f"a payload encrypted with key {key_id!r} reached a process without encryption keys: set "
+            "AGENT_ENCRYPTION_KEYS_FILE (or AGENT_ENCRYPTION_KEYS) as the deployment's other processes do"
+        )
+
+
 class Shown(str):
     """Text the Temporal UI shows without a codec: a summary, details, a memo value. Its payload is marked
     ``SHOWN_METADATA`` and is never encrypted, so build one only from what may be read without the keys
@@ -136,6 +154,8 @@ class LifecyclePayloadConverter(CompositePayloadConverter):
         return [self._from_payload(payload, hint) for payload, hint in zip(payloads, hints, strict=True)]
 
     def _from_payload(self, payload: temporalio.api.common.v1.Payload, hint: type | None) -> Any:
+        if payload.metadata.get("encoding") == ENCRYPTED_ENCODING:
+            raise EncryptedPayloadError(payload.metadata.get(KEY_ID_METADATA, b"").decode("utf-8", "replace"))
         try:
             return super().from_payloads([payload], [hint] if hint is not None else None)[0]
         except Exception as err:  # an unknown encoding, bytes that are not what the encoding says, ...

@@ -26,7 +26,13 @@ from client.encryption import (
 )
 from client.settings import SettingsError
 from storage import sqlite
-from workflows.converter import BY_REFERENCE_METADATA, EncryptingFailureConverter, Shown, data_converter
+from workflows.converter import (
+    BY_REFERENCE_METADATA,
+    EncryptedPayloadError,
+    EncryptingFailureConverter,
+    Shown,
+    data_converter,
+)
 
 MARKER = "4111 1111 1111 1111 marker-7f3a"
 
@@ -63,6 +69,14 @@ async def test_rotation_every_listed_key_decrypts_and_the_first_encrypts():
     with pytest.raises(UnknownEncryptionKey, match="'k2'") as raised:
         await old.decode([written_after])
     assert raised.value.key_id == "k2"
+
+
+async def test_a_process_without_keys_is_told_which_key_it_lacks_and_never_takes_it_for_bad_input():
+    [sealed] = await codec(f"k3={key(3)}").encode([plain()])
+    for hint in (None, dict):  # untyped (a workflow's own entry point) or typed: the same error, no RawValue
+        with pytest.raises(EncryptedPayloadError, match="'k3'") as raised:
+            data_converter.payload_converter.from_payloads([sealed], [hint] if hint else None)
+        assert raised.value.key_id == "k3"
 
 
 async def test_a_changed_byte_or_a_key_moved_under_another_id_does_not_decrypt():
