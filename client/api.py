@@ -432,7 +432,7 @@ async def submit_turn(
         task_queue=settings.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         search_attributes=TypedSearchAttributes([SearchAttributePair(sa.WORKFLOW_KIND, sa.KIND_CONVERSATION)]),
-        static_summary=f"conversation {conversation_id}",
+        static_summary=story.shown(f"conversation {conversation_id}"),
     )
     # Sent as plain JSON: the conversation validates it, so a malformed turn is refused there, typed.
     turn: Any = (
