@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator
 
 import httpx
@@ -307,3 +308,30 @@ def test_a_server_beyond_loopback_needs_its_names_and_every_server_a_credential(
     assert not local.host_allowed("localhost.evil.example")
     with pytest.raises(ValueError, match="AGENT_CODEC_TOKEN or AGENT_CODEC_JWKS_FILE"):
         Access.from_settings(CodecServerSettings(), "127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        ([], {}, "AGENT_CODEC_TOKEN or AGENT_CODEC_JWKS_FILE"),
+        (["--host", "0.0.0.0"], {"AGENT_CODEC_TOKEN": TOKEN}, "AGENT_CODEC_ALLOWED_HOSTS"),
+        ([], {"AGENT_CODEC_TOKEN": "short"}, "AGENT_CODEC_TOKEN: too short"),
+        (["--allow-origin", "*"], {"AGENT_CODEC_TOKEN": TOKEN}, "not an origin"),
+    ],
+)
+def test_the_cli_will_not_start_a_codec_server_that_would_serve_anyone(tmp_path, args, env, message):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "TEMPORAL_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "client.cli", "codec-server", "--port", str(free_port()), *args],
+        cwd=Path(__file__).parent.parent,
+        env={**clean, "AGENT_STATE_DIR": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert TOKEN not in done.stderr
