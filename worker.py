@@ -119,6 +119,7 @@ def build_worker(
     sandboxed: bool = False,
     extra_workflows: Sequence[type] = (),
     extra_activities: Sequence[Callable[..., Any]] = (),
+    ui_shows_text: bool = False,
     **options: Any,
 ) -> Worker:
     """A worker for the lifecycle workflow, its detached-effect child, and every activity they schedule
@@ -133,7 +134,12 @@ def build_worker(
     as much (see benchmarks/README.md).
 
     ``replay``: the activities ``PolicyReplay`` schedules (every worker process has them; the workflow is
-    one of ``WORKFLOWS``)."""
+    one of ``WORKFLOWS``).
+
+    Where the client encrypts payloads, the requests this worker runs show the Temporal UI no request text
+    in their summaries and details (each records that in its manifest), unless ``ui_shows_text``
+    (``AGENT_UI_SHOWS_TEXT``)."""
+    activities.manifest.ui_shows_text = client.data_converter.payload_codec is None or ui_shows_text
     options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_SCHEDULE_TO_START)
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     if not sandboxed:
@@ -204,6 +210,7 @@ async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool)
             activities,
             replay=replay,
             sandboxed=settings.workflow_sandbox,
+            ui_shows_text=settings.protection.ui_shows_text,
             **settings.worker_options(),
         )
         replay_worker = build_replay_worker(client, settings.task_queue, replay, batches=settings.worker_replay_batches)

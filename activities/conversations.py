@@ -13,6 +13,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from workflows import search_attributes as sa
 from workflows.conversation import CLAIM_SIGNAL, CONVERSATION_WORKFLOW_TYPE
+from workflows.converter import Shown
 from workflows.models import (
     ClaimTurnInput,
     ConversationInput,
@@ -63,7 +64,7 @@ class ConversationActivities:
             start_signal_args=[TurnClaim(workflow_id=input.workflow_id, run_id=input.run_id)],
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=conversation_kind() if input.search_attributes else None,
-            static_summary=f"conversation {input.conversation_id}",
+            static_summary=Shown(f"conversation {input.conversation_id}"),
         )
 
     @activity.defn(name="resume_conversation")

@@ -212,7 +212,7 @@ class ConversationMemoryStore:
             self.database.require(self._migrations())
         else:
             assert self.path is not None
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            sqlite.private_directory(self.path.parent)
             with sqlite.connection(self.path, busy_timeout_seconds=busy_timeout_seconds) as db:
                 db.executescript(self._schema())
             sqlite.migrate(self.path, self._escapes(), busy_timeout_seconds=busy_timeout_seconds)

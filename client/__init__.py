@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from .settings import Settings
 
-__all__ = ["Settings", "connect", "connect_when_reachable", "exit_process"]
+__all__ = ["Settings", "connect", "connect_options", "connect_when_reachable", "exit_process"]
 
 
 def __getattr__(name: str) -> Any:
@@ -45,21 +45,67 @@ def exit_process(code: int) -> NoReturn:
 def process_data_converter(settings: Settings) -> DataConverter:
     """The project's data converter with this deployment's payload store (large payloads by reference):
     in the database with ``AGENT_DATABASE_URL`` (every machine reads what any other wrote), else the
-    SQLite file; none with ``AGENT_PAYLOAD_STORE=off``."""
+    SQLite file; none with ``AGENT_PAYLOAD_STORE=off``. With ``AGENT_ENCRYPTION_KEYS_FILE`` (or
+    ``AGENT_ENCRYPTION_KEYS``) every payload is encrypted before it leaves the process — the ones kept in
+    the payload store too — and failures keep their messages encrypted (``client.encryption``)."""
     from storage.payloads import PostgresPayloadStore, SQLitePayloadStore, external_storage
-    from workflows.converter import data_converter
+    from workflows.converter import EncryptingFailureConverter, data_converter
 
+    converter = data_converter
+    keyring = settings.protection.keyring()
+    if keyring is not None:
+        from .encryption import EncryptionCodec
+
+        converter = dataclasses.replace(
+            converter, payload_codec=EncryptionCodec(keyring), failure_converter_class=EncryptingFailureConverter
+        )
     path = settings.payload_store_path
     if path is None:
-        return data_converter
+        return converter
     db = database(settings)
     driver = PostgresPayloadStore(db) if db is not None else SQLitePayloadStore(path)
-    return dataclasses.replace(data_converter, external_storage=external_storage(driver))
+    return dataclasses.replace(converter, external_storage=external_storage(driver))
+
+
+def connect_options(settings: Settings) -> dict[str, Any]:
+    """How ``Client.connect`` reaches the cluster ``settings`` name: ``tls`` (a ``TLSConfig`` with the
+    server's CA, the client certificate and key, the server name; ``True`` for TLS with the system's
+    roots; ``False`` for none) and ``api_key``. Every process of the project connects through this.
+
+    Raises:
+        ValueError: a certificate or key file that cannot be read.
+    """
+    from temporalio.service import TLSConfig
+
+    security = settings.temporal_security
+
+    def read(path: Any, variable: str) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return path.read_bytes()
+        except OSError as err:
+            raise ValueError(f"{variable}: cannot read {path}: {err.strerror or err}") from None
+
+    tls: TLSConfig | bool = False
+    if security.uses_tls:
+        ca = read(security.server_ca_cert, "TEMPORAL_TLS_SERVER_CA_CERT_PATH")
+        cert = read(security.client_cert, "TEMPORAL_TLS_CLIENT_CERT_PATH")
+        key = read(security.client_key, "TEMPORAL_TLS_CLIENT_KEY_PATH")
+        if ca is None and cert is None and security.server_name is None:
+            tls = True
+        else:
+            tls = TLSConfig(
+                server_root_ca_cert=ca, domain=security.server_name, client_cert=cert, client_private_key=key
+            )
+    api_key = security.api_key.get_secret_value() if security.api_key is not None else None
+    return {"tls": tls, "api_key": api_key}
 
 
 async def connect(settings: Settings, *, tracing: bool = True) -> Client:
-    """A client with the project's data converter and payload store; with ``tracing`` the OTel
-    interceptor. Workers built from this client inherit both."""
+    """A client with the project's data converter (payload store, encryption) on the connection the
+    settings describe (TLS, API key: :func:`connect_options`); with ``tracing`` the OTel interceptor.
+    Workers built from this client inherit all of it."""
     from temporalio.client import Client
 
     from workflows.tracing import RequestTracing
@@ -71,6 +117,7 @@ async def connect(settings: Settings, *, tracing: bool = True) -> Client:
         identity=settings.temporal_identity,
         # Every request one trace, even one started without a client span (the Temporal CLI, a schedule).
         interceptors=[RequestTracing()] if tracing else [],
+        **connect_options(settings),
     )
 
 
@@ -104,13 +151,21 @@ def database(settings: Settings) -> Database | None:
 
 def response_cache_store(settings: Settings) -> ResponseCacheStore:
     """The response cache the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else a SQLite file
-    in the state directory."""
+    in the state directory; its answers sealed where payloads are encrypted."""
     from storage.responses import PostgresResponseCacheStore, SQLiteResponseCacheStore
 
     db = database(settings)
-    if db is not None:
-        return PostgresResponseCacheStore(db)
-    return SQLiteResponseCacheStore(settings.state_dir / "response-cache.sqlite3")
+    store: ResponseCacheStore = (
+        PostgresResponseCacheStore(db)
+        if db is not None
+        else SQLiteResponseCacheStore(settings.state_dir / "response-cache.sqlite3")
+    )
+    keyring = settings.protection.keyring()
+    if keyring is not None:
+        from .sealed_stores import SealedResponseCache
+
+        return SealedResponseCache(store, keyring)
+    return store
 
 
 def review_webhook(settings: Settings) -> ReviewWebhook | None:
@@ -124,12 +179,21 @@ def review_webhook(settings: Settings) -> ReviewWebhook | None:
 
 
 def execution_store(settings: Settings) -> ExecutionStore:
-    """The execution store the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else the SQLite file."""
+    """The execution store the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else the SQLite file;
+    its records sealed where payloads are encrypted (``client.sealed_stores``)."""
     from storage.executions import PostgresExecutionStore, SQLiteExecutionStore
 
     retention = timedelta(days=settings.record_retention_days)
     error_retention = timedelta(days=settings.error_retention_days)
     db = database(settings)
-    if db is not None:
-        return PostgresExecutionStore(db, retention=retention, error_retention=error_retention)
-    return SQLiteExecutionStore(settings.execution_store_path, retention=retention, error_retention=error_retention)
+    store: ExecutionStore = (
+        PostgresExecutionStore(db, retention=retention, error_retention=error_retention)
+        if db is not None
+        else SQLiteExecutionStore(settings.execution_store_path, retention=retention, error_retention=error_retention)
+    )
+    keyring = settings.protection.keyring()
+    if keyring is not None:
+        from .sealed_stores import SealedExecutionStore
+
+        return SealedExecutionStore(store, keyring)
+    return store

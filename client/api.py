@@ -47,6 +47,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -390,12 +391,13 @@ class AgentClient:
         raise RequestNotFound(f"no request {request!r}: neither a workflow id nor a request id")
 
 
-async def started_input(handle: WorkflowHandle) -> RequestInput | None:
-    """The input an existing execution was started with (from its first history event), if it is one."""
+async def started_input(handle: WorkflowHandle, converter: DataConverter = data_converter) -> RequestInput | None:
+    """The input an existing execution was started with (from its first history event), if it is one;
+    ``converter``: the client's (it decrypts what the client encrypted)."""
     async for event in handle.fetch_history_events():
         payloads = event.workflow_execution_started_event_attributes.input.payloads
         try:
-            [value] = await data_converter.decode(payloads)
+            [value] = await converter.decode(payloads)
             return RequestInput.model_validate(value)
         except (ValueError, TypeError, ApplicationError):
             return None
@@ -423,6 +425,9 @@ async def start_request(
         requested_by=requested_by or settings.principal,
     )
     workflow_id = workflow_id_for(request_id)
+    # What the UI shows without a codec: the request's text only where payloads are not encrypted, or the
+    # deployment allows it (as the worker decides for what the request shows later).
+    with_text = client.data_converter.payload_codec is None or settings.protection.ui_shows_text
 
     async def start(attributes: TypedSearchAttributes | None) -> WorkflowHandle[Any, RequestResult]:
         return await client.start_workflow(
@@ -431,8 +436,8 @@ async def start_request(
             id=workflow_id,
             task_queue=settings.task_queue,
             result_type=RequestResult,
-            static_summary=story.request_summary(text),
-            static_details=story.request_details(text, request_id),
+            static_summary=story.request_summary(text, request_id, with_text=with_text),
+            static_details=story.request_details(text, request_id, with_text=with_text),
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             search_attributes=attributes,
@@ -450,7 +455,7 @@ async def start_request(
     except WorkflowAlreadyStartedError:
         pass
     handle = client.get_workflow_handle(workflow_id, result_type=RequestResult)
-    existing = await started_input(handle)
+    existing = await started_input(handle, client.data_converter)
     if existing is None:
         raise RequestIdConflict(request_id, workflow_id, "its input is not a request")
     if existing.model_dump(mode="json") != request.model_dump(mode="json"):
@@ -488,7 +493,7 @@ async def submit_turn(
         task_queue=settings.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         search_attributes=TypedSearchAttributes([SearchAttributePair(sa.WORKFLOW_KIND, sa.KIND_CONVERSATION)]),
-        static_summary=f"conversation {conversation_id}",
+        static_summary=story.shown(f"conversation {conversation_id}"),
     )
     # Sent as plain JSON: the conversation validates it, so a malformed turn is refused there, typed.
     turn: Any = (

@@ -22,9 +22,11 @@ A reviewer's inbox:
 
 With AGENT_REVIEWER_KEY set, approve and reject sign the decision with that key (see docs/review.md).
 
-Payloads in the Temporal Web UI (stored by reference, secrets masked; see client/codec.py):
+Payloads in the Temporal Web UI (decrypted, stored by reference, secrets masked; see client/codec.py and
+docs/data-protection.md):
 
-    agent-lifecycle codec-server [--port 8888] [--host 127.0.0.1]
+    AGENT_CODEC_TOKEN=… agent-lifecycle codec-server [--port 8888] [--host 127.0.0.1] [--allow-origin URL]
+    agent-lifecycle encryption-key [--id k2]                  # a new line for AGENT_ENCRYPTION_KEYS_FILE
 
 A conversation, interactively (one line a turn; its turns run one at a time; a checkpoint asks y/n):
 
@@ -389,11 +391,10 @@ async def _replay_policy(args: argparse.Namespace, settings: Settings) -> int:
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "codec-server":
         from . import process_data_converter
-        from .codec import Codec, serve
+        from .codec import Access, Codec, serve
 
-        await serve(
-            Codec(process_data_converter(settings).external_storage), args.host, args.port, args.allow_origin or ()
-        )
+        access = Access.from_settings(settings.codec_server, args.host, args.allow_origin or ())
+        await serve(Codec.of(process_data_converter(settings)), args.host, args.port, access)
         return 0
     if args.command == "replay-policy":
         return await _replay_policy(args, settings)
@@ -640,16 +641,23 @@ def _parser() -> argparse.ArgumentParser:
     _add_hooks_parser(commands)
     sub = commands.add_parser(
         "codec-server",
-        help="Temporal's remote codec endpoint for the Web UI: payloads stored by reference resolved, secrets masked",
+        help="Temporal's remote codec endpoint for the Web UI: payloads decrypted, resolved from the payload "
+        "store, secrets masked; callers need a bearer token (AGENT_CODEC_TOKEN or a JWT, see AGENT_CODEC_*)",
     )
     sub.add_argument("--port", type=int, default=8888)
-    sub.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    sub.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default: loopback only; any other needs AGENT_CODEC_ALLOWED_HOSTS)",
+    )
     sub.add_argument(
         "--allow-origin",
         action="append",
         metavar="ORIGIN",
-        help="a Web UI origin allowed to call it besides this machine's (repeatable)",
+        help="a Web UI origin a browser may call it from, besides AGENT_CODEC_ALLOWED_ORIGINS (repeatable)",
     )
+    sub = commands.add_parser("encryption-key", help="print a new key line for AGENT_ENCRYPTION_KEYS_FILE")
+    sub.add_argument("--id", help="the key's id (default: k<today's date>)")
     sub = commands.add_parser("list", help="recent stored execution records, one line each")
     sub.add_argument("--limit", type=int, default=10)
     sub.add_argument("--full", action="store_true", help="each record in full")
@@ -708,6 +716,15 @@ def _add_hooks_parser(commands: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "encryption-key":  # needs no settings: a fresh key is the same anywhere
+        from .encryption import EncryptionKeyError, new_key_line
+
+        try:
+            print(new_key_line(args.id))
+        except EncryptionKeyError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        return 0
     from temporalio.service import RPCError
 
     from .settings import Settings, SettingsError

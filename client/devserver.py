@@ -46,6 +46,11 @@ async def start_dev_server(settings: Settings, *, codec_endpoint: str | None = N
     """Start the dev server on ``settings.temporal_address`` with the UI on ``settings.ui_port`` and a
     persistent database in the state directory; returns once it accepts connections. ``codec_endpoint``:
     the remote codec the UI decodes payloads with (``agent-lifecycle codec-server``)."""
+    if settings.temporal_security.uses_tls:
+        raise RuntimeError(
+            "the embedded dev server serves no TLS: unset TEMPORAL_TLS* and TEMPORAL_API_KEY to use it, or "
+            "connect to your cluster without --dev"
+        )
     host, _, port_text = settings.temporal_address.rpartition(":")
     host = host or "127.0.0.1"
     port = int(port_text)
@@ -55,7 +60,7 @@ async def start_dev_server(settings: Settings, *, codec_endpoint: str | None = N
                 f"port {p} is already in use: is another Temporal server running? Stop it, or set "
                 "TEMPORAL_ADDRESS / TEMPORAL_UI_PORT to free ports"
             )
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     return await WorkflowEnvironment.start_local(
         namespace=settings.temporal_namespace,
         ip="127.0.0.1" if host in ("localhost", "127.0.0.1") else host,

@@ -138,7 +138,7 @@ def build_pipeline(
         tools=registry,
         planner=planner,
         synthesizer=synthesizer,
-        store=store or execution_store(settings),
+        store=sealed(store, settings) if store is not None else execution_store(settings),
         settings=stage_settings,
         cache_variation=cache_variation,
         reserved_metadata_dimensions=reserved_metadata_dimensions,
@@ -149,6 +149,16 @@ def build_pipeline(
     )
     activities.applied_settings = frozenset(PIPELINE_VARIABLES)
     return activities
+
+
+def sealed(store: ExecutionStore, settings: Settings) -> ExecutionStore:
+    """``store``, its records sealed where payloads are encrypted."""
+    from .sealed_stores import SealedExecutionStore
+
+    keyring = settings.protection.keyring()
+    if keyring is None or isinstance(store, SealedExecutionStore):
+        return store
+    return SealedExecutionStore(store, keyring)
 
 
 def apply_settings(activities: LifecycleActivities, settings: Settings, model: ModelSettings | None = None) -> None:
@@ -316,7 +326,17 @@ def _check_model(activities: LifecycleActivities, model: ModelSettings) -> None:
 
 
 def _check_store(store: ExecutionStore, settings: Settings, given: set[str]) -> None:
-    """The execution store the settings name is the one the pipeline writes to."""
+    """The execution store the settings name is the one the pipeline writes to (sealed where payloads are
+    encrypted)."""
+    from .sealed_stores import SealedExecutionStore
+
+    if settings.protection.encrypts and not isinstance(store, SealedExecutionStore):
+        raise PipelineSettingsError(
+            "AGENT_ENCRYPTION_KEYS_FILE",
+            "payloads are encrypted, but the pipeline's execution store keeps its records in plaintext: build it "
+            "with client.execution_store(settings) (or client.sealed_stores.SealedExecutionStore)",
+        )
+    store = store.inner if isinstance(store, SealedExecutionStore) else store
     db = database(settings)
     if db is not None:
         if not (isinstance(store, PostgresExecutionStore) and store.database is db):

@@ -23,12 +23,13 @@ and the CLI print it on one line and exit 2.
 from __future__ import annotations
 
 import os
+import re
 import types
 import typing
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import (
@@ -40,12 +41,16 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 
 from activities.models.settings import ModelSettings
 from hooks.builtin.memory import MemoryOptions
 from workflows.models import MAX_CHECKPOINT_EXPIRY_SECONDS
+
+if TYPE_CHECKING:
+    from .encryption import Keyring
 
 APP_NAME = "agent-lifecycle"
 
@@ -261,9 +266,275 @@ class TelemetrySettings(BaseModel):
         return parse_headers(chosen.get_secret_value()) if chosen else {}
 
 
+def _readable_file(value: Path | None) -> Path | None:
+    """A path made absolute (see ``_absolute``) that names a readable file."""
+    value = _absolute(value)
+    if value is not None and not value.is_file():
+        raise ValueError(f"{value} is not a file")
+    if value is not None and not os.access(value, os.R_OK):
+        raise ValueError(f"{value} is not readable")
+    return value
+
+
+class TemporalSecurity(BaseModel):
+    """How processes authenticate to the Temporal cluster and encrypt the connection: TLS (the server's
+    CA, a client certificate for mutual TLS, the server name to verify) and an API key, as Temporal Cloud
+    and a self-hosted mTLS cluster need them. The variables are the ones the ``temporal`` CLI reads, so one
+    environment serves both. The worker, ``AgentClient`` and the CLI connect through
+    ``client.connect_options``."""
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
+
+    tls: bool | None = Field(
+        default=None,
+        validation_alias="TEMPORAL_TLS",
+        description="connect over TLS (`false` refuses the other TLS settings)",
+        json_schema_extra={"default": "on when any TLS setting or an API key is set"},
+    )
+    server_ca_cert: Path | None = Field(
+        default=None,
+        validation_alias="TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+        description="the CA certificate (PEM) the server's certificate must chain to",
+        json_schema_extra={"default": "the system's roots"},
+    )
+    client_cert: Path | None = Field(
+        default=None,
+        validation_alias="TEMPORAL_TLS_CLIENT_CERT_PATH",
+        description="the client certificate (PEM) for mutual TLS, with `TEMPORAL_TLS_CLIENT_KEY_PATH`",
+    )
+    client_key: Path | None = Field(
+        default=None,
+        validation_alias="TEMPORAL_TLS_CLIENT_KEY_PATH",
+        description="the client certificate's private key (PEM)",
+    )
+    server_name: str | None = Field(
+        default=None,
+        validation_alias="TEMPORAL_TLS_SERVER_NAME",
+        description="the name the server's certificate must carry, when it is not the address's host",
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias="TEMPORAL_API_KEY",
+        description="an API key sent with every call (`Authorization: Bearer …`; Temporal Cloud)",
+    )
+
+    @field_validator("server_ca_cert", "client_cert", "client_key")
+    @classmethod
+    def _file(cls, value: Path | None) -> Path | None:
+        return _readable_file(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TemporalSecurity:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError(
+                "TEMPORAL_TLS_CLIENT_CERT_PATH and TEMPORAL_TLS_CLIENT_KEY_PATH go together: set both or neither"
+            )
+        files = self.server_ca_cert or self.client_cert or self.server_name
+        if self.tls is False and files:
+            raise ValueError("TEMPORAL_TLS is false, yet a TLS certificate, key or server name is set")
+        return self
+
+    @property
+    def uses_tls(self) -> bool:
+        if self.tls is not None:
+            return self.tls
+        return bool(self.server_ca_cert or self.client_cert or self.server_name or self.api_key)
+
+
+class DataProtection(BaseModel):
+    """Payload encryption at rest (``client.encryption``) and what the Temporal UI shows without a codec."""
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
+
+    keys_file: Path | None = Field(
+        default=None,
+        validation_alias="AGENT_ENCRYPTION_KEYS_FILE",
+        description="turns payload encryption on: a file of `<key id>=<base64 32-byte key>` lines, the first "
+        "encrypting, every one decrypting",
+        json_schema_extra={"default": "unset: payloads are not encrypted"},
+    )
+    keys: SecretStr | None = Field(
+        default=None,
+        validation_alias="AGENT_ENCRYPTION_KEYS",
+        description="the keys inline instead of a file: `<key id>=<base64 key>` entries, comma-separated",
+    )
+    ui_shows_text: bool = Field(
+        default=False,
+        validation_alias="AGENT_UI_SHOWS_TEXT",
+        description="with encryption on, let the summaries and details the Temporal UI shows without a codec "
+        "carry excerpts of the request, tool arguments and the answer (masked)",
+    )
+
+    @field_validator("keys_file")
+    @classmethod
+    def _keys_file(cls, value: Path | None) -> Path | None:
+        value = _readable_file(value)
+        if value is not None:
+            from .encryption import Keyring
+
+            Keyring.from_file(value)  # a bad line is a settings error, named (never the key)
+        return value
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            from .encryption import Keyring
+
+            Keyring.parse(value.get_secret_value())
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataProtection:
+        if self.keys_file is not None and self.keys is not None:
+            raise ValueError("set AGENT_ENCRYPTION_KEYS_FILE or AGENT_ENCRYPTION_KEYS, not both")
+        return self
+
+    @property
+    def encrypts(self) -> bool:
+        return self.keys_file is not None or self.keys is not None
+
+    @property
+    def shows_text(self) -> bool:
+        """Whether the UI's summaries and details may carry request text: always without encryption (the
+        payloads are readable anyway), with it only when ``AGENT_UI_SHOWS_TEXT`` says so."""
+        return not self.encrypts or self.ui_shows_text
+
+    def keyring(self) -> Keyring | None:
+        from .encryption import Keyring
+
+        if self.keys_file is not None:
+            return Keyring.from_file(self.keys_file)
+        if self.keys is not None:
+            return Keyring.parse(self.keys.get_secret_value())
+        return None
+
+
+def _strong_token(token: str) -> str:
+    if len(token.strip()) < 32:
+        raise ValueError("too short: use at least 32 characters (e.g. `openssl rand -base64 32`)")
+    return token.strip()
+
+
+def _origin(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
+        raise ValueError(f"{value!r} is not an origin (scheme://host[:port], e.g. https://temporal.example.com)")
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+class CodecServerSettings(BaseModel):
+    """``agent-lifecycle codec-server``: who may call it (a bearer token: a shared secret, or a JWT checked
+    against a JWKS), from which Web UI origin, under which host names, and how large a request may be."""
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
+
+    token: SecretStr | None = Field(
+        default=None,
+        validation_alias="AGENT_CODEC_TOKEN",
+        description="a shared secret callers send as `Authorization: Bearer …` (at least 32 characters)",
+    )
+    token_file: Path | None = Field(
+        default=None,
+        validation_alias="AGENT_CODEC_TOKEN_FILE",
+        description="the shared token read from a file instead (a mounted secret)",
+    )
+    jwks_file: Path | None = Field(
+        default=None,
+        validation_alias="AGENT_CODEC_JWKS_FILE",
+        description="a JWKS (JSON) whose keys sign the JWTs callers may send instead (RS256, ES256, EdDSA), "
+        "e.g. the Web UI's users' access tokens",
+    )
+    jwt_audience: str | None = Field(
+        default=None,
+        validation_alias="AGENT_CODEC_JWT_AUDIENCE",
+        description="the `aud` a JWT must carry (required with `AGENT_CODEC_JWKS_FILE`)",
+    )
+    jwt_issuer: str | None = Field(
+        default=None,
+        validation_alias="AGENT_CODEC_JWT_ISSUER",
+        description="the `iss` a JWT must carry (required with `AGENT_CODEC_JWKS_FILE`)",
+    )
+    allowed_origins: CommaList = Field(
+        default_factory=list,
+        validation_alias="AGENT_CODEC_ALLOWED_ORIGINS",
+        description="the Web UI origins a browser may call it from (exact origins; no wildcard)",
+        json_schema_extra={"default": "none: no browser may"},
+    )
+    allowed_hosts: CommaList = Field(
+        default_factory=list,
+        validation_alias="AGENT_CODEC_ALLOWED_HOSTS",
+        description="the names (`host` or `host:port`) a request's `Host` header may carry",
+        json_schema_extra={"default": "the loopback names, when it listens on loopback"},
+    )
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        validation_alias="AGENT_CODEC_MAX_BODY_BYTES",
+        description="the largest request body it reads (larger: 413)",
+    )
+
+    @field_validator("token")
+    @classmethod
+    def _strong(cls, value: SecretStr | None) -> SecretStr | None:
+        return SecretStr(_strong_token(value.get_secret_value())) if value is not None else None
+
+    @field_validator("token_file")
+    @classmethod
+    def _token_file(cls, value: Path | None) -> Path | None:
+        value = _readable_file(value)
+        if value is not None:
+            _strong_token(value.read_text())
+        return value
+
+    def shared_token(self) -> str | None:
+        """The shared token: ``AGENT_CODEC_TOKEN``, else the content of ``AGENT_CODEC_TOKEN_FILE``."""
+        if self.token is not None:
+            return self.token.get_secret_value()
+        return self.token_file.read_text().strip() if self.token_file is not None else None
+
+    @field_validator("jwks_file")
+    @classmethod
+    def _jwks(cls, value: Path | None) -> Path | None:
+        value = _readable_file(value)
+        if value is not None:
+            from .codec_auth import load_jwks
+
+            load_jwks(value)
+        return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        if "*" in value:
+            raise ValueError("no wildcard: name the Web UI's origin")
+        return [_origin(origin) for origin in value]
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        for host in value:
+            if not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?", host):
+                raise ValueError(f"{host!r} is not a host name or host:port")
+        return [host.lower() for host in value]
+
+    @model_validator(mode="after")
+    def _jwt_claims(self) -> CodecServerSettings:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set AGENT_CODEC_TOKEN or AGENT_CODEC_TOKEN_FILE, not both")
+        if self.jwks_file is not None and not (self.jwt_audience and self.jwt_issuer):
+            raise ValueError(
+                "AGENT_CODEC_JWKS_FILE needs AGENT_CODEC_JWT_AUDIENCE and AGENT_CODEC_JWT_ISSUER: a token the "
+                "identity provider issued for another application must not pass"
+            )
+        return self
+
+
 class Settings(BaseModel):
     """Where to find Temporal, where state lives, which pipeline the worker runs and how it is sized, with
-    the sections of the parts that have settings of their own (``model``, ``memory``, ``telemetry``).
+    the sections of the parts that have settings of their own (``model``, ``memory``, ``telemetry``), and
+    of the deployment's protection (``temporal_security``, ``protection``, ``codec_server``).
 
     Read it with :meth:`from_env`; ``docs/configuration.md`` lists every variable.
     """
@@ -563,6 +834,13 @@ class Settings(BaseModel):
     model: ModelSettings = Field(default_factory=ModelSettings, description="the model (`ModelSettings`)")
     memory: MemoryOptions = Field(default_factory=MemoryOptions, description="the memory hooks (`MemoryOptions`)")
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings, description="traces and metrics")
+    temporal_security: TemporalSecurity = Field(
+        default_factory=TemporalSecurity, description="TLS and the API key to the Temporal cluster"
+    )
+    protection: DataProtection = Field(
+        default_factory=DataProtection, description="payload encryption and what the UI shows without a codec"
+    )
+    codec_server: CodecServerSettings = Field(default_factory=CodecServerSettings, description="the codec server")
 
     @field_validator(
         "state_dir", "execution_store", "hook_store", "hooks_file", "mcp_servers_file", "reviewer_keys", "reviewer_key"

@@ -32,6 +32,15 @@ _TABLES = (
     ("model", "The model (`settings.model`: `activities.models.ModelSettings`)"),
     ("memory", "The memory hooks (`settings.memory`: `hooks.builtin.MemoryOptions`)"),
     ("telemetry", "Telemetry (`settings.telemetry`: `client.settings.TelemetrySettings`)"),
+    (
+        "temporal_security",
+        "The connection to Temporal: TLS and API key (`settings.temporal_security`: `client.settings.TemporalSecurity`)",
+    ),
+    (
+        "protection",
+        "Payload encryption and the UI without a codec (`settings.protection`: `client.settings.DataProtection`)",
+    ),
+    ("codec_server", "The codec server (`settings.codec_server`: `client.settings.CodecServerSettings`)"),
 )
 
 

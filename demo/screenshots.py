@@ -12,7 +12,7 @@ reviewer, and a company profile whose call the tool allow-list denies — then w
 ``refused.png`` (the refused request's failure), ``timeline.png`` (a request's Timeline: each hook named,
 the call the allow-list denied marked with its reason) and ``decoded-plan.png`` (the plan the worker
 stored by reference, decoded by ``agent-lifecycle codec-server``, which the dev server's UI is configured
-with). Needs Chromium (``CHROMIUM`` or /usr/bin/chromium) and
+with; the browser sends it a bearer token, as a UI with sign-in passes its user's). Needs Chromium (``CHROMIUM`` or /usr/bin/chromium) and
 the ``playwright`` package (the dev extra); Playwright never downloads a browser here, and the browser
 reaches nothing but loopback.
 """
@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import tempfile
@@ -37,7 +38,8 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from client import Settings, connect, exit_process, process_data_converter
 from client.api import pending_checkpoint, review, start_request
-from client.codec import Codec, serve
+from client.codec import Access, Codec, serve
+from client.codec_auth import BearerAuth
 from client.devserver import start_dev_server
 from demo.pipeline import demo_settings
 from worker import build_worker, load_activities, prepare
@@ -193,18 +195,30 @@ _SCROLL_DOWN = """() => { const page = document.querySelector('#content-wrapper'
     page.scrollTop += Math.max(200, page.clientHeight * 0.8); return page.scrollTop; }"""
 
 
-async def _loopback_only(route: Any) -> None:
-    """Let the UI reach its own server; anything else it would load (news, fonts, telemetry) is refused."""
-    url = route.request.url
-    if url.startswith(("data:", "blob:")) or urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1"):
+def _loopback_only(authorized: dict[str, str]) -> Any:
+    """Let the UI reach its own server; anything else it would load (news, fonts, telemetry) is refused.
+    A request to a base URL of ``authorized`` carries its ``Authorization`` header."""
+
+    async def route_request(route: Any) -> None:
+        url = route.request.url
+        if not (url.startswith(("data:", "blob:")) or urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")):
+            await route.abort()
+            return
+        for base, authorization in authorized.items():
+            if url.startswith(base) and route.request.method != "OPTIONS":
+                await route.continue_(headers={**route.request.headers, "authorization": authorization})
+                return
         await route.continue_()
-    else:
-        await route.abort()
+
+    return route_request
 
 
 @contextlib.asynccontextmanager
-async def browser(base: str, *, width: int = 1600, height: int = 800) -> AsyncIterator[Browser]:
-    """Headless Chromium (the system's) driven by Playwright, with a fresh profile directory."""
+async def browser(
+    base: str, *, width: int = 1600, height: int = 800, authorized: dict[str, str] | None = None
+) -> AsyncIterator[Browser]:
+    """Headless Chromium (the system's) driven by Playwright, with a fresh profile directory;
+    ``authorized``: the ``Authorization`` header its requests to a base URL carry (the codec server's)."""
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     from playwright.async_api import async_playwright
 
@@ -218,7 +232,7 @@ async def browser(base: str, *, width: int = 1600, height: int = 800) -> AsyncIt
                 viewport={"width": width, "height": height},
             )
             try:
-                await context.route("**/*", _loopback_only)
+                await context.route("**/*", _loopback_only(authorized or {}))
                 page = context.pages[0] if context.pages else await context.new_page()
                 page.set_default_timeout(20_000)
                 yield Browser(page, base)
@@ -311,17 +325,18 @@ async def demo_ui(settings: Settings) -> AsyncIterator[tuple[Browser, Requests]]
     settings = demo_settings(settings).model_copy(update={"tool_allow_list": SCREENSHOT_TOOL_ALLOW_LIST})
     activities = load_activities(settings)
     codec_port = free_port()
-    codec = asyncio.create_task(
-        serve(Codec(process_data_converter(settings).external_storage), "127.0.0.1", codec_port)
-    )
-    env = await start_dev_server(settings, codec_endpoint=f"http://127.0.0.1:{codec_port}")
+    codec_base = f"http://127.0.0.1:{codec_port}"
+    token = secrets.token_urlsafe(32)
+    access = Access(BearerAuth(token=token), origins=frozenset({f"http://127.0.0.1:{settings.ui_port}"}))
+    codec = asyncio.create_task(serve(Codec.of(process_data_converter(settings)), "127.0.0.1", codec_port, access))
+    env = await start_dev_server(settings, codec_endpoint=codec_base)
     try:
         client = await connect(settings, tracing=False)
         await prepare(client, settings, activities)
         async with build_worker(client, settings.task_queue, activities):
             requests = await run_requests(client, settings)
             try:
-                async with browser(settings.ui_url) as ui:
+                async with browser(settings.ui_url, authorized={codec_base: f"Bearer {token}"}) as ui:
                     yield ui, requests
             finally:
                 await requests.waiting_handle.terminate("screenshots taken")

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from activities.mcp import McpServerConfig
 from activities.tools import Tool, ToolContext
+from storage.sqlite import private_directory, private_opener
 
 NAMESPACE = "demo-tools"
 
@@ -65,8 +66,8 @@ class _JsonlJournal:
         self.path = path
 
     def _append_once(self, key: str, entry: dict) -> dict:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a+", encoding="utf-8") as f:
+        private_directory(self.path.parent)
+        with open(self.path, "a+", encoding="utf-8", opener=private_opener) as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 f.seek(0)

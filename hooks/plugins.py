@@ -15,11 +15,11 @@ Shipped plugins:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from workflows.models import FailurePolicy, RunMode, ToolCall, ToolDecision, ToolErrorResolution, ToolOutcomeView
 
-from .builtin.secret_redaction import COMMON_SECRET_PATTERNS, MASK
+from .builtin.secret_redaction import COMMON_SECRET_PATTERNS, MASK, Rule
 from .builtin.secret_redaction import redact as redact_text
 from .contracts import PipelineContext
 
@@ -84,8 +84,8 @@ def allow_list(tools: Iterable[str], *, name: str = "allow-list", message: str |
     return Plugin(name, before_tool=before_tool)
 
 
-def redact(patterns: dict[str, re.Pattern[str]] | None = None, *, name: str = "redact") -> Plugin:
-    """Mask matches of ``patterns`` (default: conservative common secret patterns) in every tool result
+def redact(patterns: Mapping[str, re.Pattern[str] | Rule] | None = None, *, name: str = "redact") -> Plugin:
+    """Mask matches of ``patterns`` (default: the project's redaction set, ``workflows.masking``) in every tool result
     before a planner or synthesizer reads it, and count them in an effect (never the secret). It fails
     closed: if it cannot run, the request ends rather than let an unmasked result reach a model."""
     chosen = dict(patterns or COMMON_SECRET_PATTERNS)

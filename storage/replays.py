@@ -53,7 +53,7 @@ class ReplayReportStore:
             self.database.require(MIGRATIONS)
         else:
             assert self.path is not None
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            sqlite.private_directory(self.path.parent)
             with sqlite.connection(self.path) as db:
                 db.executescript(_SCHEMA)
             sqlite.migrate(self.path, _ESCAPES)

@@ -5,10 +5,15 @@ open connections here: autocommit mode, a WAL journal (readers never block the w
 timeout (a writer waits for another process's transaction instead of failing). A read-check-write runs
 in :func:`immediate`, which takes the write lock up front so two processes cannot interleave it.
 
+What the stores keep is the requests' content: a database file is created readable by its owner alone
+(0600; SQLite gives its ``-wal`` and ``-shm`` files the database's mode) in a directory only its owner may
+enter (0700), as are the other files the framework writes beside them (:func:`private_directory`,
+:func:`private_opener`). A file or directory that exists keeps its mode.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -19,12 +24,36 @@ from pathlib import Path
 from .postgres import Migration
 
 DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
+PRIVATE_DIRECTORY_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def private_directory(path: str | Path) -> None:
+    """Create ``path`` (and its parents) if missing; the directory itself only its owner may enter."""
+    Path(path).mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIRECTORY_MODE)
+
+
+def private_opener(path: str, flags: int) -> int:
+    """An ``opener`` for ``open()`` that creates a missing file readable by its owner alone."""
+    return os.open(path, flags, PRIVATE_FILE_MODE)
+
+
+def _create_private(path: str | Path) -> None:
+    if str(path) == ":memory:" or str(path).startswith("file:") or Path(path).exists():
+        return
+    private_directory(Path(path).parent)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE))
+    except FileExistsError:
+        pass  # another process created it first
 
 
 def connect(
     path: str | Path, *, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS, foreign_keys: bool = False
 ) -> sqlite3.Connection:
-    """An autocommit connection with WAL and a busy timeout (the caller closes it)."""
+    """An autocommit connection with WAL and a busy timeout (the caller closes it); a missing database
+    file is created 0600."""
+    _create_private(path)
     db = sqlite3.connect(path, timeout=busy_timeout_seconds, isolation_level=None)
     try:
         _journal_in_wal(db, busy_timeout_seconds)

@@ -39,6 +39,7 @@ from temporalio.exceptions import (
 with workflow.unsafe.imports_passed_through():
     from . import patches
     from . import search_attributes as sa
+    from .converter import Shown
     from .models import (
         DONE_TURNS_KEPT,
         INVALID_TURN,
@@ -179,7 +180,7 @@ class ConversationWorkflow:
                     await workflow.wait_condition(
                         lambda: bool(self._queue),
                         timeout=timedelta(seconds=input.idle_seconds),
-                        timeout_summary="idle",
+                        timeout_summary=Shown("idle"),
                     )
                 except asyncio.TimeoutError:
                     await workflow.wait_condition(workflow.all_handlers_finished)
@@ -225,7 +226,7 @@ class ConversationWorkflow:
             result_type=int,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-            summary=f"resume turn counter · {self._id}",
+            summary=Shown(f"resume turn counter · {self._id}"),
         )
 
     def _in_hand(self) -> list[TurnEntry]:
@@ -250,7 +251,7 @@ class ConversationWorkflow:
                 id=entry.workflow_id,
                 result_type=RequestResult,
                 parent_close_policy=workflow.ParentClosePolicy.REQUEST_CANCEL,
-                static_summary=f"turn {entry.turn} of {self._id}",
+                static_summary=Shown(f"turn {entry.turn} of {self._id}"),
                 memo=patches.start_memo(),
                 search_attributes=self._turn_listing(),
             )
@@ -286,7 +287,7 @@ class ConversationWorkflow:
                 await workflow.wait_condition(
                     lambda: entry.key in self._released,
                     timeout=timedelta(seconds=self._input.claim_check_seconds),
-                    timeout_summary="turn released",
+                    timeout_summary=Shown("turn released"),
                 )
                 return (entry.status if entry.status != "running" else "succeeded"), None
             except asyncio.TimeoutError:
@@ -301,7 +302,7 @@ class ConversationWorkflow:
                 result_type=bool,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_attempts=3),
-                summary=f"is {entry.workflow_id} still running",
+                summary=Shown(f"is {entry.workflow_id} still running"),
             )
         except ActivityError:
             return True  # cannot tell: keep waiting for the release

@@ -21,6 +21,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from . import dispatch, story
+    from .converter import Shown
     from .effects import elapsed_ms, record_effects
     from .models import (
         DetachedEffectInput,
@@ -114,7 +115,7 @@ class DetachedEffectWorkflow:
                 result_type=DetachedWorkResult,
                 start_to_close_timeout=timedelta(seconds=input.timeout_seconds),
                 retry_policy=RetryPolicy(maximum_attempts=input.max_attempts),
-                summary=f"detached · {work.hook} · {work.effect_id}",
+                summary=Shown(f"detached · {work.hook} · {work.effect_id}"),
                 heartbeat_ceiling=ceiling,
                 max_worker_losses=input.max_worker_losses,
             )
@@ -131,6 +132,8 @@ class DetachedEffectWorkflow:
         if effect.started_at is not None:
             effect.duration_ms = elapsed_ms(effect.started_at)
         outcome = effect.status.value + (f": {effect.error}" if effect.error else "")
+        if not input.ui_shows_text:  # the error a detached work failed with may quote what it was given
+            outcome = effect.status.value
         workflow.set_current_details(f"{about}\n\n**stage:** reporting\n\n**outcome:** {story.excerpt(outcome)}")
 
         await report_effect(
@@ -166,7 +169,7 @@ async def report_effect(
         result_type=PersistRecordOutput,
         start_to_close_timeout=timedelta(seconds=30),
         retry_policy=RetryPolicy(maximum_attempts=10),
-        summary=f"merge effect · {effect.effect_id}",
+        summary=Shown(f"merge effect · {effect.effect_id}"),
         heartbeat_ceiling=heartbeat_ceiling,
         max_worker_losses=max_worker_losses,
     )

@@ -27,6 +27,9 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError, TimeoutType
 
+with workflow.unsafe.imports_passed_through():
+    from .converter import Shown
+
 WORKER_LOST = "WorkerLost"
 MIN_HEARTBEAT_TIMEOUT = timedelta(seconds=1)
 DEFAULT_HEARTBEAT_CEILING = timedelta(seconds=5)
@@ -90,7 +93,7 @@ async def execute(
                 start_to_close_timeout=start_to_close_timeout,
                 heartbeat_timeout=heartbeat_timeout(start_to_close_timeout, heartbeat_ceiling),
                 retry_policy=policy,
-                summary=f"{summary} · dispatch {lost + again + 1} ({why})" if why else summary,
+                summary=Shown(f"{summary} · dispatch {lost + again + 1} ({why})" if why else summary),
                 **options,
             )
         except ActivityError as err:

@@ -163,13 +163,20 @@ class RunEnding:
         record.completed_at = workflow.now()
         if state.behaviour.stage_upserts:
             self._listing.enter(
-                terminal, outcome=self._outcome(status, error), more=story.reviewed_lines(record.checkpoints)
+                terminal,
+                outcome=self._outcome(status, error),
+                more=story.reviewed_lines(record.checkpoints, with_text=state.manifest.ui_shows_text),
             )
             self._listing.publish()
         else:  # executions recorded before stages were listed where they wait
             record.lifecycle_stage = terminal
             workflow.set_current_details(
-                story.current_details(state.input.request, stage=terminal, outcome=self._outcome(status, error))
+                story.current_details(
+                    state.input.request,
+                    stage=terminal,
+                    outcome=self._outcome(status, error),
+                    with_text=state.manifest.ui_shows_text,
+                )
             )
             self._listing.legacy_upsert(terminal, awaiting_review=False)
         tried, wrote = self._written_with_hooks(status)
@@ -194,11 +201,15 @@ class RunEnding:
         return ended.attempt, ended.written()
 
     def _outcome(self, status: RequestStatus, error: RequestError | None) -> str:
-        """How the request ended, in one line: the failure's type and reason, who stopped it, or the answer."""
+        """How the request ended, in one line: the failure's type and reason, who stopped it, or the answer
+        (where the UI may show no text: the type, who stopped it, the status)."""
+        with_text = self._state.manifest.ui_shows_text
         if error is not None:
-            return story.failure_headline(error.type, error.message)
+            return story.failure_outcome(error.type, error.message, with_text=with_text)
         record = self._state.record
         stopped = record.stopped
+        if not with_text:
+            return f"stopped by {stopped.extension} at {stopped.phase}" if stopped is not None else status.value
         if stopped is not None:
             return f"stopped by {stopped.extension} at {stopped.phase}: {stopped.reason}"
         answer = record.final_response or ""

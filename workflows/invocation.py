@@ -25,6 +25,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     from . import decisions, story
     from . import search_attributes as sa
+    from .converter import Shown
     from .detached import DETACHED_WORKFLOW_TYPE, detached_workflow_id, start_effect_child
     from .effects import elapsed_ms, record_effects
     from .listing import StageListing
@@ -423,7 +424,12 @@ class HookRunner:
         ):
             return
         summary = story.decision_mark(
-            _MARKED[decision.action], spec.stage.value, hook.name, reason or decision.reason, step and step.step_id
+            _MARKED[decision.action],
+            spec.stage.value,
+            hook.name,
+            reason or decision.reason,
+            step and step.step_id,
+            with_text=self._state.manifest.ui_shows_text,
         )
         await workflow.sleep(DECISION_MARK, summary=summary)
 
@@ -487,7 +493,7 @@ class HookRunner:
                     start_to_close_timeout=timedelta(seconds=hook.timeout_seconds),
                     schedule_to_close_timeout=deadline - workflow.now() if deadline is not None else None,
                     retry_policy=retry,
-                    summary=summary,
+                    summary=Shown(summary),
                 )
                 outcome = spec.outcome_of(call, recorded)
             else:
@@ -497,7 +503,7 @@ class HookRunner:
                     result_type=spec.outcome,
                     timeout=hook.timeout_seconds,
                     retry_policy=retry,
-                    summary=summary,
+                    summary=Shown(summary),
                     on_worker_lost=lost,
                     deadline=deadline,
                 )
@@ -640,7 +646,7 @@ class HookRunner:
                 result_type=HookBatchOutcome,
                 start_to_close_timeout=timedelta(seconds=budget + 10),
                 retry_policy=RetryPolicy(maximum_attempts=1),
-                summary=summary,
+                summary=Shown(summary),
             )
         except (ActivityError, ApplicationError, TimeoutError) as err:
             raise_if_cancelled(err)
@@ -766,6 +772,7 @@ class HookRunner:
                 update_token=token,
                 heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
                 max_worker_losses=settings.max_worker_losses,
+                ui_shows_text=state.manifest.ui_shows_text,
             ),
             workflow_type=DETACHED_WORKFLOW_TYPE,
             id=detached_workflow_id(info.workflow_id, work.effect_id),

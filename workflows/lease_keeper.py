@@ -26,6 +26,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from . import dispatch
+    from .converter import Shown
     from .models import LeaseKeeperInput, LeaseKeeperReport, LeaseRenewal, ManagedLease
 
 LEASE_KEEPER_WORKFLOW_TYPE = "LeaseKeeper"
@@ -78,7 +79,7 @@ class LeaseKeeperWorkflow:
                     await workflow.wait_condition(
                         lambda: self._stop,
                         timeout=timedelta(seconds=self._lease.renew_interval_seconds),
-                        timeout_summary="next renewal",
+                        timeout_summary=Shown("next renewal"),
                     )
                 except asyncio.TimeoutError:
                     due = True  # the next renewal is due
@@ -101,7 +102,7 @@ class LeaseKeeperWorkflow:
                 result_type=LeaseRenewal,
                 start_to_close_timeout=timedelta(seconds=max(2.0, min(30.0, lease.renew_interval_seconds))),
                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
-                summary=summary,
+                summary=Shown(summary),
                 heartbeat_ceiling=timedelta(seconds=input.heartbeat_timeout_seconds),
                 max_worker_losses=input.max_worker_losses,
             )

@@ -31,6 +31,7 @@ from temporalio.workflow import ActivityCancellationType, ActivityHandle, ChildW
 
 with workflow.unsafe.imports_passed_through():
     from . import dispatch, story
+    from .converter import Shown
     from .effects import elapsed_ms
     from .lease_keeper import LEASE_KEEPER_WORKFLOW_TYPE, REPLACE_LEASE_SIGNAL, STOP_KEEPING_SIGNAL, lease_keeper_id
     from .models import (
@@ -123,7 +124,9 @@ class ManagedLeases:
         history without bound. A stop lets a renewal in flight finish; a sleeping timer is left as is."""
         while owned.renewals_here < settings.lease_renewals_in_request:
             lease = owned.lease
-            await workflow.sleep(lease.renew_interval_seconds, summary=f"renew lease · {lease.hook} · {lease.lease_id}")
+            await workflow.sleep(
+                lease.renew_interval_seconds, summary=Shown(f"renew lease · {lease.hook} · {lease.lease_id}")
+            )
             if owned.stopping:
                 return
             owned.renewing = True
@@ -148,7 +151,7 @@ class ManagedLeases:
                 result_type=LeaseRenewal,
                 start_to_close_timeout=timedelta(seconds=max(2.0, min(30.0, lease.renew_interval_seconds))),
                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
-                summary=f"renew lease · {lease.hook} · {lease.lease_id}",
+                summary=Shown(f"renew lease · {lease.hook} · {lease.lease_id}"),
             )
         except (ActivityError, ApplicationError) as err:
             renewal = LeaseRenewal(error=f"renew_lease of {lease.hook!r}: {_message(err)}"[:500])
@@ -214,7 +217,7 @@ class ManagedLeases:
                 ),
                 retry_policy=KEEPER_RETRY,
                 cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=f"keep lease · {lease.hook} · {lease.lease_id}",
+                summary=Shown(f"keep lease · {lease.hook} · {lease.lease_id}"),
             )
             owned.handle = handle
             await workflow.wait_condition(lambda handle=handle: owned.stopping or owned.replaced or handle.done())
@@ -279,7 +282,7 @@ class ManagedLeases:
                 result_type=LeaseObservation,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
-                summary=summary,
+                summary=Shown(summary),
                 heartbeat_ceiling=timedelta(seconds=settings.heartbeat_timeout_seconds),
                 max_worker_losses=settings.max_worker_losses,
                 on_worker_lost=lambda n: on_worker_lost("release_lease", summary, n),
@@ -345,7 +348,7 @@ def _terminal(
         data=bounded_value(data),
         started_at=started,
         duration_ms=elapsed_ms(started) if started is not None else None,
-        summary=summary,
+        summary=Shown(summary),
         error=error,
         hook=lease.hook,
         stage=lease.stage,

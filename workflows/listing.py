@@ -30,7 +30,7 @@ REMEMBERING = "remembering"
 RELEASING_LEASES = "releasing_leases"
 COMPLETED = "completed"  # then the other terminal stages: the request's status (failed, stopped, ...)
 # The summary of the timer that lists a stage late: bookkeeping, so the Timeline does not read it as a wait.
-LISTING_TIMER_SUMMARY = "bookkeeping · list the stage in search (not a wait)"
+LISTING_TIMER_SUMMARY = story.shown("bookkeeping · list the stage in search (not a wait)")
 # The signal by which an activity the request has waited on for the listing delay asks it to list its stage,
 # and the activity header that asks the activity to (its value: the delay, ``after_seconds``, and which
 # listing the ask is for, ``listing``).
@@ -69,7 +69,14 @@ class StageListing:
         state = self._state
         state.record.lifecycle_stage = str(stage)
         workflow.set_current_details(
-            story.current_details(state.input.request, stage=str(stage), detail=detail, outcome=outcome, more=more)
+            story.current_details(
+                state.input.request,
+                stage=str(stage),
+                detail=detail,
+                outcome=outcome,
+                more=more,
+                with_text=state.manifest.ui_shows_text,
+            )
         )
         if state.behaviour.stage_upserts:
             self._unpublished = (str(stage), bool(outcome))

@@ -23,6 +23,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from . import decisions, stages
+    from .converter import Shown
     from .invocation import HookRunner, RunStopped, error_text, raise_if_cancelled
     from .listing import PLANNING, SYNTHESIZING, StageListing
     from .models import (
@@ -156,7 +157,7 @@ class ModelSteps:
             result_type=PlanOutput,
             timeout=settings.plan_timeout_seconds,
             retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=[decisions.INVALID_PLAN]),
-            summary=f"plan · phase {phase}" + (f" · attempt {attempt + 1}" if attempt else ""),
+            summary=Shown(f"plan · phase {phase}" + (f" · attempt {attempt + 1}" if attempt else "")),
             failure=(decisions.PLANNING_FAILED, "planning failed"),
         )
         record.model_calls.extend(output.model_calls)
@@ -244,7 +245,7 @@ class ModelSteps:
             result_type=SynthesizeOutput,
             timeout=state.manifest.settings.synthesize_timeout_seconds,
             retry_policy=RetryPolicy(maximum_attempts=3),
-            summary="synthesize",
+            summary=Shown("synthesize"),
             failure=(decisions.SYNTHESIS_FAILED, "synthesis failed"),
         )
         state.record.model_calls.extend(output.model_calls)
@@ -279,7 +280,7 @@ class ModelSteps:
                 result_type=result_type,
                 timeout=timeout,
                 retry_policy=retry_policy,
-                summary=summary if route == "primary" else f"{summary} · fallback",
+                summary=Shown(summary if route == "primary" else f"{summary} · fallback"),
             )
             state.record.handled_by = route
             return output

@@ -20,6 +20,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from . import dispatch, story
+    from .converter import Shown
     from .detached import report_effect, start_effect_child
     from .effects import elapsed_ms, record_effects
     from .models import (
@@ -68,7 +69,7 @@ async def start_review_notification(
         name="Reviewer notification",
         status=EffectStatus.PENDING,
         started_at=workflow.now(),
-        summary=f"checkpoint {checkpoint.checkpoint_id} announced to the reviewers' webhook",
+        summary=Shown(f"checkpoint {checkpoint.checkpoint_id} announced to the reviewers' webhook"),
     )
     record_effects(record, [effect])
     settings = manifest.settings
@@ -91,7 +92,7 @@ async def start_review_notification(
         workflow_type=REVIEW_NOTIFICATION_WORKFLOW_TYPE,
         id=review_notification_workflow_id(info.workflow_id, checkpoint.checkpoint_id),
         what="the notification",
-        static_summary=f"review notification · {checkpoint.checkpoint_id}",
+        static_summary=Shown(f"review notification · {checkpoint.checkpoint_id}"),
         static_details=story.review_notification_details(info.workflow_id, record.request_id, checkpoint.checkpoint_id),
         search_attributes=search_attributes,
     )
@@ -116,7 +117,7 @@ class ReviewNotificationWorkflow:
                     maximum_interval=RETRY_MAXIMUM_INTERVAL,
                     maximum_attempts=input.max_attempts,
                 ),
-                summary=f"notify reviewers · {input.checkpoint.checkpoint_id}",
+                summary=Shown(f"notify reviewers · {input.checkpoint.checkpoint_id}"),
                 heartbeat_ceiling=ceiling,
                 max_worker_losses=input.max_worker_losses,
             )

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 
 from temporalio import workflow
 
+with workflow.unsafe.imports_passed_through():
+    from .converter import Shown
+
 # Resolving the pipeline and writing the record as local activities, and consecutive in-process hooks of a
 # stage in one local activity.
 IN_PROCESS_PATCH = "in-process-bookkeeping-and-hook-batches"
@@ -148,8 +151,9 @@ def _before_2027_01(**fields: bool) -> Behaviour:
 
 
 def start_memo() -> dict[str, str]:
-    """The memo a request is started with so that a worker of this version runs it without a patch marker."""
-    return {STARTED_AS: LATEST}
+    """The memo a request is started with so that a worker of this version runs it without a patch marker
+    (a version name: readable in the UI where payloads are encrypted)."""
+    return {STARTED_AS: Shown(LATEST)}
 
 
 def detect() -> Behaviour:

@@ -19,6 +19,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from .converter import Shown
     from .models import (
         ListRecordsInput,
         ListRecordsOutput,
@@ -87,7 +88,7 @@ class PolicyReplayWorkflow:
                 result_type=ListRecordsOutput,
                 start_to_close_timeout=timedelta(minutes=5),
                 retry_policy=RetryPolicy(maximum_attempts=5),
-                summary="list the window's records",
+                summary=Shown("list the window's records"),
             )
         progress.total, progress.batches = listed.total, listed.batches
         first = replay.next_batch
@@ -140,5 +141,5 @@ class PolicyReplayWorkflow:
             start_to_close_timeout=BATCH_TIMEOUT,
             heartbeat_timeout=BATCH_HEARTBEAT,
             retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=[CANDIDATE_UNAVAILABLE]),
-            summary=f"replay batch {index}",
+            summary=Shown(f"replay batch {index}"),
         )

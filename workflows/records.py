@@ -17,6 +17,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
+    from .converter import Shown
     from .decisions import RECORD_NOT_STORED
     from .invocation import error_text, raise_if_cancelled
     from .models import (
@@ -76,7 +77,9 @@ class RecordKeeper:
                     result_type=PersistRecordOutput,
                     timeout=30,
                     retry_policy=RetryPolicy(maximum_attempts=attempts),
-                    summary=f"bookkeeping · persist record · {boundary.value} · revision {record.record_revision}",
+                    summary=Shown(
+                        f"bookkeeping · persist record · {boundary.value} · revision {record.record_revision}"
+                    ),
                 )
                 return
             except (ActivityError, ApplicationError) as err:

@@ -127,7 +127,10 @@ class Reviews:
                 lambda: checkpoint.status is not CheckpointStatus.PENDING,
                 timeout=checkpoint.expires_at - now,
                 timeout_summary=story.checkpoint_timer_summary(
-                    checkpoint, state.manifest.review.reviewers, state.approval_required_by
+                    checkpoint,
+                    state.manifest.review.reviewers,
+                    state.approval_required_by,
+                    with_text=state.manifest.ui_shows_text,
                 ),
             )
         except asyncio.TimeoutError:
@@ -170,7 +173,11 @@ class Reviews:
             AWAITING_REVIEW,
             detail=f"checkpoint {checkpoint.checkpoint_id}",
             more=story.checkpoint_lines(
-                checkpoint, workflow.info().workflow_id, state.manifest.review.reviewers, state.approval_required_by
+                checkpoint,
+                workflow.info().workflow_id,
+                state.manifest.review.reviewers,
+                state.approval_required_by,
+                with_text=state.manifest.ui_shows_text,
             ),
         )
 

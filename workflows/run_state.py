@@ -41,7 +41,10 @@ class RunState:
     request_id: str
     record: ExecutionRecord
     leases: ManagedLeases
-    manifest: PipelineManifest = field(default_factory=lambda: PipelineManifest(pipeline="unresolved"))
+    # Until resolve_pipeline answers, the UI is shown no text: whether it may be is the manifest's to say.
+    manifest: PipelineManifest = field(
+        default_factory=lambda: PipelineManifest(pipeline="unresolved", ui_shows_text=False)
+    )
     behaviour: patches.Behaviour = field(default_factory=patches.Behaviour)
     ask: str = ""
     instructions: str = ""

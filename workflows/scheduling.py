@@ -17,6 +17,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from . import decisions, dispatch
+    from .converter import Shown
     from .listing import StageListing
     from .models import (
         MAX_IGNORED_MESSAGES,
@@ -94,7 +95,7 @@ class Scheduler:
                 result_type=result_type,
                 start_to_close_timeout=timedelta(seconds=timeout),
                 retry_policy=retry_policy,
-                summary=summary,
+                summary=Shown(summary),
                 heartbeat_ceiling=timedelta(seconds=settings.heartbeat_timeout_seconds),
                 max_worker_losses=settings.max_worker_losses,
                 on_worker_lost=lost,
@@ -121,7 +122,12 @@ class Scheduler:
         activities, and replay the same way."""
         if not self._state.behaviour.local_bookkeeping:
             return await self.activity(
-                activity, arg, result_type=result_type, timeout=timeout, retry_policy=retry_policy, summary=summary
+                activity,
+                arg,
+                result_type=result_type,
+                timeout=timeout,
+                retry_policy=retry_policy,
+                summary=Shown(summary),
             )
         try:
             return await workflow.execute_local_activity(
@@ -130,7 +136,7 @@ class Scheduler:
                 result_type=result_type,
                 start_to_close_timeout=timedelta(seconds=timeout),
                 retry_policy=retry_policy,
-                summary=summary,
+                summary=Shown(summary),
             )
         except (ApplicationError, TimeoutError) as err:  # a local activity's failure arrives unwrapped
             raise ActivityError(

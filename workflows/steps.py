@@ -33,6 +33,7 @@ from temporalio.exceptions import ActivityError, FailureError
 with workflow.unsafe.imports_passed_through():
     from . import patches, stages, story
     from . import search_attributes as sa
+    from .converter import Shown
     from .effects import elapsed_ms
     from .invocation import HookRunner, OnOutcome, RunStopped, StageRun, raise_if_cancelled
     from .listing import EXECUTING, StageListing
@@ -375,7 +376,7 @@ class StepExecutor:
             step.model_copy(update={"arguments": call.arguments}),
             result_type=list[str],
             start_to_close_timeout=timedelta(seconds=10),
-            summary=f"validate arguments · {step.step_id}",
+            summary=Shown(f"validate arguments · {step.step_id}"),
         )
 
     async def _tool_stage(
@@ -455,8 +456,12 @@ class StepExecutor:
                     id=f"{info.workflow_id}/subagent/{step.step_id}",
                     task_queue=info.task_queue,
                     result_type=RequestResult,
-                    static_summary=story.subagent_summary(step.tool, step.step_id, depth, asked),
-                    static_details=story.subagent_details(info.workflow_id, state.request_id, asked),
+                    static_summary=story.subagent_summary(
+                        step.tool, step.step_id, depth, asked, with_text=state.manifest.ui_shows_text
+                    ),
+                    static_details=story.subagent_details(
+                        info.workflow_id, state.request_id, asked, with_text=state.manifest.ui_shows_text
+                    ),
                     search_attributes=self._listing.child_request(sa.KIND_SUBAGENT),
                     memo=patches.start_memo(),
                 )
@@ -500,7 +505,7 @@ class StepExecutor:
                 retry_policy=RetryPolicy(
                     maximum_attempts=settings.tool_max_attempts, non_retryable_error_types=["InvalidArguments"]
                 ),
-                summary=f"execute · {step.tool} ({step.step_id})",
+                summary=Shown(f"execute · {step.tool} ({step.step_id})"),
             )
         except ActivityError as err:
             raise_if_cancelled(err)

@@ -18,6 +18,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from .converter import Shown
     from .invocation import raise_if_cancelled
     from .models import ClaimTurnInput, RequestStatus, TurnRelease, TurnStatus, conversation_workflow_id
     from .run_state import RunState
@@ -69,7 +70,7 @@ class ConversationTurn:
                 result_type=type(None),
                 timeout=30,
                 retry_policy=RetryPolicy(maximum_attempts=5),
-                summary=f"claim turn · {conversation_id}",
+                summary=Shown(f"claim turn · {conversation_id}"),
             )
         except ActivityError as err:
             raise_if_cancelled(err)
@@ -77,7 +78,7 @@ class ConversationTurn:
                 CONVERSATION_UNAVAILABLE, f"could not claim a turn of conversation {conversation_id!r}", err
             ) from None
         self.conversation_id = conversation_id
-        await workflow.wait_condition(lambda: self.granted, timeout_summary="its turn in the conversation")
+        await workflow.wait_condition(lambda: self.granted, timeout_summary=Shown("its turn in the conversation"))
 
     async def release(self) -> None:
         """Give the turn back (or withdraw the claim), with how the request ended."""

@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Protocol
 
+from storage.sqlite import private_directory, private_opener
 from workflows.models import DetachedWorkResult, ExecutionResult, json_size
 
 from ..contracts import DetachedContext, PipelineContext, PipelineHook
@@ -53,8 +54,8 @@ class JsonlAuditWriter:
             raise ValueError(f"audit record is {size} bytes; the writer admits at most {self.max_record_bytes}")
 
     def _write(self, record: dict[str, Any], key: str) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a+", encoding="utf-8") as f:
+        private_directory(self.path.parent)
+        with open(self.path, "a+", encoding="utf-8", opener=private_opener) as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 f.seek(0)

@@ -71,7 +71,7 @@ class SQLiteExecutionStore:
         clock=time.time,
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        sqlite.private_directory(self.path.parent)
         self.retention = retention
         self.error_retention = error_retention
         self._clock = clock

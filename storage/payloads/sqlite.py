@@ -34,7 +34,7 @@ class SQLitePayloadStore(PayloadStore):
     ) -> None:
         super().__init__(retention=retention, cache_bytes=cache_bytes)
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        sqlite.private_directory(self.path.parent)
         with sqlite.connection(self.path) as db:
             db.executescript(_SCHEMA)
         # Writes and reads come in small and often (one per large payload): each thread keeps its

@@ -26,7 +26,7 @@ ESCAPES = (escape_existing("response_cache", 2, _SCHEMA),)
 class SQLiteResponseCacheStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        sqlite.private_directory(self.path.parent)
         with sqlite.connection(self.path) as db:
             db.execute(_SCHEMA)
         sqlite.migrate(self.path, ESCAPES)

@@ -129,6 +129,7 @@ class DetachedEffectInput(ByReference):
     update_token: str = ""
     heartbeat_timeout_seconds: float = 5.0
     max_worker_losses: int = 5
+    ui_shows_text: bool = True  # the request's ``PipelineManifest.ui_shows_text``: its outcome in the details
 
 
 class ReviewNotificationInput(ByReference):

@@ -169,6 +169,10 @@ class PipelineManifest(ByReference):
     stage_listing_delay_seconds: float = Field(default=0.0, ge=0)
     # Whether the worker's data converter sends large activity payloads to the payload store (by reference).
     payload_store: bool = False
+    # Whether what the Temporal UI shows without a codec (summaries, details, the current details) may
+    # carry excerpts of the request, tool arguments, reasons and the answer: not where payloads are
+    # encrypted, unless the deployment allows it. True is what a manifest recorded without it replays with.
+    ui_shows_text: bool = True
     # The request's OpenTelemetry trace, as resolve_pipeline ran in it (None without tracing).
     trace_id: str | None = None
     # The fallback model of each model stage that has one (``planning``, ``synthesis``: its name): called
