@@ -379,6 +379,20 @@ class HookStageActivities(abc.ABC):
                     # A deliberate refusal is an outcome, not a fault: no error log or failure metric.
                     category=ApplicationErrorCategory.BENIGN if deliberate else ApplicationErrorCategory.UNSPECIFIED,
                 ) from None
+            except BaseException as err:  # noqa: BLE001 - a panic (SystemExit, KeyboardInterrupt, ...): stop
+                span.record_exception(err)
+                message = str(err) or type(err).__name__
+                self._mark_failed(span, entry, stage, decisions.HOOK_PANIC, message, final=True)
+                raise ApplicationError(
+                    message,
+                    {
+                        "hook": entry.name,
+                        "exception_type": type(err).__name__,
+                        "effects": _failed_effects(ctx, message),
+                    },
+                    type=decisions.HOOK_PANIC,
+                    non_retryable=True,
+                ) from None
 
     @staticmethod
     def _mark_failed(span: Span, entry: HookEntry, stage: Stage, category: str, message: str, final: bool) -> None:

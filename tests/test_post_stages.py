@@ -635,3 +635,51 @@ async def test_reporting_an_effect_never_changes_the_outcome_however_much_a_hook
         dropped = effects["effects-dropped"]
         assert dropped.status.value == "failed" and dropped.summary == "37 effect(s) beyond 64 were dropped"
         assert all(e.data["$truncated"] for i, e in effects.items() if i.startswith("e") and i[1:].isdigit())
+
+
+class Meltdown(BaseException):
+    """What a hook raises when it panics: not an ordinary error."""
+
+
+@pytest.mark.parametrize("mode", ["local", "activity", "sync-system-exit"])
+async def test_a_panic_in_a_fail_open_hook_stops_the_request_and_keeps_the_exception_type(client, tmp_path, mode):
+    class Panics:
+        name = "panics"
+        run_mode = RunMode.ACTIVITY if mode == "activity" else RunMode.LOCAL_ACTIVITY
+
+        if mode == "sync-system-exit":
+
+            def after_execution(self, ctx, execution) -> None:
+                raise SystemExit(3)
+        else:
+
+            async def after_execution(self, ctx, execution) -> None:
+                raise Meltdown("the reactor is on fire")
+
+    class Later:
+        name = "later"
+        calls = 0
+
+        async def after_synthesis(self, ctx, response: str) -> str:
+            Later.calls += 1
+            return response
+
+    async with Harness(client, tmp_path, hooks=[Panics(), Later()]) as h:
+        out = await h.run("What is the price of ACME?")
+
+    expected_type = "SystemExit" if mode == "sync-system-exit" else "Meltdown"
+    assert out.failure is not None and out.failure.type == "HookPanic", out.failure
+    details = out.failure_details()
+    assert (details["extension"], details["phase"], details["exception_type"]) == (
+        "panics",
+        "after_execution",
+        expected_type,
+    )
+    assert details["failure_policy"] == "fail_open"
+    assert Later.calls == 0 and "synthesize" not in out.activity_types()
+    [inv] = out.record.invocations(Stage.AFTER_EXECUTION, "panics")
+    assert (inv.outcome.value, inv.error_type, inv.exception_type) == ("failed", "HookPanic", expected_type)
+    assert decision(inv) == ("fail_open", "propagate_panic", "panic")
+    stored = await out.stored()
+    assert stored.status is RequestStatus.FAILED and stored.error.type == "HookPanic"
+    assert [s.step_id for s in stored.steps] == ["quote-acme"]  # the completed work stays in the record

@@ -48,6 +48,7 @@ FALLBACK_FAILED = "FallbackFailed"  # the fallback model failed too, after the p
 
 # Failure categories a hook activity reports (ApplicationError.type of the activity failure).
 HOOK_ERROR = "HookError"  # the hook raised
+HOOK_PANIC = "HookPanic"  # the hook raised what is not an ordinary error (a BaseException): it stops the request
 INVALID_HOOK_RESULT = "InvalidHookResult"  # the hook returned the wrong type or an oversized value
 INVALID_PLAN = "InvalidPlan"  # an after_planning mutation failed plan validation
 HOOK_TIMEOUT = "HookTimeout"  # the invocation did not finish within its timeout
@@ -56,6 +57,7 @@ CHAIN_BUDGET_EXHAUSTED = "ChainBudgetExhausted"  # its chain's time budget ran o
 # Decision reasons.
 REASON_ACCEPTED = "accepted"
 REASON_HOOK_ERROR = "hook_error"
+REASON_PANIC = "panic"
 REASON_HOOK_TIMEOUT = "hook_timeout"
 REASON_INVALID_RESULT = "invalid_result"
 REASON_INVALID_PLAN = "invalid_plan"
@@ -79,6 +81,7 @@ REASON_CHAIN_BUDGET_EXHAUSTED = "chain_budget_exhausted"
 
 _FAILURE_REASONS = {
     HOOK_ERROR: REASON_HOOK_ERROR,
+    HOOK_PANIC: REASON_PANIC,
     HOOK_TIMEOUT: REASON_HOOK_TIMEOUT,
     INVALID_HOOK_RESULT: REASON_INVALID_RESULT,
     INVALID_PLAN: REASON_INVALID_PLAN,

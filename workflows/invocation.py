@@ -86,6 +86,7 @@ _MARKED = {
     DecisionAction.DENY: "denied",
     DecisionAction.STOP: "stopped the run",
     DecisionAction.TERMINATE: "ended the request",
+    DecisionAction.PROPAGATE_PANIC: "panicked",
 }
 DECISION_MARK = timedelta(milliseconds=1)
 # The diagnostic of a hook a local activity ran ahead for a stage the run reached changed, or never reached.
@@ -292,7 +293,7 @@ class HookRunner:
                             error_type=failure.category,
                         )
                     )
-                elif failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
+                elif failure.decision is not None and failure.decision.action.ends_request:
                     error = _stage_error(hook, spec.stage, failure, plan_phase)
                     await self._mark(spec, hook, failure.decision, step, error.message)
                     raise error
@@ -658,7 +659,7 @@ class HookRunner:
                 invocation = self._invocation(hook, stage, first_sequence + offset, plan_phase, step)
                 failure = InvocationFailure.from_error(err, hook)
                 results.append((hook, None, self._failed(spec, invocation, hook, failure, err)))
-                if failure.decision is not None and failure.decision.action is DecisionAction.TERMINATE:
+                if failure.decision is not None and failure.decision.action.ends_request:
                     break
             return results, None
         clock = started + spent(batch.entries)
@@ -790,6 +791,19 @@ def _stage_error(hook: HookEntry, stage: Stage, failure: InvocationFailure, plan
             f"{stage.value} hook {hook.name!r} broke the short-circuit contract: {failure.message}",
             {"hook": hook.name, "stage": stage.value, "cause": failure.message},
             type=decisions.HOOK_CONTRACT_ERROR,
+            non_retryable=True,
+        )
+    if failure.category == decisions.HOOK_PANIC:
+        return ApplicationError(
+            f"extension {hook.name!r} panicked at {stage.value}: {failure.message}",
+            {
+                "extension": hook.name,
+                "phase": stage.value,
+                "cause": failure.message,
+                "exception_type": failure.exception_type,
+                "failure_policy": failure.decision.failure_policy.value if failure.decision else None,
+            },
+            type=decisions.HOOK_PANIC,
             non_retryable=True,
         )
     if hook.required and stage is Stage.AFTER_PLANNING:

@@ -39,6 +39,7 @@ MAX_CONVERSATION_TURNS = 20
 # Hook failures that retrying cannot change.
 NON_RETRYABLE_HOOK_FAILURES = [
     decisions.HOOK_CONTRACT_ERROR,
+    decisions.HOOK_PANIC,
     decisions.INVALID_HOOK_RESULT,
     decisions.INVALID_PLAN,
 ]

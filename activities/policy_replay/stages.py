@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from hooks.contracts import HookRejection, NotReplayed, PipelineContext, hook_option
 from workflows import decisions
 from workflows.models import (
-    DecisionAction,
     HookCall,
     HookDecision,
     HookEntry,
@@ -117,7 +116,7 @@ class ShadowStages:
                 continue
             except _Failed as failure:
                 decision = spec.failure(entry, failure.category)
-                if decision.action is DecisionAction.TERMINATE:
+                if decision.action.ends_request:
                     result.failed, result.failure, result.failure_category = entry, failure.message, failure.category
                     return result
                 result.open_failures.append((entry, failure.message))

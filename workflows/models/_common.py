@@ -137,6 +137,12 @@ class DecisionAction(StrEnum):
     DENY = "deny"
     STOP = "stop"
     SKIP = "skip"
+    # A hook panicked (raised what is not an ordinary error): the request stops whatever the failure policy.
+    PROPAGATE_PANIC = "propagate_panic"
+
+    @property
+    def ends_request(self) -> bool:
+        return self in (DecisionAction.TERMINATE, DecisionAction.PROPAGATE_PANIC)
 
 
 class RunMode(StrEnum):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from ..decisions import (
     HOOK_CONTRACT_ERROR,
+    HOOK_PANIC,
     INVALID_HOOK_RESULT,
     PAYLOAD_TOO_LARGE,
     REASON_ACCEPTED,
@@ -304,6 +305,8 @@ class StageSpec(Generic[CallT, OutcomeT]):
         policy = self.policy(hook)
         if self.finalizer:
             return HookDecision(failure_policy=policy, action=DecisionAction.CONTINUE, reason=reason)
+        if category == HOOK_PANIC:  # not an ordinary error: even a fail-open hook's panic stops the request
+            return HookDecision(failure_policy=policy, action=DecisionAction.PROPAGATE_PANIC, reason=reason)
         terminal = policy is FailurePolicy.FAIL_CLOSED or category in (WORKER_LOST, PAYLOAD_TOO_LARGE)
         return HookDecision(
             failure_policy=policy,
