@@ -297,6 +297,7 @@ class HookStageActivities(abc.ABC):
         async def run(hook: Any, ctx: PipelineContext, span: Span) -> HookOutcome:
             checks = _Checks(self, span)
             prepared = spec.prepare(call, checks)
+            ctx.told(**spec.context(prepared))
             value = await call_hook(getattr(hook, spec.method(call.hook)), ctx, *spec.arguments(prepared, ctx))
             return spec.judge(prepared, value, ctx, checks)
 
@@ -319,6 +320,7 @@ class HookStageActivities(abc.ABC):
             facts=view.facts,
             state=view.state,
             managed_leases=view.leases,
+            conversation_id=view.conversation_id,
         )
 
     async def _invoke(self, call: HookCall, stage: Stage, run: Run) -> Any:
@@ -361,6 +363,7 @@ class HookStageActivities(abc.ABC):
                     non_retryable=True,
                 ) from None
             except asyncio.CancelledError:
+                ctx._cancel.set()  # a hook still running in a thread can see it (``ctx.cancelled``) and return
                 self._mark_failed(span, entry, stage, decisions.HOOK_TIMEOUT, "cancelled or timed out", final_attempt)
                 raise
             except Exception as err:  # noqa: BLE001 - the hook raised: the stage's failure policy decides

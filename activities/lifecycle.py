@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
 import pydantic
@@ -469,6 +470,8 @@ class LifecycleActivities(HookStageActivities):
             step_id=step.step_id,
             idempotency_key=input.idempotency_key,
             attempt=activity.info().attempt,
+            context=MappingProxyType(input.context),
+            conversation_id=input.conversation_id,
         )
         started = time.monotonic()
         try:

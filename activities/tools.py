@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import pydantic
@@ -22,6 +22,10 @@ class ToolContext:
     step_id: str
     idempotency_key: str
     attempt: int
+    # The application's context for the request (its metadata, as the caller passed it; never in a prompt)
+    # and the conversation it belongs to (None outside one).
+    context: Mapping[str, JsonValue] = field(default_factory=dict)
+    conversation_id: str | None = None
 
 
 class Tool:

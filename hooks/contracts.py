@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import JsonValue
 
@@ -38,8 +39,12 @@ from workflows.models import (
     RunMode,
     ShortCircuitKind,
     Stage,
+    StepSummary,
     bounded_value,
 )
+
+if TYPE_CHECKING:
+    from workflows.stages import ToolDescriptor
 
 logger = logging.getLogger(__name__)
 # The card that counts the effects an invocation reported beyond ``MAX_EFFECTS_PER_INVOCATION``.
@@ -122,6 +127,27 @@ class PipelineContext:
     # Ids of the leases the request owner (the workflow) already holds for this request.
     managed_leases: tuple[str, ...] = ()
     shadow: bool = False
+    # The conversation the request belongs to (None outside one); where the stage gives them, the request's
+    # steps so far (before_tool, after_tool: those finished before this call), the tools and the attempt of
+    # the planning attempt (after_planning).
+    conversation_id: str | None = None
+    steps: tuple[StepSummary, ...] = ()
+    tools: tuple[ToolDescriptor, ...] = ()
+    attempt: int | None = None
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def told(
+        self, *, steps: Sequence[StepSummary] = (), tools: Sequence[ToolDescriptor] = (), attempt: int | None = None
+    ) -> None:
+        """Give the context what the stage tells its hooks besides the subject (the worker does, as it
+        prepares the call)."""
+        self.steps, self.tools, self.attempt = tuple(steps), tuple(tools), attempt
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this invocation was cancelled — it timed out, or its request was cancelled — and its
+        outcome will not be used. A long synchronous hook should look at it and return early."""
+        return self._cancel.is_set()
 
     @classmethod
     def create(
@@ -142,6 +168,7 @@ class PipelineContext:
         state: Mapping[str, JsonValue] | None = None,
         managed_leases: tuple[str, ...] | list[str] = (),
         shadow: bool = False,
+        conversation_id: str | None = None,
     ) -> PipelineContext:
         return cls(
             request=request,
@@ -159,6 +186,7 @@ class PipelineContext:
             _hook=hook,
             managed_leases=tuple(managed_leases),
             shadow=shadow,
+            conversation_id=conversation_id,
         )
 
     def report_effect(

@@ -10,6 +10,8 @@ import asyncio
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from activities.tools import Tool, ToolContext, ToolRegistry
 from client.pipeline import NoPlanner
 from demo.agent import RulePlanner
 from demo.tools import QuoteArguments, demo_tools, quote_price
-from hooks import PlanAttempt, PlanAttemptPatch, RecallPatch, RecallView, Stop, ToolDecision
+from hooks import PlanAttempt, PlanAttemptPatch, RecallPatch, RecallView, Stage, Stop, ToolDecision
 from hooks.declarative import DeclaredHookRuntime, HookStore, declared_hooks, parse_hooks
 from workflows.models import (
     AnswerView,
@@ -206,9 +208,15 @@ class Narrow:
         self.name, self.tools, self.context = name, tools, context
         self.attempts: list[PlanAttempt] = []
 
+        self.governed: list[tuple[int, int | None, list[str], list[str]]] = []
+
     def before_plan(self, ctx, attempt: PlanAttempt) -> PlanAttemptPatch:
         self.attempts.append(attempt)
         return PlanAttemptPatch(tools=self.tools, context_text=self.context)
+
+    def after_planning(self, ctx, plan: Plan) -> None:
+        """What after_planning is told besides the plan: the attempt, its tools, the steps so far."""
+        self.governed.append((plan.phase, ctx.attempt, [t.key for t in ctx.tools], [s.step_id for s in ctx.steps]))
 
 
 class RecordingRulePlanner(RulePlanner):
@@ -313,6 +321,8 @@ async def test_a_malformed_model_plan_is_retried_as_an_attempt_of_its_own_after_
 
     assert out.failure is None, out.failure
     assert [(a.phase, a.attempt) for a in watch.attempts] == [(1, 0), (1, 1), (2, 0)]
+    # after_planning is told which attempt produced the plan it governs.
+    assert [(phase, attempt) for phase, attempt, _, _ in watch.governed] == [(1, 1), (2, 0)]
     plans = [a.summary for a in out.scheduled if a.activity_type == "plan"]
     assert plans == ["plan · phase 1", "plan · phase 1 · attempt 2", "plan · phase 2"]
     # The retry sent the model its own malformed turn and what was wrong with the call, by its id.
@@ -882,3 +892,87 @@ async def test_a_step_whose_tool_ran_stays_in_the_failed_record_when_after_tool_
         assert (step.step_id, step.status) == ("trade-1", StepStatus.SUCCEEDED)
         assert step.output is not None and step.idempotency_key
         assert record.status.value == "failed"
+
+
+class Views:
+    """What each tool-call and planning hook is told besides its subject, as the contracts give it."""
+
+    name = "views"
+
+    def __init__(self) -> None:
+        self.planning: list[tuple[int | None, list[tuple[str, str, bool]], list[str], str | None]] = []
+        self.before: dict[str, tuple[str, list[str], str | None, bool]] = {}
+        self.after: dict[str, list[str]] = {}
+
+    def after_planning(self, ctx, plan: Plan) -> None:
+        tools = [(t.key, t.description, t.writes) for t in ctx.tools]
+        self.planning.append((ctx.attempt, tools, [s.step_id for s in ctx.steps], ctx.conversation_id))
+
+    def before_tool(self, ctx, call: ToolCall) -> None:
+        self.before[call.step_id] = (call.brief, [s.step_id for s in ctx.steps], ctx.conversation_id, ctx.cancelled)
+
+    def after_tool(self, ctx, call: ToolCall, outcome: ToolOutcomeView) -> None:
+        self.after[call.step_id] = [f"{s.step_id}:{s.status}" for s in ctx.steps]
+
+
+class ContextReader(Tool):
+    """A read-only quote that keeps what its context said: the application's context, the conversation."""
+
+    namespace, agent, capability = NS, "stock-service", "stock_quote"
+    description = "Current price of a stock (read-only)"
+    read_only = True
+    Arguments = QuoteArguments
+    seen: list[tuple[dict, str | None]] = []
+
+    async def run(self, arguments: QuoteArguments, ctx: ToolContext) -> Any:
+        ContextReader.seen.append((dict(ctx.context), ctx.conversation_id))
+        return {"symbol": arguments.symbol, "price": 1.0}
+
+
+async def test_hooks_and_tools_are_told_what_their_contracts_give(client, tmp_path):
+    views, tool = Views(), ContextReader()
+    ContextReader.seen = []
+    second = quote("quote-bolt", "BOLT")
+    second.metadata["brief"] = "the second ticker the user named"
+    planner = PhasedPlanner([quote("quote-acme", "ACME")], [second])
+    metadata = {"conversation_id": "conv-views", "tenant_id": "t1"}
+    async with Harness(client, tmp_path, hooks=[views], planner=planner, tools=[tool]) as h:
+        out = await h.run("Quotes for ACME and BOLT", metadata)
+
+    assert out.failure is None, out.failure
+    quote_tool = (QUOTE_KEY, "Current price of a stock (read-only)", False)
+    assert views.planning == [(0, [quote_tool], [], "conv-views"), (0, [quote_tool], ["quote-acme"], "conv-views")]
+    rationale = out.record.plans[0].plan.rationale
+    assert views.before == {
+        "quote-acme": (rationale, [], "conv-views", False),
+        "quote-bolt": ("the second ticker the user named", ["quote-acme"], "conv-views", False),
+    }
+    assert views.after == {"quote-acme": [], "quote-bolt": ["quote-acme:succeeded"]}
+    assert ContextReader.seen == [(metadata, "conv-views"), (metadata, "conv-views")]
+
+
+async def test_a_synchronous_hook_sees_its_invocation_cancelled_and_can_return(client, tmp_path):
+    """A plain ``def`` hook runs in a worker thread: when its invocation times out, ``ctx.cancelled`` turns
+    true, so a long hook that looks at it returns instead of running on."""
+
+    class Slow:
+        name = "slow"
+        timeout_seconds = 1.0
+        max_attempts = 1
+        saw = threading.Event()
+
+        def after_execution(self, ctx, execution) -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if ctx.cancelled:
+                    Slow.saw.set()
+                    return
+                time.sleep(0.02)
+
+    async with Harness(client, tmp_path, hooks=[Slow()]) as h:
+        out = await h.run("What is the price of ACME?")
+
+    assert out.failure is None  # after_execution fails open: the timeout is recorded, the request goes on
+    [inv] = out.record.invocations(Stage.AFTER_EXECUTION, "slow")
+    assert inv.outcome.value == "timed_out"
+    assert await asyncio.to_thread(Slow.saw.wait, 10)

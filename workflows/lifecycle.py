@@ -37,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from .invocation import Ahead, HookRunner, RunStopped, StageRun, error_text, raise_if_cancelled
     from .leases import ManagedLeases
     from .listing import LIST_STAGE_SIGNAL, RECALLING, REMEMBERING, RESOLVING_PIPELINE, StageListing
-    from .model_steps import ModelSteps
+    from .model_steps import ModelSteps, PlannedPhase
     from .models import (
         ANSWER_TOPIC,
         ENRICHMENT_CONVERSATION_HISTORY,
@@ -415,7 +415,7 @@ class RequestLifecycleWorkflow:
         """A request of a conversation that its conversation did not start waits for its turn there. A
         sub-agent runs within the turn of the request that delegated to it: it never claims one."""
         state = self._state
-        conversation = conversation_id(state.input.metadata)
+        conversation = state.conversation_id
         if not (state.behaviour.conversation_turns and conversation) or conversation_id_problem(conversation):
             return
         if subagent_depth(state.input.metadata) > 0:
@@ -452,7 +452,7 @@ class RequestLifecycleWorkflow:
     def _recalls(self) -> str | None:
         """The conversation whose memory this run loads before planning, if it loads one."""
         state = self._state
-        conversation = conversation_id(state.input.metadata)
+        conversation = state.conversation_id
         if state.behaviour.run_extensions and state.manifest.memory and conversation:
             return conversation
         return None
@@ -538,11 +538,7 @@ class RequestLifecycleWorkflow:
             snapshot_next = bool(planned.plan.steps) or not state.behaviour.planner_answers
             ahead = self._after_plan_accepted(planned.plan)
             accepted = await self._after_planning(
-                planned.plan,
-                planned.available,
-                ahead,
-                write=snapshot_next,
-                end=self._end_after(planned.plan) if ahead else None,
+                planned, ahead, write=snapshot_next, end=self._end_after(planned.plan) if ahead else None
             )
             plan = accepted.subject
             if self._models.streamed_answer(planned.plan) and self._models.text_answer(plan) is None:
@@ -616,13 +612,7 @@ class RequestLifecycleWorkflow:
         return [Ahead(Stage.AFTER_ANSWER, self._answer_view(response, "pipeline", step_summaries(self._state)))]
 
     async def _after_planning(
-        self,
-        plan: Plan,
-        available: list[str] | None = None,
-        ahead: list[Ahead] | None = None,
-        *,
-        write: bool,
-        end: TerminalEnd | None = None,
+        self, planned: PlannedPhase, ahead: list[Ahead], *, write: bool, end: TerminalEnd | None = None
     ) -> StageRun:
         """Chain copy-on-write mutations, each validated against the tools the planning attempt had; the
         required hook's failure ends the request before any checkpoint or tool; a stop ends the run. The
@@ -630,6 +620,7 @@ class RequestLifecycleWorkflow:
         run ends if the hooks leave it as it is (the hooks' local activity may write either, see
         ``HookRunner.run``)."""
         record = self._state.record
+        plan = planned.plan
         prior = [s.step_id for s in record.steps]
         first_entry = len(record.pipeline_hooks)
 
@@ -650,8 +641,11 @@ class RequestLifecycleWorkflow:
             on_outcome,
             plan_phase=plan.phase,
             prior_step_ids=prior,
-            available_tools=available,
-            ahead=ahead or (),
+            available_tools=planned.available,
+            attempt=planned.attempt,
+            tools=planned.tools,
+            steps=self._state.steps_so_far(),
+            ahead=ahead,
             write_accepted_plan=write,
             end=end,
         )
@@ -704,7 +698,7 @@ class RequestLifecycleWorkflow:
         state = self._state
         if not state.manifest.memory:
             return
-        conversation = conversation_id(state.input.metadata) or state.request_id
+        conversation = state.conversation_id or state.request_id
         if state.record.phase_cap_reached:  # a best-effort answer is never remembered
             state.record.memory = MemoryOutcome(
                 action="skipped", conversation_id=conversation, reason="a best-effort answer (the phase cap was hit)"
@@ -791,12 +785,6 @@ def record_enrichment_changes(
 def _observed(steps: Sequence[StepResult]) -> ExecutionResult:
     """What after_execution hooks observe of the steps: each one's status, result text (capped) and error."""
     return ExecutionResult(steps=[s.observer_view() for s in steps])
-
-
-def conversation_id(metadata: dict[str, Any]) -> str | None:
-    """The request's conversation (``metadata.conversation_id``), if it names one."""
-    value = metadata.get("conversation_id")
-    return value if isinstance(value, str) and value else None
 
 
 def with_recalled_memory(enrichments: dict[str, Any], memory: RecalledMemory) -> dict[str, Any]:

@@ -14,7 +14,7 @@ code only."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
@@ -60,10 +60,13 @@ NO_TOOLS_RATIONALE = "no tool is available to this planning attempt"
 
 @dataclass
 class PlannedPhase:
-    """A phase's plan and the tool keys its last planning attempt had (None: every tool)."""
+    """A phase's plan, the tool keys its last planning attempt had (None: every tool), that attempt (0: the
+    phase's first) and its tools as planning hooks see them."""
 
     plan: Plan
     available: list[str] | None = None
+    attempt: int = 0
+    tools: list[stages.ToolDescriptor] = field(default_factory=list)
 
 
 class ModelSteps:
@@ -91,7 +94,7 @@ class ModelSteps:
             narrowed = len(view.tools) < len(state.manifest.tools)
             available = view.tool_keys if narrowed else None
             if not view.tools:
-                return PlannedPhase(Plan(phase=phase, rationale=NO_TOOLS_RATIONALE), available)
+                return PlannedPhase(Plan(phase=phase, rationale=NO_TOOLS_RATIONALE), available, attempt)
             output = await self._plan_activity(phase, attempt, available, view.context_text, repair)
             state.planner_draft = output.draft
             if output.plan is not None:
@@ -102,7 +105,7 @@ class ModelSteps:
                         if (call_id := step.metadata.get("model_tool_call_id"))
                     }
                     state.model_turns.append(PriorTurn(turn=output.model_turn, step_ids=step_ids))
-                return PlannedPhase(output.plan, available)
+                return PlannedPhase(output.plan, available, attempt, view.tools)
             attempt, repair = attempt + 1, output.repair
 
     async def _before_plan(self, phase: int, attempt: int) -> stages.PlanAttempt:

@@ -103,6 +103,7 @@ class RunState:
             facts=self.facts,
             state=self.hook_state.get(hook.name, {}),
             leases=self.leases.ids,
+            conversation_id=self.conversation_id,
         )
 
     def run_view(self) -> RunView:
@@ -114,6 +115,16 @@ class RunState:
         self.record.ask = self.ask if self.ask != self.input.request else None
         self.record.instructions = self.instructions
         self.record.facts = dict(self.facts)
+
+    @property
+    def conversation_id(self) -> str | None:
+        """The request's conversation (``metadata.conversation_id``), if it names one."""
+        value = self.input.metadata.get("conversation_id")
+        return value if isinstance(value, str) and value else None
+
+    def steps_so_far(self) -> list[StepSummary]:
+        """Every step of the request that has finished, in the order they finished."""
+        return [StepSummary(step_id=r.step_id, tool=r.tool, status=r.status.value) for r in self.results.values()]
 
     def kind(self) -> str:
         """``AgentWorkflowKind`` of this run: a request, or a sub-agent's."""

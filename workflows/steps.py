@@ -141,6 +141,7 @@ class StepExecutor:
         through its before_tool chain, so every rewrite is done and a denial never reaches a reviewer; the
         phase's one checkpoint lists the prepared calls, and approval runs those values. A call that waits
         on steps of its own phase is prepared and approved when it is ready (:meth:`_confirm_step`)."""
+        self._executing = plan
         self._needs_approval = {}
         for reason in reasons:
             self._needs_approval.setdefault(reason.step_id, []).append(reason)
@@ -286,6 +287,7 @@ class StepExecutor:
             capability=step.capability,
             plan_phase=self._state.phase,
             subagent=self._is_subagent(step),
+            brief=_brief(step, self._executing),
         )
         if missing is None:
             try:
@@ -423,7 +425,9 @@ class StepExecutor:
             elif verdict.action == "stop":
                 raise RunStopped(hook.name, stages.Stage.BEFORE_TOOL.value, verdict.reason, verdict.message)
 
-        chain = await self._tool_stage(stages.STAGES[stages.Stage.BEFORE_TOOL], step, call, call, on_outcome)
+        chain = await self._tool_stage(
+            stages.STAGES[stages.Stage.BEFORE_TOOL], step, call, call, on_outcome, steps=self._state.steps_so_far()
+        )
         return PreparedCall(chain.subject, result, ready=not chain.ended)
 
     def _is_subagent(self, step: PlanStep) -> bool:
@@ -499,6 +503,8 @@ class StepExecutor:
                     step=step.model_copy(update={"arguments": call.arguments}),
                     request_id=self._state.request_id,
                     idempotency_key=result.idempotency_key,
+                    context=self._state.input.metadata,
+                    conversation_id=self._state.conversation_id,
                 ),
                 result_type=ToolStepOutput,
                 timeout=settings.tool_timeout_seconds,
@@ -581,7 +587,15 @@ class StepExecutor:
         def on_outcome(hook: HookEntry, outcome: stages.execution.AfterToolOutcome, before: Any, folded: Fold) -> None:
             result.result = outcome.result
 
-        await self._tool_stage(stages.STAGES[stages.Stage.AFTER_TOOL], step, call, outcome, on_outcome, call=call)
+        await self._tool_stage(
+            stages.STAGES[stages.Stage.AFTER_TOOL],
+            step,
+            call,
+            outcome,
+            on_outcome,
+            call=call,
+            steps=self._state.steps_so_far(),
+        )
 
     def _count_tool_metrics(self, result: StepResult) -> None:
         metrics = self._state.record.tool_metrics.setdefault(result.tool, ToolMetrics())
@@ -596,6 +610,12 @@ class StepExecutor:
         duration = result.duration_ms or 0.0
         metrics.total_duration_ms += duration
         metrics.max_duration_ms = max(metrics.max_duration_ms, duration)
+
+
+def _brief(step: PlanStep, plan: Plan) -> str:
+    """Why the planner made ``step``'s call: its own ``metadata["brief"]``, else its plan's rationale."""
+    own = step.metadata.get("brief")
+    return own if isinstance(own, str) and own else plan.rationale
 
 
 def _canonical(arguments: dict[str, Any]) -> str:

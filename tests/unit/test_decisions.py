@@ -115,6 +115,9 @@ ROWS = {
     "succeeded": "ordinary hook succeeded",
     "failed": "ordinary hook raised / timed out / returned the wrong type / an invalid plan",
     "closed": "a hook whose own `failure_policy` is `FAIL_CLOSED` (e.g. `secret-redaction`) failed",
+    "panic": "a hook panicked — raised what is not an ordinary error (a `BaseException` that is not an "
+    "`Exception`: `SystemExit`, `KeyboardInterrupt`, a class of its own): the request stops with `HookPanic`, "
+    "whatever the policy; completed work stays in the record",
     "lost": "every dispatch of the invocation lost its worker (infrastructure, whatever the policy)",
     "too large": "the invocation's input or outcome is larger than Temporal (or the payload store) carries "
     "(infrastructure)",
@@ -207,6 +210,22 @@ CASES: list[Case] = [
         OPEN,
         TERMINATE,
         "payload_too_large",
+    ),
+    *(
+        case(
+            "panic",
+            f"a{' fail-closed' if hook is PROTECTIVE else 'n ordinary'} {stage} hook panicked",
+            lambda h=hook, s=stage: STAGES[s].failure(h, decisions.HOOK_PANIC),
+            policy,
+            DecisionAction.PROPAGATE_PANIC,
+            "panic",
+        )
+        for hook, stage, policy in (
+            (ORDINARY, Stage.AFTER_EXECUTION, OPEN),
+            (ORDINARY, Stage.BEFORE_PLANNING, OPEN),
+            (PROTECTIVE, Stage.AFTER_SYNTHESIS, CLOSED),
+            (REQUIRED, Stage.AFTER_PLANNING, CLOSED),
+        )
     ),
     case(
         "lost",

@@ -78,6 +78,10 @@ class ToolStepInput(ByReference):
     step: PlanStep
     request_id: str
     idempotency_key: str
+    # What the tool receives besides its arguments: the application's context (the request's metadata)
+    # and the conversation the request belongs to.
+    context: dict[str, JsonValue] = Field(default_factory=dict)
+    conversation_id: str | None = None
 
 
 class ToolStepOutput(ByReference):

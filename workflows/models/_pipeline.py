@@ -387,6 +387,7 @@ class HookRequestView(BaseModel):
     facts: dict[str, JsonValue] = Field(default_factory=dict)
     state: dict[str, JsonValue] = Field(default_factory=dict)
     leases: list[str] = Field(default_factory=list)  # ids of the managed leases the request owner holds
+    conversation_id: str | None = None  # the conversation the request belongs to (None outside one)
 
 
 class HookCall(ByReference):

@@ -201,6 +201,8 @@ class ToolCall(BaseModel):
     arguments: dict[str, JsonValue] = Field(default_factory=dict)
     plan_phase: int = 1
     subagent: bool = False  # the step starts a sub-agent (a child RequestLifecycle)
+    # Why the planner made the call: the step's own ``metadata["brief"]``, else its plan's rationale.
+    brief: str = ""
 
     @property
     def tool(self) -> str:

@@ -250,6 +250,12 @@ class StageSpec(Generic[CallT, OutcomeT]):
         the workflow built it)."""
         return call
 
+    def context(self, call: CallT) -> dict[str, Any]:
+        """What the hook's context carries of the call besides the request view, where the stage gives it:
+        the request's steps so far (``steps``), the tools and the attempt of a planning stage."""
+        fields = type(call).model_fields
+        return {name: _copy(getattr(call, name)) for name in _CONTEXT_FIELDS if name in fields}
+
     def arguments(self, call: CallT, ctx: PipelineContext) -> tuple[Any, ...]:
         """What the method receives after ``ctx``: a private copy of the subject."""
         return (_copy(self.subject(call)),)
@@ -325,6 +331,10 @@ class ObserverSpec(StageSpec[CallT, OutcomeT]):
         if value is not None:
             raise rejected(f"{self.method(call.hook)} observes only and must return None, got {type(value).__name__}")
         return self.outcome(decision=self.success(call.hook))  # type: ignore[return-value]
+
+
+# The fields of a stage's call that its hooks read from their context (``PipelineContext``).
+_CONTEXT_FIELDS = ("steps", "tools", "attempt")
 
 
 def _copy(value: Any) -> Any:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from pydantic import Field
+
 from ..decisions import (
     REASON_ACCEPTED,
     REASON_ALLOWED,
@@ -26,6 +28,7 @@ from ..models import (
     ObserveOutcome,
     PlanStep,
     Stage,
+    StepSummary,
     ToolCall,
     ToolDecision,
     ToolErrorResolution,
@@ -58,6 +61,7 @@ class BeforeToolHook(Protocol):
 
 class BeforeToolCall(HookCall):
     call: ToolCall
+    steps: list[StepSummary] = Field(default_factory=list)  # the request's steps finished so far
 
 
 class BeforeToolOutcome(HookOutcome):
@@ -191,6 +195,7 @@ class AfterToolHook(Protocol):
 class AfterToolCall(HookCall):
     call: ToolCall
     outcome: ToolOutcomeView
+    steps: list[StepSummary] = Field(default_factory=list)  # the request's steps finished before this one
 
 
 class AfterToolOutcome(HookOutcome):

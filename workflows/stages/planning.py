@@ -337,6 +337,9 @@ class AfterPlanningCall(HookCall):
     plan: Plan
     prior_step_ids: list[str] = Field(default_factory=list)  # steps of earlier phases, for implicit_deps
     available_tools: list[str] | None = None  # the tool keys the planning attempt had (None: every tool)
+    attempt: int = 0  # the planning attempt that produced the plan (0: the phase's first)
+    tools: list[ToolDescriptor] = Field(default_factory=list)  # the tools that attempt had
+    steps: list[StepSummary] = Field(default_factory=list)  # the request's steps so far
 
 
 class AfterPlanningOutcome(HookOutcome):
@@ -358,6 +361,11 @@ class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
     subject_field = "plan"
     echo = "plan"
     own_policy = False
+
+    def prepare(self, call: AfterPlanningCall, checks: Checks) -> AfterPlanningCall:
+        described = checks.tool_descriptions([t.key for t in call.tools])
+        tools = [t.model_copy(update={"description": described.get(t.key, t.description)}) for t in call.tools]
+        return call.model_copy(update={"tools": tools})
 
     def policy(self, hook: HookEntry) -> FailurePolicy:
         return FailurePolicy.FAIL_CLOSED if hook.required else self.failure_policy
