@@ -6,8 +6,11 @@ with their stages in ``workflows.stages`` and re-exported by ``hooks``) document
 checker hold a hook against it, and give the registry each method's signature. Stage methods may be
 ``async def`` or plain ``def``; plain ones run in a worker thread so they never block the event loop.
 
-Every invocation runs in its own Temporal activity. A hook's state therefore does not carry from one
-invocation to the next unless the hook keeps it in a store of its own: the worker process may differ.
+Every invocation is its own recorded, named invocation, run by a Temporal activity: an in-process hook
+(``RunMode.LOCAL_ACTIVITY``, the default) in a local activity — consecutive ones of a stage together in
+one — and an ``ACTIVITY`` hook in an activity of its own. An object's attributes therefore do not carry
+from one invocation to the next (the worker process may differ): a hook keeps per-run state in
+``ctx.state``, or anything longer in a store of its own.
 """
 
 from __future__ import annotations

@@ -107,7 +107,9 @@ def redact(patterns: Mapping[str, re.Pattern[str] | Rule] | None = None, *, name
 
 def retry_on_error(*, name: str = "retry-on-error") -> Plugin:
     """Report a tool failure to the model as a readable result instead of an opaque error, so it can
-    adapt (the step keeps its failed status; the error stays in the record)."""
+    adapt. The error is handled: the step succeeds with that text as its result (its dependents run on
+    it); the record keeps the error in the step's ``recovered_from``, and the tool's metrics still count
+    the failure."""
 
     def on_tool_error(ctx: PipelineContext, call: ToolCall, outcome: ToolOutcomeView) -> ToolErrorResolution:
         return ToolErrorResolution(
