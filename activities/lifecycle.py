@@ -41,7 +41,6 @@ from workflows.models import (
     EffectUpdateInput,
     ExecutionRecord,
     LeaseCall,
-    LeaseKeeperReport,
     LeaseObservation,
     LeaseRenewal,
     MemoryExchange,
@@ -77,7 +76,7 @@ from workflows.stages import ResultRejected, returned
 from . import telemetry
 from .answer_stream import publish_answer, publish_plan, streaming_planner, streaming_synthesizer
 from .conversations import ConversationActivities
-from .heartbeat import heartbeat_interval, heartbeating
+from .heartbeat import heartbeating
 from .hook_stages import HookStageActivities, call_hook
 from .memory import (
     KEPT_EXCHANGES,
@@ -235,7 +234,6 @@ class LifecycleActivities(HookStageActivities):
             self.merge_effect_update,
             self.notify_reviewers,
             self.renew_lease,
-            self.keep_lease,
             self.release_lease,
             self.conversations.claim_conversation_turn,
             self.conversations.conversation_turn_open,
@@ -395,7 +393,6 @@ class LifecycleActivities(HookStageActivities):
             repair=input.repair,
             prior_turns=list(input.prior_turns),
             route=input.route,
-            by_attempts=input.by_attempts,
         )
         try:
             stream = streaming_planner(self.planner) if input.stream else None
@@ -659,46 +656,6 @@ class LifecycleActivities(HookStageActivities):
             message = getattr(err, "message", None) or str(err) or type(err).__name__
             return LeaseRenewal(error=f"renew_lease of {lease.hook!r}: {message}"[:500])
         return LeaseRenewal(expires_at=observed.expires_at)
-
-    @activity.defn(name="keep_lease")
-    async def keep_lease(self, call: LeaseCall) -> LeaseKeeperReport:
-        """(Requests recorded before the ``LeaseKeeper`` child.) Keep a managed lease alive until the
-        request owner stops it: renew it through its hook's
-        ``renew_lease`` every renew interval, heartbeating in between. One activity for the lease's whole
-        life, however long the request waits; resumed on another worker from the last heartbeat's counts
-        if this one dies. Returns what it did when the workflow cancels it."""
-        lease = call.lease
-        hook, _ = self._lease_context(call)
-        details = activity.info().heartbeat_details
-        report = LeaseKeeperReport.model_validate(details[0]) if details else LeaseKeeperReport()
-        beat = heartbeat_interval() or 1.0
-        try:
-            while True:
-                deadline = time.monotonic() + lease.renew_interval_seconds
-                while (left := deadline - time.monotonic()) > 0:
-                    activity.heartbeat(report.model_dump(mode="json"))
-                    await asyncio.sleep(min(beat, left))
-                report.submitted += 1
-                _, ctx = self._lease_context(call, ordinal=call.ordinal + report.submitted)
-                try:
-                    with self._lease_span("renew_lease", call):
-                        value = await asyncio.wait_for(
-                            call_hook(hook.renew_lease, ctx), timeout=max(1.0, min(30.0, lease.renew_interval_seconds))
-                        )
-                    observed = _returned_or_default(value, LeaseObservation, "renew_lease")
-                    report.renewed += 1
-                    report.expires_at = observed.expires_at or report.expires_at
-                except (Exception, asyncio.TimeoutError) as err:  # noqa: BLE001 - a provider error: counted
-                    report.errors += 1
-                    report.last_error = f"renew_lease of {lease.hook!r}: {err or type(err).__name__}"[:500]
-                activity.heartbeat(report.model_dump(mode="json"))
-        except asyncio.CancelledError:
-            details = activity.cancellation_details()
-            if details is not None and details.cancel_requested:
-                return report  # the request owner stopped it: report what was done
-            # Worker shutdown or a lost heartbeat: fail this attempt so the server retries it elsewhere,
-            # continuing from the counts of the last heartbeat.
-            raise ApplicationError("lease keeper interrupted", type="LeaseKeeperInterrupted") from None
 
     @activity.defn(name="release_lease")
     @heartbeating

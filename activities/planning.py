@@ -81,9 +81,6 @@ class PlanningRequest:
     # The model's own turns of earlier phases, replayed to it as they were (each call answered by its id).
     prior_turns: list[PriorTurn] = field(default_factory=list)
     route: str = "primary"  # "fallback": the primary model failed; the planner's fallback model plans
-    # Each attempt is its own activity: a planner that can correct a malformed plan raises
-    # ``PlanRepairNeeded`` instead of correcting it itself.
-    by_attempts: bool = False
 
 
 class PlanRepairNeeded(Exception):

@@ -52,7 +52,7 @@ from benchmarks.processes import Server, cpu_seconds, spawn, stop_all
 from client import Settings, connect
 from client.api import review
 from demo.pipeline import DEMO_PIPELINE
-from workflows import WORKFLOW_TYPE, patches, search_attributes
+from workflows import WORKFLOW_TYPE, search_attributes
 from workflows.models import Checkpoint, RequestInput, RequestResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,7 +251,6 @@ async def drive(
             task_queue=queue,
             result_type=RequestResult,
             search_attributes=search_attributes.listed_at_start(),  # as the project's client starts one
-            memo=patches.start_memo(),
         )
         ids.add(handle.id)
         figures.started += 1

@@ -51,7 +51,7 @@ from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows import WORKFLOW_TYPE, data_converter, patches, review_proof, story
+from workflows import WORKFLOW_TYPE, data_converter, review_proof, story
 from workflows import search_attributes as sa
 from workflows.decisions import REQUEST_ID_CONFLICT
 from workflows.models import (
@@ -441,7 +441,6 @@ async def start_request(
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             search_attributes=attributes,
-            memo=patches.start_memo(),  # this version's workers run it without a patch marker
         )
 
     try:

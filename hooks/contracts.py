@@ -299,11 +299,12 @@ class PipelineContext:
         alive and releases it, so cleanup never depends on the request reaching a later stage.
 
         Both effects are announced ``pending`` now, before the invocation returns. Once it has returned
-        successfully the workflow keeps the lease alive with one ``keep_lease`` activity that calls this
-        hook's ``renew_lease(lease)`` every ``renew_interval_seconds`` (default: a third of the TTL); on
-        every exit — success, failure, rejection, checkpoint rejection or expiry, cancellation, stop — it
-        stops that activity and waits for it, then calls ``release_lease(lease)``, and brings both effects
-        to a terminal state with submission and error counts. Declaring the same ``lease_id`` again (in a
+        successfully the workflow keeps the lease alive: a durable timer and a short renewal that calls this
+        hook's ``renew_lease(lease)`` every ``renew_interval_seconds`` (default: a third of the TTL), handed to
+        a ``LeaseKeeper`` child while the request waits long; on every exit — success, failure, rejection,
+        checkpoint rejection or expiry, cancellation, stop — it stops renewing and waits for a renewal in
+        flight, then calls ``release_lease(lease)``, and brings both effects to a terminal state with
+        submission and error counts. Declaring the same ``lease_id`` again (in a
         later invocation) renews the latest payload. If this invocation fails instead, no owner takes the
         lease and both effects are recorded failed.
         """

@@ -3,8 +3,9 @@
     .venv/bin/python -m tests.record_histories          # only scenarios without a history yet
     .venv/bin/python -m tests.record_histories --all    # every scenario
 
-Only regenerate when a workflow change is meant to be incompatible with running executions; otherwise
-guard the change with ``workflow.patched`` and keep the old histories, which is what they are for.
+The histories are this release's baseline. Regenerate them only for a change no released execution can be
+running into (before a release); after a release, guard a change with ``workflow.patched`` and keep the
+old histories, which is what they are for (see docs/deployment.md, upgrading workers).
 """
 
 from __future__ import annotations
@@ -28,62 +29,26 @@ from .doubles import eventually
 from .harness import Harness, history_json
 
 HISTORIES = Path(__file__).with_name("histories")
-# name: (request, metadata, reviewer who approves checkpoints or None)
+# name: (request, metadata, reviewer who approves checkpoints or None). The demo pipeline with conversation
+# memory: in-process hooks batched, the required gate, the cache, a checkpoint approved as its calls run.
 SCENARIOS = {
     "quote_answered": ("What is the price of ACME?", {"cache": "bypass"}, None),
     "trade_refused_by_required_hook": ("Buy 10 ACME", {}, None),
     "quote_served_from_cache": ("What is the price of ACME?", {}, None),
-    "two_phase_message_approved_at_checkpoint": (
-        "Send a message to alice with the price of GBX",
-        {"cache": "bypass"},
-        "history-reviewer",
-    ),
-    # Added with the tool-call stages, plugins and memory; the ones above predate them and must keep
-    # replaying.
-    "quote_with_plugins_and_memory": ("What is the price of MSFT?", {"cache": "bypass", "conversation_id": "c1"}, None),
-    # Added with in-process bookkeeping and hook batches: the pipeline resolved and the record written
-    # as local activities, consecutive in-process hooks of a stage in one local activity.
-    "quotes_with_hook_batches": (
+    "quotes_with_hook_batches_and_memory": (
         "What is the price of MSFT and ACME?",
         {"cache": "bypass", "conversation_id": "c2"},
         None,
     ),
-    "message_with_hook_batches_approved_at_checkpoint": (
-        "Send a message to bob with the price of ACME",
-        {"cache": "bypass"},
-        "history-reviewer",
-    ),
-    # Added with the stage and kind search attributes: AgentLifecycleStage upserted at every stage,
-    # AgentWorkflowKind with the first, the detached audit child started with its kind, and a refusal.
-    "message_with_stage_attributes_approved_at_checkpoint": (
-        "Send a message to carol with the price of MSFT",
-        {"cache": "bypass"},
-        "history-reviewer",
-    ),
-    "trade_refused_with_stage_attributes": ("Buy 5 GBX", {"cache": "bypass"}, None),
-    # Added with the one patch new executions record (and its one TemporalChangeVersion upsert) in place
-    # of the two above.
-    "quotes_under_one_patch": (
-        "What is the price of GBX and MSFT?",
-        {"cache": "bypass", "conversation_id": "c3"},
-        None,
-    ),
-    "message_under_one_patch_approved_at_checkpoint": (
-        "Send a message to dave with the price of GBX",
-        {"cache": "bypass"},
-        "history-reviewer",
-    ),
-    # Added with the newest patch: a call that needs a reviewer prepared (resolved, validated, through
-    # before_tool) before its checkpoint opens, and executed with exactly the approved arguments.
-    "message_approved_as_it_runs": (
-        "Send a message to frank with the price of ACME",
+    "two_phase_message_approved_as_it_runs": (
+        "Send a message to alice with the price of GBX",
         {"cache": "bypass"},
         "history-reviewer",
     ),
 }
-# Added with the stage listing delay: stages after the first listed only once a request has waited in
-# them that long (one timer that never fires on these), a checkpoint's opening and closing and the end
-# at once. Recorded with a delay no stage here lasts.
+# Stages after the first listed only once a request has waited in them that long (one timer that never
+# fires on these), a checkpoint's opening and closing and the end at once. Recorded with a delay no stage
+# here lasts.
 LISTING_DELAY_SCENARIOS = {
     "message_with_listing_delay_approved_at_checkpoint": (
         "Send a message to erin with the price of ACME",
@@ -91,41 +56,28 @@ LISTING_DELAY_SCENARIOS = {
         "history-reviewer",
     ),
 }
-# Added with the shared-memory hooks: the demo pipeline with build_memory_hooks — an announced
-# activity signal handed to the workflow as a managed lease (released after the request), episodic
-# memory and a detached knowledge extraction. Recorded with their own worker (the pipeline differs).
+# The demo pipeline with build_memory_hooks: an announced activity signal handed to the workflow as a
+# managed lease (renewed by timer, released after the request), episodic memory and a detached knowledge
+# extraction.
 MEMORY_SCENARIOS = {
     "quote_with_shared_memory_and_managed_lease": ("What is the price of ACME?", {"cache": "bypass"}, None),
-    # Added with the newest patch: the managed lease kept by a durable renewal timer (and short renewals)
-    # instead of a keep_lease activity holding a worker slot.
-    "quote_with_lease_kept_by_timer": ("What is the price of MSFT?", {"cache": "bypass"}, None),
 }
-
-# Added with declared hooks and sub-agents: a sub-agent step run as a child RequestLifecycle
-# (which recurses to the depth bound), a declared command hook the workflow's matcher filter applies to
-# the echo step only, and a subagent_stop hook on the sub-agent step only.
+# A sub-agent step run as a child RequestLifecycle (which recurses to the depth bound, started with its
+# kind), a declared command hook the workflow's matcher filter applies to the echo step only, and a
+# subagent_stop hook on the sub-agent step only.
 SUBAGENT_SCENARIOS = {
     "subagent_delegation_with_declared_hooks": ("Ask a sub-agent to look deeper", {"cache": "bypass"}, None),
-    # Added with the stage and kind search attributes: the sub-agent child started with its kind.
-    "subagent_delegation_with_kind_attributes": ("Ask a sub-agent, and tell the story", {"cache": "bypass"}, None),
 }
-
-
-# Added with hooks named on the Timeline: in-process hooks as local activities typed ``<stage>:<hook>``
-# (a batch ``<stage>:<hook> + ...``), and a timer marking each refusal — a call the tool allow-list denies
-# (stock_quote left off it), a plan the required hook refuses — besides a checkpoint approved.
+# In-process hooks as local activities typed ``<stage>:<hook>`` (a batch ``<stage>:<hook> + ...``), and a
+# timer marking each refusal: a call the tool allow-list denies (stock_quote left off it), a plan the
+# required hook refuses.
 NAMED_HOOK_SCENARIOS = {
     "quote_denied_with_named_hooks": ("What is the price of ACME?", {"cache": "bypass"}, None),
     "trade_refused_with_decision_mark": ("Buy 3 ACME", {"cache": "bypass"}, None),
-    "message_with_named_hooks_approved_at_checkpoint": (
-        "Send a message to gina with the price of MSFT",
-        {"cache": "bypass"},
-        "history-reviewer",
-    ),
 }
 NAMED_HOOK_ALLOW_LIST = ["stock-service/execute_trade", "notify-service/send_message"]
-# Added with conversations: a request started directly with metadata.conversation_id claims its turn from
-# its conversation (claim activity, granted signal) before its first hook and releases it at its end.
+# A request started directly with metadata.conversation_id claims its turn from its conversation (claim
+# activity, granted signal) before its first hook and releases it at its end.
 CONVERSATION_SCENARIOS = {
     "quote_in_its_conversation_turn": (
         "What is the price of ACME?",
@@ -155,25 +107,20 @@ async def record_conversation_scenario(client, state: Path) -> None:
     print(f"wrote {CONVERSATION_WORKFLOW_SCENARIO}.json ({len(history.events)} events)")
 
 
-# Added with model planning and streamed answers: a model's tool call planned, its answer streamed to a
-# client reading the request's durable stream (publish signals and poll updates in the history).
+# A model's tool call planned, its answer synthesized and streamed to a client reading the request's durable
+# stream (publish signals and poll updates in the history).
 MODEL_SCENARIO = "model_plans_and_streams_its_answer"
-# Added with the planner's own answer: the model's text turn is the draft, no synthesis call; the answer
-# reaches a streaming client at the end.
+# The model's text turn is the draft, no synthesis call; the answer reaches a streaming client at the end.
 PLANNER_ANSWER_SCENARIO = "model_answers_in_its_own_turn"
-# Added with stamped starts and stages run on: started as the client starts a request (no patch marker),
-# the hooks of after_planning, after_execution, after_synthesis and after_answer after the model's text
-# answer in one local activity.
-ANSWER_STAGES_SCENARIO = "model_answer_stages_in_one_local_activity"
-# Added with the end written with the last hooks: the same request, whose last hooks' local activity also
-# writes the terminal snapshot (the one above kept the write a local activity of its own).
+# Started by a plain client; the hooks of after_planning, after_execution, after_synthesis and after_answer
+# after the model's text answer in one local activity, which also writes the terminal snapshot.
 ANSWER_END_SCENARIO = "model_answer_stages_and_end_in_one_local_activity"
-WITH_TAIL_HOOKS = (ANSWER_STAGES_SCENARIO, ANSWER_END_SCENARIO)
-# Added with planning turns streamed: the model writes a few words before its tool call (streamed, then
-# retracted) and its answering turn streams (publish signals while each plan activity runs).
+WITH_TAIL_HOOKS = (ANSWER_END_SCENARIO,)
+# The model writes a few words before its tool call (streamed, then retracted) and its answering turn
+# streams (publish signals while each plan activity runs).
 PLANNER_STREAM_SCENARIO = "model_streams_its_planning_turns"
-# Added when activities began to list a long wait's stage: a tool call held past the listing delay asks the
-# request (a signal) to list "executing"; no listing timer runs.
+# A tool call held past the listing delay asks the request (a signal) to list "executing"; no listing timer
+# runs.
 LISTED_BY_ACTIVITY_SCENARIO = "quote_listed_late_by_its_held_tool"
 
 
@@ -209,7 +156,6 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
     from activities.tools import ToolRegistry
     from client.api import answer_chunks
     from demo.tools import demo_tools
-    from workflows import patches
     from workflows.models import StageSettings
 
     from . import openai_server as ai
@@ -235,13 +181,12 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
         async with Harness(
             client, state, planner=planner, synthesizer=OpenAISynthesizer(model), settings=settings, hooks=hooks
         ) as h:
-            if name in WITH_TAIL_HOOKS:  # as the project's client starts a request
+            if name in WITH_TAIL_HOOKS:  # as a plain Temporal client starts a request
                 handle = await client.start_workflow(
                     "RequestLifecycle",
                     {"request": "What is the price of ACME?", "stream_answer": True},
                     id=f"history-{name}",
                     task_queue=h.task_queue,
-                    memo=patches.start_memo(),
                 )
             else:
                 handle = await h.start(
@@ -259,14 +204,14 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
     print(f"wrote {name}.json ({len(out.history.events)} events)")
 
 
-# Added with policy replay: two quotes recorded, replayed by PolicyReplay with a candidate
-# that no longer offers quotes (two batches, listed into the report store first).
+# Two quotes recorded, replayed by PolicyReplay with a candidate that no longer offers quotes (two
+# batches, listed into the report store first).
 REPLAY_SCENARIO = "policy_replay_of_recorded_quotes"
 
 
 async def record_replay_scenario(client, state: Path) -> None:
     from client.replay import start_policy_replay
-    from worker import policy_replay_activities
+    from worker import build_replay_worker, policy_replay_activities
     from workflows.models import ReplayWindow
 
     from .harness import history_json as as_json
@@ -274,7 +219,11 @@ async def record_replay_scenario(client, state: Path) -> None:
 
     settings = Settings.from_env({"AGENT_STATE_DIR": str(state)})
     activities = recorded(settings)
-    async with Harness(client, state, worker_options={"replay": policy_replay_activities(settings, activities)}) as h:
+    replay = policy_replay_activities(settings, activities)
+    async with (
+        Harness(client, state, worker_options={"replay": replay}) as h,
+        build_replay_worker(client, h.task_queue, replay, batches=2),  # the batches run on their own queue
+    ):
         for text in ("What is the price of ACME?", "What is the price of IBM?"):
             await h.run(text, {"cache": "bypass"})
         handle = await start_policy_replay(
@@ -358,6 +307,8 @@ async def record(h: Harness, scenarios: dict, rewrite_all: bool, check=None) -> 
 def batched(name: str, out) -> None:
     if "hook_batches" in name:
         assert any(a.batched for a in out.scheduled), "no hooks ran in a batch"
+    if "message" in name:
+        assert out.failure is None and out.record.checkpoints[0].calls, "no call was approved as it runs"
 
 
 def released_a_lease(name: str, out) -> None:

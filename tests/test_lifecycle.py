@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import uuid
 
-import pytest
+from temporalio.api.enums.v1 import EventType
 
 from client.api import start_request
 from client.settings import Settings
 from demo.pipeline import demo_hooks
-from workflows import patches as patch_names
 from workflows.models import RequestStatus, Stage
 
 from .harness import Harness
@@ -103,28 +103,21 @@ async def test_malformed_input_fails_with_a_typed_error(client, tmp_path):
         assert out.record.status is RequestStatus.FAILED and out.record.error.type == "InvalidRequest"
 
 
-async def test_a_new_execution_records_one_patch_and_its_stage_once_per_wait(client, tmp_path):
-    """What a new request costs the server besides its work: one patch marker (and the one
-    TemporalChangeVersion upsert that comes with it), and one stage upsert wherever it waits."""
+async def test_a_new_execution_records_no_patch_and_its_stage_once_per_wait(client, tmp_path):
+    """What a new request costs the server besides its work: no patch marker (this release is the
+    baseline: nothing older to replay), and one stage upsert wherever it waits."""
     async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
         out = await h.run("What is the price of ACME?", metadata={"cache": "bypass"})
 
     assert out.failure is None
     events = out.history.events
-    patches = [
-        e.marker_recorded_event_attributes.details["patch-data"]
-        for e in events
-        if e.HasField("marker_recorded_event_attributes")
-        and e.marker_recorded_event_attributes.marker_name == "core_patch"
-    ]
-    assert len(patches) == 1 and patch_names.LATEST.encode() in patches[0].payloads[0].data
+    assert patch_markers(events) == [] and change_version_upserts(events) == 0
     upserted = [
         fields
         for e in events
         if e.HasField("upsert_workflow_search_attributes_event_attributes")
         for fields in [e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields]
     ]
-    assert [sorted(fields) for fields in upserted].count(["TemporalChangeVersion"]) == 1
     stages = [fields["AgentLifecycleStage"].data.decode() for fields in upserted if "AgentLifecycleStage" in fields]
     # Where it waits: the plan, the audit hook's detached child, then synthesis; and the end.
     assert stages == ['"planning"', '"executing"', '"after_execution"', '"synthesizing"', '"completed"'], stages
@@ -150,38 +143,29 @@ def change_version_upserts(events) -> int:
     )
 
 
-async def test_a_request_started_through_the_client_records_no_patch_and_replays(client, tmp_path):
-    """The client starts a request with this version's stamp in its memo: a worker that knows the stamp
-    runs it without the patch marker and the SDK's upsert that comes with it; its history replays."""
-    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
+async def test_a_request_costs_the_same_however_it_is_started(client, tmp_path):
+    """Started through the client or by a plain Temporal client with nothing but its input: the same
+    events, no patch marker either way; both histories replay."""
+    async with Harness(client, tmp_path) as h:
         settings = Settings(task_queue=h.task_queue, state_dir=tmp_path)
-        handle = await start_request(client, settings, "What is the price of ACME?", metadata={"cache": "bypass"})
-        result = await handle.result()
-        history = await handle.fetch_history()
-        h.histories.append(history)  # replayed when the harness closes
-
-    assert result.response
-    assert await (await handle.describe()).memo_value(patch_names.STARTED_AS) == patch_names.LATEST
-    assert patch_markers(history.events) == [] and change_version_upserts(history.events) == 0
-
-
-@pytest.mark.parametrize("memo", ["ignored", "newer"])
-async def test_a_stamped_request_a_worker_ran_with_a_patch_replays_on_the_branch_it_recorded(
-    client, tmp_path, monkeypatch, memo
-):
-    """A worker that did not honour the stamp (one from before it), or a stamp of a version the worker
-    does not know, records the patch as any unstamped request does; a worker that knows the stamp replays
-    that history on the branch the patch says, not on the stamp's word."""
-    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
-        settings = Settings(task_queue=h.task_queue, state_dir=tmp_path)
-        with monkeypatch.context() as patched:
-            if memo == "ignored":
-                patched.setattr(patch_names, "_started_as_latest", lambda: False)
-            else:
-                patched.setattr(patch_names, "start_memo", lambda: {patch_names.STARTED_AS: "lifecycle-2099-01"})
-            handle = await start_request(client, settings, "What is the price of ACME?", metadata={"cache": "bypass"})
+        through_client = await start_request(
+            client, settings, "What is the price of ACME?", metadata={"cache": "bypass"}
+        )
+        plain = await client.start_workflow(
+            "RequestLifecycle",
+            {"request": "What is the price of ACME?", "metadata": {"cache": "bypass"}},
+            id=f"plain-{uuid.uuid4()}",
+            task_queue=h.task_queue,
+        )
+        histories = []
+        for handle in (through_client, plain):
             await handle.result()
-        history = await handle.fetch_history()
-        h.histories.append(history)  # replayed, with the stamp honoured, when the harness closes
+            histories.append(await handle.fetch_history())
+        h.histories.extend(histories)  # replayed when the harness closes
 
-    assert patch_markers(history.events) == [patch_names.LATEST] and change_version_upserts(history.events) == 1
+    def events(history) -> list[str]:
+        return [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in history.events]
+
+    for history in histories:
+        assert patch_markers(history.events) == [] and change_version_upserts(history.events) == 0
+    assert events(histories[0]) == events(histories[1])

@@ -37,7 +37,6 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from . import patches
     from . import search_attributes as sa
     from .converter import Shown
     from .models import (
@@ -252,7 +251,6 @@ class ConversationWorkflow:
                 result_type=RequestResult,
                 parent_close_policy=workflow.ParentClosePolicy.REQUEST_CANCEL,
                 static_summary=Shown(f"turn {entry.turn} of {self._id}"),
-                memo=patches.start_memo(),
                 search_attributes=self._turn_listing(),
             )
         except ChildWorkflowError as err:

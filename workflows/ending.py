@@ -161,29 +161,17 @@ class RunEnding:
         record.error = error
         terminal = COMPLETED if status is RequestStatus.SUCCEEDED else str(status)
         record.completed_at = workflow.now()
-        if state.behaviour.stage_upserts:
-            self._listing.enter(
-                terminal,
-                outcome=self._outcome(status, error),
-                more=story.reviewed_lines(record.checkpoints, with_text=state.manifest.ui_shows_text),
-            )
-            self._listing.publish()
-        else:  # executions recorded before stages were listed where they wait
-            record.lifecycle_stage = terminal
-            workflow.set_current_details(
-                story.current_details(
-                    state.input.request,
-                    stage=terminal,
-                    outcome=self._outcome(status, error),
-                    with_text=state.manifest.ui_shows_text,
-                )
-            )
-            self._listing.legacy_upsert(terminal, awaiting_review=False)
+        self._listing.enter(
+            terminal,
+            outcome=self._outcome(status, error),
+            more=story.reviewed_lines(record.checkpoints, with_text=state.manifest.ui_shows_text),
+        )
+        self._listing.publish()
         tried, wrote = self._written_with_hooks(status)
         try:
             await self._records.persist(LifecycleBoundary.TERMINAL, tried, wrote=wrote)
         except ApplicationError as err:
-            if err.type == decisions.RECORD_NOT_STORED and state.behaviour.stage_upserts:
+            if err.type == decisions.RECORD_NOT_STORED:
                 # Listed as it ends: failed, whatever it was listed as a moment ago.
                 self._listing.enter(str(RequestStatus.FAILED), outcome=story.failure_headline(err.type, err.message))
                 self._listing.publish()

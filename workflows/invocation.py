@@ -58,16 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from .run_state import RunState
     from .scheduling import Scheduler
     from .snapshots import EndAttempt, invocation_entry, spent
-    from .stages import (
-        HOOK_BATCH_ACTIVITY,
-        STAGE_SEPARATOR,
-        STAGES,
-        Fold,
-        StageSpec,
-        hook_activity_type,
-        next_call,
-        stages_activity_type,
-    )
+    from .stages import STAGE_SEPARATOR, STAGES, Fold, StageSpec, hook_activity_type, next_call, stages_activity_type
     from .support import (
         HOOK_RETRY_BACKOFF,
         HOOK_RETRY_INITIAL_INTERVAL,
@@ -207,10 +198,9 @@ class HookRunner:
         state = self._state
         participants = state.manifest.participants(spec.stage) if hooks is None else hooks
         done = 0
-        chains = ChainClock() if state.behaviour.hook_chain_budget else None
+        chains = ChainClock()
         offer = (
             write_accepted_plan
-            and state.behaviour.accepted_plan_with_hooks
             and bool(participants)
             and spec.stage not in self._ran_ahead
             and self._local(participants)
@@ -220,7 +210,6 @@ class HookRunner:
             end
             if end is not None
             and not offer
-            and state.behaviour.terminal_with_hooks
             and bool(participants)
             and spec.stage not in self._ran_ahead
             and self._local(participants)
@@ -257,7 +246,7 @@ class HookRunner:
                         write=offer,
                         end=ending if whole else None,
                     )
-                elif chains is not None and participants[done].chain is not None:
+                elif participants[done].chain is not None:
                     hook = participants[done]
                     results = [
                         (hook, *await self._invoke_chained(spec, hook, done + 1, call_for, plan_phase, step, chains))
@@ -301,10 +290,8 @@ class HookRunner:
 
     def _local(self, hooks: list[HookEntry]) -> bool:
         """Whether ``hooks`` run in one local activity (in-process, outside any chain, batching on)."""
-        return (
-            self._state.manifest.settings.batch_local_hooks
-            and self._state.behaviour.hook_batches
-            and all(hook.run_mode is RunMode.LOCAL_ACTIVITY and hook.chain is None for hook in hooks)
+        return self._state.manifest.settings.batch_local_hooks and all(
+            hook.run_mode is RunMode.LOCAL_ACTIVITY and hook.chain is None for hook in hooks
         )
 
     def _covers(
@@ -319,10 +306,9 @@ class HookRunner:
         """The later stages whose in-process hooks the local activity of a stage's last hooks may run on
         into: each stage of ``ahead`` in order (one without hooks passed over), up to the first whose
         hooks are not all in-process — that one's leading in-process hooks included. Their calls are
-        built now, as the workflow would build them on reaching the stage with the run unchanged.
-        Nothing for executions recorded before (``Behaviour.stage_lookahead``)."""
+        built now, as the workflow would build them on reaching the stage with the run unchanged."""
         state = self._state
-        if not (ahead and state.behaviour.stage_lookahead and state.behaviour.named_hook_activities):
+        if not ahead:
             return []
         segments: list[tuple[StageSpec, list[HookEntry], list[HookCall]]] = []
         for later in ahead:
@@ -388,14 +374,12 @@ class HookRunner:
 
     def _batchable(self, hooks: list[HookEntry], start: int) -> list[HookEntry]:
         """The run of in-process hooks from ``start`` that one local activity may invoke together (at
-        least the hook at ``start``). Executions recorded before batching (``Behaviour.hook_batches``)
-        replay one by one."""
+        least the hook at ``start``)."""
         run = hooks[start : start + 1]
         if (
             hooks[start].run_mode is not RunMode.LOCAL_ACTIVITY
             or hooks[start].chain is not None
             or not self._state.manifest.settings.batch_local_hooks
-            or not self._state.behaviour.hook_batches
         ):
             return run
         for hook in hooks[start + 1 :]:
@@ -415,14 +399,9 @@ class HookRunner:
         """Mark a hook's refusal on the request's Timeline, at its own row: a hook that denied a call,
         stopped the run or ended the request leaves a one-millisecond timer whose summary says so, the
         reason on its first line (the Temporal UI labels a local activity by its type alone and never
-        shows one as failed, so its marker could not). Nothing for any other decision, at a finalizer
-        stage, or in executions recorded before (``Behaviour.decision_marks``)."""
-        if (
-            decision is None
-            or decision.action not in _MARKED
-            or spec.finalizer
-            or not self._state.behaviour.decision_marks
-        ):
+        shows one as failed, so its marker could not). Nothing for any other decision, or at a finalizer
+        stage."""
+        if decision is None or decision.action not in _MARKED or spec.finalizer:
             return
         summary = story.decision_mark(
             _MARKED[decision.action],
@@ -434,13 +413,10 @@ class HookRunner:
         )
         await workflow.sleep(DECISION_MARK, summary=summary)
 
-    def _local_type(self, spec: StageSpec, hooks: list[HookEntry], legacy: str) -> str:
+    @staticmethod
+    def _local_type(spec: StageSpec, hooks: list[HookEntry]) -> str:
         """The local activity type of in-process ``hooks`` at ``spec``'s stage: one that names the stage
-        and the hooks (``stage:hook``, what the UI's Timeline and the SDK's metrics show), or ``legacy``
-        (``<stage>_hook``, ``run_hook_batch``) for executions recorded before
-        (``Behaviour.named_hook_activities``)."""
-        if not self._state.behaviour.named_hook_activities:
-            return legacy
+        and the hooks (``stage:hook``, what the UI's Timeline and the SDK's metrics show)."""
         return hook_activity_type(spec.stage, [hook.name for hook in hooks])
 
     def _invocation(
@@ -488,7 +464,7 @@ class HookRunner:
         try:
             if hook.run_mode is RunMode.LOCAL_ACTIVITY:
                 recorded = await workflow.execute_local_activity(
-                    self._local_type(spec, [hook], spec.activity),
+                    self._local_type(spec, [hook]),
                     call,
                     result_type=dict,
                     start_to_close_timeout=timedelta(seconds=hook.timeout_seconds),
@@ -613,7 +589,7 @@ class HookRunner:
                 [(part, [hook.name for hook in part_hooks]) for part, part_hooks in parts]
             )
         else:
-            activity_type = self._local_type(spec, hooks, HOOK_BATCH_ACTIVITY)
+            activity_type = self._local_type(spec, hooks)
         started = workflow.now()
         snapshot = None
         if write:

@@ -12,9 +12,6 @@ On every exit of the request — success, failure, required rejection, checkpoin
 cancellation, stop, short-circuit — the workflow stops renewing and waits for a renewal in flight to
 finish (a keeper child is stopped and its result awaited), then runs ``release_lease`` through the hook:
 cleanup never races a renewal and never depends on the request reaching a later stage.
-
-Executions recorded before this (``Behaviour.lease_renewal_by_timer`` false) kept each lease with one
-long-running, heartbeating ``keep_lease`` activity instead, and replay that way (``_keep_by_activity``).
 """
 
 from __future__ import annotations
@@ -26,8 +23,8 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
-from temporalio.workflow import ActivityCancellationType, ActivityHandle, ChildWorkflowHandle
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.workflow import ChildWorkflowHandle
 
 with workflow.unsafe.imports_passed_through():
     from . import dispatch, story
@@ -35,7 +32,6 @@ with workflow.unsafe.imports_passed_through():
     from .effects import elapsed_ms
     from .lease_keeper import LEASE_KEEPER_WORKFLOW_TYPE, REPLACE_LEASE_SIGNAL, STOP_KEEPING_SIGNAL, lease_keeper_id
     from .models import (
-        MAX_CHECKPOINT_EXPIRY_SECONDS,
         EffectStatus,
         LeaseCall,
         LeaseKeeperInput,
@@ -48,12 +44,6 @@ with workflow.unsafe.imports_passed_through():
         bounded_value,
     )
 
-# (Executions recorded with keep_lease activities.) Longer than any request may wait (a checkpoint is bounded
-# by MAX_CHECKPOINT_EXPIRY_SECONDS): a keeper activity that reaches it anyway is simply started again.
-KEEPER_TIMEOUT = timedelta(seconds=MAX_CHECKPOINT_EXPIRY_SECONDS + 7 * 24 * 3600)
-# Retried without limit: a keeper fails only when its worker is lost or shut down.
-KEEPER_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
-
 
 class _Lease:
     """The request's ownership of one lease: the latest declaration, its keeper and the counts so far."""
@@ -61,7 +51,6 @@ class _Lease:
     def __init__(self, lease: ManagedLease) -> None:
         self.lease = lease
         self.task: asyncio.Task[None] | None = None
-        self.handle: ActivityHandle[LeaseKeeperReport] | None = None
         self.keeper: ChildWorkflowHandle[Any, LeaseKeeperReport] | None = None
         self.sent: ManagedLease | None = None  # the declaration the keeper child renews
         self.renewals_here = 0  # renewals the request made itself
@@ -92,7 +81,6 @@ class ManagedLeases:
         self._request_id = request_id
         self._workflow_id = workflow_id
         self._leases: dict[str, _Lease] = {}
-        self.by_timer = True  # False: an execution recorded with keep_lease activities
         self.keeper_search_attributes: TypedSearchAttributes | None = None
 
     def __bool__(self) -> bool:
@@ -111,13 +99,12 @@ class ManagedLeases:
             return
         owned = _Lease(lease)
         self._leases[lease.lease_id] = owned
-        keep = self._keep_by_timer if self.by_timer else self._keep_by_activity
-        owned.task = asyncio.create_task(keep(owned, settings))
+        owned.task = asyncio.create_task(self._keep(owned, settings))
 
     def _call(self, lease: ManagedLease, ordinal: int = 0) -> LeaseCall:
         return LeaseCall(lease=lease, request_id=self._request_id, workflow_id=self._workflow_id, ordinal=ordinal)
 
-    async def _keep_by_timer(self, owned: _Lease, settings: StageSettings) -> None:
+    async def _keep(self, owned: _Lease, settings: StageSettings) -> None:
         """Renew every renew interval with a durable timer and a local ``renew_lease`` in the request
         itself — a request that ends sooner never renews — and after ``lease_renewals_in_request``
         renewals hand the lease to a ``LeaseKeeper`` child, so a long wait cannot grow the request's
@@ -197,45 +184,6 @@ class ManagedLeases:
             owned.report.errors += 1
             owned.report.last_error = _message(err)
 
-    async def _keep_by_activity(self, owned: _Lease, settings: StageSettings) -> None:
-        while not owned.stopping:
-            owned.replaced = False
-            owned.keepers += 1
-            lease = owned.lease
-            handle = workflow.start_activity(
-                "keep_lease",
-                LeaseCall(
-                    lease=lease,
-                    request_id=self._request_id,
-                    workflow_id=self._workflow_id,
-                    ordinal=owned.report.submitted,
-                ),
-                result_type=LeaseKeeperReport,
-                start_to_close_timeout=KEEPER_TIMEOUT,
-                heartbeat_timeout=dispatch.heartbeat_timeout(
-                    KEEPER_TIMEOUT, timedelta(seconds=settings.heartbeat_timeout_seconds)
-                ),
-                retry_policy=KEEPER_RETRY,
-                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=Shown(f"keep lease · {lease.hook} · {lease.lease_id}"),
-            )
-            owned.handle = handle
-            await workflow.wait_condition(lambda handle=handle: owned.stopping or owned.replaced or handle.done())
-            if not handle.done():
-                handle.cancel()
-            try:
-                owned.add(await handle)
-            except ActivityError as err:
-                if isinstance(err.cause, CancelledError):  # cancelled before a worker started it
-                    continue
-                # Only a non-retryable failure ends a keeper (its hook is gone): another would fail alike.
-                owned.report.errors += 1
-                owned.report.last_error = _message(err)
-                return
-            except asyncio.CancelledError:
-                owned.report.last_error = owned.report.last_error or "keeper cancelled with the request"
-                return
-
     async def release_all(
         self,
         exit: str,
@@ -249,7 +197,7 @@ class ManagedLeases:
         for owned in owned_leases:
             owned.stopping = True
         for owned in owned_leases:
-            if self.by_timer and not owned.handed_over:
+            if not owned.handed_over:
                 # Renewed by the request itself: a renewal in flight finishes first; a timer waiting for
                 # the next one is left as it is (it never fires in a request that has ended).
                 await workflow.wait_condition(lambda owned=owned: not owned.renewing)

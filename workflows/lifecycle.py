@@ -11,8 +11,8 @@ composed of parts over one run state (``workflows.run_state``):
 - ``listing.StageListing`` shows the stage (its names of the stages besides the hook stages are there);
 - ``scheduling.Scheduler`` schedules the framework's activities.
 
-What changed in the commands the workflow sends, and the branches older histories replay, are listed in
-``workflows.patches``; each part reads the branch it takes from ``RunState.behaviour``.
+Changes to the commands the workflow sends after a release are guarded as ``docs/deployment.md``
+says (upgrading workers while requests run).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from . import decisions, patches, snapshots, stages, story
+    from . import decisions, snapshots, stages, story
     from . import search_attributes as sa
     from .callers import caller_identity
     from .detached import EFFECT_UPDATE_SIGNAL, accept_effect_update
@@ -306,8 +306,6 @@ class RequestLifecycleWorkflow:
                 story.current_details("(no valid request)", stage=str(RequestStatus.FAILED), outcome=headline)
             )
             raise ApplicationError(self._input_problem, type=decisions.INVALID_REQUEST, non_retryable=True)
-        state.behaviour = patches.detect()
-        state.leases.by_timer = state.behaviour.lease_renewal_by_timer
         self._listing.started()
         try:
             return await self._run_to_end()
@@ -416,7 +414,7 @@ class RequestLifecycleWorkflow:
         sub-agent runs within the turn of the request that delegated to it: it never claims one."""
         state = self._state
         conversation = state.conversation_id
-        if not (state.behaviour.conversation_turns and conversation) or conversation_id_problem(conversation):
+        if not conversation or conversation_id_problem(conversation):
             return
         if subagent_depth(state.input.metadata) > 0:
             return
@@ -453,7 +451,7 @@ class RequestLifecycleWorkflow:
         """The conversation whose memory this run loads before planning, if it loads one."""
         state = self._state
         conversation = state.conversation_id
-        if state.behaviour.run_extensions and state.manifest.memory and conversation:
+        if state.manifest.memory and conversation:
             return conversation
         return None
 
@@ -535,21 +533,18 @@ class RequestLifecycleWorkflow:
             state.phase = phase
             planned = await self._models.plan(phase)
             # A plan without steps runs nothing: the next write (the terminal one) records it.
-            snapshot_next = bool(planned.plan.steps) or not state.behaviour.planner_answers
             ahead = self._after_plan_accepted(planned.plan)
             accepted = await self._after_planning(
-                planned, ahead, write=snapshot_next, end=self._end_after(planned.plan) if ahead else None
+                planned, ahead, write=bool(planned.plan.steps), end=self._end_after(planned.plan) if ahead else None
             )
             plan = accepted.subject
             if self._models.streamed_answer(planned.plan) and self._models.text_answer(plan) is None:
                 self._retract_streamed()  # after_planning made the streamed text answer a plan to run
-            if plan.steps or not state.behaviour.planner_answers:
+            if plan.steps:
                 await self._records.persist(LifecycleBoundary.ACCEPTED_PLAN, accepted.snapshot)
             reasons = approval_reasons(plan, state.manifest.tools)
-            if reasons and state.behaviour.approval_after_rewrites:
+            if reasons:
                 await self._steps.review_ready_calls(plan, reasons)
-            elif reasons:  # executions recorded before calls were approved as they run
-                await self._reviews.wait_for_plan(plan, reasons)
             await self._steps.execute(plan)
             if not plan.continue_after:
                 return plan
@@ -582,13 +577,7 @@ class RequestLifecycleWorkflow:
         lease to release, no error the run recovered from for on_error, no on_finish hook. None otherwise
         (the terminal snapshot is then the workflow's own write)."""
         state = self._state
-        if (
-            not state.behaviour.terminal_with_hooks
-            or state.manifest.memory
-            or state.leases
-            or state.recovered
-            or state.manifest.participants(Stage.ON_FINISH)
-        ):
+        if state.manifest.memory or state.leases or state.recovered or state.manifest.participants(Stage.ON_FINISH):
             return None
         verdict = cache_verdict(state.record, state.manifest.tools, "completed", answer)
         return TerminalEnd(
@@ -650,9 +639,7 @@ class RequestLifecycleWorkflow:
             end=end,
         )
         plan = accepted.subject
-        at = workflow.now()
-        if self._state.behaviour.accepted_plan_with_hooks:
-            at = snapshots.ended_at(record.pipeline_hooks[first_entry:], at)
+        at = snapshots.ended_at(record.pipeline_hooks[first_entry:], workflow.now())
         record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=at))
         return accepted
 

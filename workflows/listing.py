@@ -54,8 +54,6 @@ class StageListing:
         """Take the listing a client started the request with (its kind and first stage, see
         ``search_attributes.listed_at_start``) as its first: the request is already found, so its first
         wait is listed as any later stage is, without an upsert of its own."""
-        if not (self._state.behaviour.stage_listed_at_start and self._state.behaviour.stage_upserts):
-            return
         at_start = workflow.info().typed_search_attributes
         stage = at_start.get(sa.LIFECYCLE_STAGE)
         if stage is not None and at_start.get(sa.WORKFLOW_KIND) == self._state.kind():
@@ -78,8 +76,7 @@ class StageListing:
                 with_text=state.manifest.ui_shows_text,
             )
         )
-        if state.behaviour.stage_upserts:
-            self._unpublished = (str(stage), bool(outcome))
+        self._unpublished = (str(stage), bool(outcome))
 
     def publish(self, *, untimed: bool = False) -> None:
         """List the stage entered last, where the workflow is about to wait on something outside its
@@ -100,9 +97,8 @@ class StageListing:
         which it answers at once. Any other wait starts one durable timer, if none is running, that lists
         the stage the request is in when it fires. A listing is then at most the delay behind a wait on a
         child, and behind a wait on an activity once a worker runs it; a request that never waits that
-        long costs no event for its listing. Executions recorded before
-        (``Behaviour.stage_listed_by_activities``) start the timer for those waits too. Without a delay
-        every stage a request waits in is listed at once."""
+        long costs no event for its listing. Without a delay every stage a request waits in is listed at
+        once."""
         manifest = self._state.manifest
         if self._unpublished is None or not manifest.search_attributes:
             return
@@ -118,7 +114,7 @@ class StageListing:
             self._list()
         elif self._timer is not None:
             pass  # the running timer lists the stage the request is in when it fires
-        elif untimed and self._state.behaviour.stage_listed_by_activities:
+        elif untimed:
             self._carried = True
         else:
             self._timer = asyncio.create_task(self._list_after(delay))
@@ -163,26 +159,14 @@ class StageListing:
 
     def child_kind(self, kind: str) -> TypedSearchAttributes | None:
         """The search attributes a child starts with: its kind, where the namespace has it."""
-        if self._state.behaviour.stage_upserts and self._state.manifest.search_attributes:
+        if self._state.manifest.search_attributes:
             return TypedSearchAttributes([SearchAttributePair(sa.WORKFLOW_KIND, kind)])
         return None
 
     def child_request(self, kind: str) -> TypedSearchAttributes | None:
         """The search attributes a child request (a sub-agent's) starts with, where the namespace has them:
         its kind and first stage, as a client starts a request — listed from its start, without an upsert
-        of its own. Its kind alone in executions recorded before (``Behaviour.stage_listed_at_start``)."""
-        if not self._state.behaviour.stage_listed_at_start:
-            return self.child_kind(kind)
-        if self._state.behaviour.stage_upserts and self._state.manifest.search_attributes:
+        of its own."""
+        if self._state.manifest.search_attributes:
             return sa.listed_at_start(kind)
         return None
-
-    # -- executions recorded before stages were listed where they wait (``Behaviour.stage_upserts``) --
-
-    def legacy_upsert(self, stage: str, *, awaiting_review: bool) -> None:
-        """How those executions listed a stage: an upsert at a checkpoint, after it, and at the end."""
-        if self._state.behaviour.stage_upserts or not self._state.manifest.search_attributes:
-            return
-        workflow.upsert_search_attributes(
-            [sa.LIFECYCLE_STAGE.value_set(stage), sa.AWAITING_REVIEW.value_set(awaiting_review)]
-        )

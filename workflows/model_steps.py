@@ -84,10 +84,6 @@ class ModelSteps:
         """The phase's plan: its attempts, each after before_plan; a malformed one the planner can correct
         is retried with what was wrong (``InvalidPlan`` once no attempt is left, from the activity)."""
         state = self._state
-        if not state.behaviour.run_extensions:  # executions recorded before planning attempts
-            output = await self._plan_activity(phase, 0, None, "", None)
-            assert output.plan is not None
-            return PlannedPhase(output.plan)
         attempt, repair = 0, None
         while True:
             view = await self._before_plan(phase, attempt)
@@ -142,7 +138,6 @@ class ModelSteps:
                 instructions=asked.instructions if asked else state.instructions,
                 facts=asked.facts if asked else state.facts,
                 max_tokens_remaining=self._tokens_left(),
-                by_attempts=state.behaviour.run_extensions,
                 attempt=attempt,
                 tools=available,
                 context_text=context_text,
@@ -177,12 +172,7 @@ class ModelSteps:
         stream, the pipeline allows it, and a planning turn's text answer is the answer's draft."""
         state = self._state
         settings = state.manifest.settings
-        return (
-            state.input.stream_answer
-            and settings.answer_streaming
-            and state.behaviour.planner_answers
-            and not settings.dedicated_synthesis
-        )
+        return state.input.stream_answer and settings.answer_streaming and not settings.dedicated_synthesis
 
     # -- synthesis -------------------------------------------------------------------------------------
 
@@ -194,12 +184,7 @@ class ModelSteps:
     def text_answer(self, plan: Plan) -> str | None:
         """The planner's text answer that ``plan``, accepted as it is, ends the run with as the draft."""
         state = self._state
-        if (
-            not state.behaviour.planner_answers
-            or state.manifest.settings.dedicated_synthesis
-            or plan.steps
-            or state.planner_draft is None
-        ):
+        if state.manifest.settings.dedicated_synthesis or plan.steps or state.planner_draft is None:
             return None
         return plan.answer or None
 
@@ -311,7 +296,7 @@ class ModelSteps:
         retries, in a stage that has a fallback model."""
         cause = err.cause
         unavailable = isinstance(cause, ApplicationError) and cause.type == decisions.MODEL_UNAVAILABLE
-        return unavailable and stage in self._state.manifest.fallback and self._state.behaviour.run_extensions
+        return unavailable and stage in self._state.manifest.fallback
 
     async def _hand_over(self, stage: ModelStage, phase: int | None, reason: str) -> None:
         """Run before_fallback on a copy of what the fallback will be asked; a stop ends the run."""

@@ -110,7 +110,6 @@ class Reviews:
         record.checkpoints.append(checkpoint)
         record.status = RequestStatus.SUSPENDED
         self._enter_waiting(checkpoint)
-        listing.legacy_upsert(AWAITING_REVIEW, awaiting_review=True)
         listing.publish()
         if state.manifest.review.notify:  # without a reviewers' webhook a checkpoint adds no command
             await start_review_notification(
@@ -143,7 +142,6 @@ class Reviews:
             record.status = RequestStatus.RUNNING
             if checkpoint.step_id is not None:
                 listing.enter(EXECUTING)
-            listing.legacy_upsert(EXECUTING, awaiting_review=False)
         details = {
             "checkpoint_id": checkpoint.checkpoint_id,
             "phase": checkpoint.phase,
@@ -181,11 +179,6 @@ class Reviews:
             ),
         )
 
-    async def wait_for_plan(self, plan: Plan, reasons: list[ApprovalReason]) -> None:
-        """How executions recorded before calls were approved as they run (``Behaviour.approval_after_rewrites``)
-        reviewed: the plan as planned, with before_tool after the approval."""
-        await self.wait(self.new(plan, reasons))
-
     def check(self, message: ReviewMessage) -> Reviewer | str:
         """Who decides ``message``'s checkpoint, or why the message cannot decide it now (one line)."""
         checkpoint_id, decision, declined = message.checkpoint_id, message.decision, message.declined
@@ -199,8 +192,6 @@ class Reviews:
         if workflow.now() >= checkpoint.expires_at:
             return f"checkpoint {checkpoint_id!r} has expired"
         if declined:
-            if not self._state.behaviour.run_extensions:
-                return "this request was started before calls could be declined: approve or reject it whole"
             if decision != "approve":
                 return "only an approval may decline calls (a rejection refuses them all)"
             calls = [c.step_id for c in checkpoint.calls] or [r.step_id for r in checkpoint.reasons]

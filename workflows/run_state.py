@@ -10,7 +10,6 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from pydantic import JsonValue
 
-    from . import patches
     from . import search_attributes as sa
     from .leases import ManagedLeases
     from .models import (
@@ -45,7 +44,6 @@ class RunState:
     manifest: PipelineManifest = field(
         default_factory=lambda: PipelineManifest(pipeline="unresolved", ui_shows_text=False)
     )
-    behaviour: patches.Behaviour = field(default_factory=patches.Behaviour)
     ask: str = ""
     instructions: str = ""
     facts: dict[str, JsonValue] = field(default_factory=dict)
@@ -73,8 +71,6 @@ class RunState:
     def recover(self, origin: str, type: str, message: str, details: dict[str, JsonValue] | None = None) -> None:
         """Keep an error the run recovers from (a failed memory save, a tool failure the planner saw, ...)
         for on_error, which observes it before the run's end."""
-        if not self.behaviour.run_extensions:
-            return
         steps = [StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in self.record.steps]
         self.recovered.append(
             RunErrorView.model_validate(

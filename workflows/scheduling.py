@@ -118,17 +118,7 @@ class Scheduler:
     ) -> ResultT:
         """The framework's own in-process steps (resolving the pipeline, writing the record): local
         activities, so they cost no server round trip and their input — the whole record — never enters
-        the history. Executions recorded before this (``Behaviour.local_bookkeeping``) ran them as
-        activities, and replay the same way."""
-        if not self._state.behaviour.local_bookkeeping:
-            return await self.activity(
-                activity,
-                arg,
-                result_type=result_type,
-                timeout=timeout,
-                retry_policy=retry_policy,
-                summary=Shown(summary),
-            )
+        the history."""
         try:
             return await workflow.execute_local_activity(
                 activity,

@@ -31,8 +31,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from . import patches, stages, story
     from . import search_attributes as sa
+    from . import stages, story
     from .converter import Shown
     from .effects import elapsed_ms
     from .invocation import HookRunner, OnOutcome, RunStopped, StageRun, raise_if_cancelled
@@ -304,8 +304,6 @@ class StepExecutor:
             result.status, result.error_type = StepStatus.FAILED, "InvalidArguments"
             result.error = result.result = "invalid arguments: " + "; ".join(problems)
             return PreparedCall(call, result, ready=False, invalid=True)
-        if not self._state.behaviour.run_extensions:
-            return await self._before_tool(step, call, result)
         read = self._cached_read(step, call)  # a candidate before before_tool; a rewrite invalidates it
         asked = copy.deepcopy(call.arguments)
         prepared = await self._before_tool(step, call, result)
@@ -467,7 +465,6 @@ class StepExecutor:
                         info.workflow_id, state.request_id, asked, with_text=state.manifest.ui_shows_text
                     ),
                     search_attributes=self._listing.child_request(sa.KIND_SUBAGENT),
-                    memo=patches.start_memo(),
                 )
             except FailureError as err:
                 raise_if_cancelled(err)
@@ -554,15 +551,13 @@ class StepExecutor:
                 return
             result.error_handled_by = hook.name
             result.result = outcome.resolution.result
-            if self._state.behaviour.handled_tool_error_succeeds:
-                # Handled: the error is suppressed. The step succeeds with the substitute (its dependents run
-                # on it), and the record keeps what failed beside it. (Executions recorded before this kept
-                # the step failed.)
-                result.recovered_from = RecoveredError(
-                    error=result.error, error_type=result.error_type, handled_by=hook.name
-                )
-                result.status, result.output = StepStatus.SUCCEEDED, outcome.resolution.result
-                result.error = result.error_type = None
+            # Handled: the error is suppressed. The step succeeds with the substitute (its dependents run on
+            # it), and the record keeps what failed beside it.
+            result.recovered_from = RecoveredError(
+                error=result.error, error_type=result.error_type, handled_by=hook.name
+            )
+            result.status, result.output = StepStatus.SUCCEEDED, outcome.resolution.result
+            result.error = result.error_type = None
 
         spec = stages.STAGES[stages.Stage.ON_TOOL_ERROR]
         await self._tool_stage(spec, step, call, failed, on_outcome, call=call)

@@ -42,7 +42,6 @@ import pydantic
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessage
 
-from workflows.decisions import INVALID_PLAN
 from workflows.models import ModelToolCall, ModelTurn, Plan, PlanRepair, PlanStep, StepResult, StepStatus, ToolSpec
 from workflows.plan_validation import step_references
 
@@ -204,20 +203,10 @@ class OpenAIPlanner:
             messages += self._repair(request.repair)
         turn = await self._turn(chat, log, messages, functions, request.phase, request.attempt + 1, answer)
         steps, problems = self._steps(turn.message, names, prior)
-        if any(problems) and not request.by_attempts:  # executions recorded before planning attempts
-            messages += self._repair(PlanRepair(turn=model_turn(turn.message), problems=problems))
-            turn = await self._turn(chat, log, messages, functions, request.phase, 2, answer)
-            steps, problems = self._steps(turn.message, names, prior)
         if any(problems):
+            # Each attempt is its own activity: the workflow asks again, with what was wrong.
             listed = [f"call {n + 1}: {problem}" for n, found in enumerate(problems) for problem in found][:10]
-            if request.by_attempts:
-                raise PlanRepairNeeded(PlanRepair(turn=model_turn(turn.message), problems=problems), listed)
-            raise log.error(
-                "the model's tool calls were still invalid after a repair turn: " + "; ".join(listed),
-                INVALID_PLAN,
-                problems=listed,
-                model=chat.model,
-            )
+            raise PlanRepairNeeded(PlanRepair(turn=model_turn(turn.message), problems=problems), listed)
         log.turn = model_turn(turn.message)
         content = turn.message.content or ""
         return Plan(

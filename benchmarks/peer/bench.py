@@ -61,7 +61,7 @@ from benchmarks.peer.timeline import breakdown, format_timeline, history_figures
 from benchmarks.peer.workers import PEER_QUEUE, POLLING, queue_name
 from benchmarks.processes import SERVER_DYNAMIC_CONFIG, Server, cpu_seconds, spawn, stop_all
 from client import Settings, connect
-from workflows import WORKFLOW_TYPE, patches
+from workflows import WORKFLOW_TYPE
 from workflows import search_attributes as sa
 from workflows.models import RequestInput, RequestResult, StepStatus
 
@@ -207,7 +207,6 @@ class Rig:
                 task_queue=queue_name(self.prefix, system),
                 result_type=RequestResult,
                 search_attributes=sa.listed_at_start(),  # as the project's client starts a request
-                memo=patches.start_memo(),
             )
             answer = result.response
         elapsed = (time.perf_counter() - started) * 1000.0

@@ -44,7 +44,6 @@ class PlanInput(ByReference):
     max_tokens_remaining: int | None = None  # the request's model token budget left (None: no budget)
     # Each planning attempt is its own activity: a planner that can correct a malformed plan returns it
     # with what was wrong (``PlanOutput.repair``) instead of correcting it within this activity.
-    by_attempts: bool = False
     attempt: int = 0  # the phase's planning attempt: 0, then one more for each malformed plan retried
     tools: list[str] | None = None  # the tool keys this attempt may use (None: every tool)
     context_text: str = ""  # added to the planner's instructions for this attempt only
@@ -183,7 +182,7 @@ class EffectUpdateSignal(BaseModel):
 
 
 class LeaseCall(ByReference):
-    """The input of the ``keep_lease`` and ``release_lease`` activities."""
+    """The input of the ``renew_lease`` and ``release_lease`` activities."""
 
     lease: ManagedLease
     request_id: str
@@ -193,8 +192,7 @@ class LeaseCall(ByReference):
 
 
 class LeaseKeeperReport(ByReference):
-    """What a ``keep_lease`` activity did until it was stopped: renewals submitted, returned, failed.
-    Also its heartbeat details, so a keeper resumed on another worker continues the counts."""
+    """What a lease's keeper did until it was stopped: renewals submitted, returned, failed."""
 
     submitted: int = 0
     renewed: int = 0

@@ -355,11 +355,10 @@ class ShortCircuitProposal(BaseModel):
 
 
 class ManagedLease(BaseModel):
-    """A lease a hook declared with ``ctx.manage_lease``: the workflow keeps it alive with one
-    long-running ``keep_lease`` activity, which renews it every ``renew_interval_seconds`` (before
-    ``ttl_seconds`` runs out) through the hook's ``renew_lease`` and heartbeats in between; on every exit
-    the workflow cancels that activity and waits for it to stop, then releases the lease through the
-    hook's ``release_lease``. Both effects named here are announced pending by the declaring invocation
+    """A lease a hook declared with ``ctx.manage_lease``: the workflow keeps it alive, renewing it every
+    ``renew_interval_seconds`` (before ``ttl_seconds`` runs out) through the hook's ``renew_lease``
+    (``workflows.leases``); on every exit it stops renewing, waits for a renewal in flight, then releases
+    the lease through the hook's ``release_lease``. Both effects named here are announced pending by the declaring invocation
     and brought to a terminal state by the workflow, with submission and error counts."""
 
     lease_id: str = Field(min_length=1, max_length=256)
