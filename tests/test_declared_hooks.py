@@ -81,7 +81,7 @@ def echo(step_id: str, text: str) -> PlanStep:
 
 def runtime_for(path: Path, **options: Any) -> DeclaredHookRuntime:
     box = SecretBox.from_base64(KEY)
-    store_options = {k: options.pop(k) for k in ("breaker_threshold", "default_budget") if k in options}
+    store_options = {k: options.pop(k) for k in ("breaker_threshold", "default_budget", "clock") if k in options}
     return DeclaredHookRuntime(
         store=HookStore(path, secrets=box, **store_options), secrets=box, allow_loopback=True, **options
     )
@@ -570,6 +570,49 @@ async def test_the_breaker_trips_persists_across_workers_and_keeps_blocking_unti
     assert len(counter.read_text().splitlines()) == 6
     assert steps(again)["s1"].skip_detail == "denied"
     assert [e["action"] for e in second.store.breaker_events("deny-all")] == ["trip", "reset"]
+
+
+class Clock:
+    """The hook store's clock, set by the test between requests (seconds after a fixed start)."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def at(self, seconds: float) -> None:
+        self.now = 1_700_000_000.0 + seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_breaker_window_rolls_and_a_tripped_hook_blocks_its_tool_with_circuit_open(client, tmp_path):
+    counter = tmp_path / "runs"
+    body = f'cat >/dev/null\necho run >> {counter}\necho "denied" >&2\nexit 2\n'
+    clock = Clock()
+    rt = runtime_for(tmp_path / "hooks.sqlite3", clock=clock)
+    tool = Shell()
+    hooks = declare(rt, cmd_hook("deny-all", script(tmp_path, "deny.sh", body)))
+    async with harness(client, tmp_path, hooks, shell("s1", "rm -rf /tmp/x"), tools=[tool, Echo()]) as h:
+        # One blocked call per request, at these seconds: the streak began at 0 s, and its last five
+        # blocks (30 … 64 s) fall within 34 s of each other — the fifth of them trips the breaker.
+        for n, seconds in enumerate([0, 30, 61, 62, 63, 64]):
+            clock.at(seconds)
+            out = await h.run(f"attempt {n}")
+            assert out.failure is None, out.failure
+            assert steps(out)["s1"].skip_detail == "denied"
+            assert rt.store.state("deny-all").enabled is (seconds < 64), seconds
+        clock.at(65)
+        after = await h.run("once more")
+    assert after.failure is None, after.failure
+    assert len(counter.read_text().splitlines()) == 6  # the handler did not run after the trip
+    assert steps(after)["s1"].skip_detail == "circuit_open" and tool.ran == []
+    assert not [a for a in after.tool_activities]  # the guarded tool was never scheduled
+    [r] = rows(rt, workflow_id=after.workflow_id)
+    assert (r.decision, r.reason, r.metadata["circuit_open"]) == ("block", "circuit_open", True)
+    state = rt.store.state("deny-all")
+    assert state.tripped_at == 1_700_000_064.0
+    [trip] = rt.store.breaker_events("deny-all")
+    assert trip["action"] == "trip" and "5 consecutive blocks/timeouts within 34s" in trip["detail"]
 
 
 # --------------------------------------------------------------------------------------------------
