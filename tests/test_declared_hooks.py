@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -866,3 +869,83 @@ async def test_prompt_tenant_budget_warns_at_twenty_percent_and_blocks_at_zero(c
     assert len(llm.requests) == 3  # the exhausted tenant never reached the evaluator; globex did
     assert steps(other_tenant)["s1"].status is StepStatus.SUCCEEDED
     assert rt.store.budget_remaining("acme") == (0, 200)
+
+
+# --------------------------------------------------------------------------------------------------
+# The tenant budget's store failing: logged under its key; a precheck fails closed, a deduction's
+# failure leaves the decision standing
+# --------------------------------------------------------------------------------------------------
+
+FROZEN = "tenant_hook_budget is read-only"
+
+
+def freeze_budget(store: HookStore, operation: str) -> None:
+    """Make the budget table refuse ``operation`` (INSERT or UPDATE) with an error, as a database whose
+    table became unwritable does."""
+    name = f"budget_frozen_{operation.lower()}"
+    if store.database is not None:
+        with psycopg.connect(store.database.url, autocommit=True) as conn:
+            conn.execute(
+                f"CREATE OR REPLACE FUNCTION refuse_budget_write() RETURNS trigger LANGUAGE plpgsql AS "  # type: ignore[arg-type]
+                f"$$ BEGIN RAISE EXCEPTION '{FROZEN}'; END $$"
+            )
+            conn.execute(
+                f"CREATE TRIGGER {name} BEFORE {operation} ON tenant_hook_budget "  # type: ignore[arg-type]
+                "FOR EACH ROW EXECUTE FUNCTION refuse_budget_write()"
+            )
+        return
+    assert store.path is not None
+    with sqlite3.connect(store.path) as db:
+        db.execute(
+            f"CREATE TRIGGER {name} BEFORE {operation} ON tenant_hook_budget BEGIN SELECT RAISE(ABORT, '{FROZEN}'); END"
+        )
+
+
+def failure_records(caplog, key: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith(key + " ")]
+
+
+async def test_budget_store_failures_are_logged_under_their_keys_precheck_blocks_deduct_keeps_the_decision(
+    client, tmp_path, backend, caplog
+):
+    llm = ChatCompletions(lambda body: decide_reply("allow", "harmless", tokens=40))
+    box = SecretBox.from_base64(KEY)
+    store = HookStore(backend.database() if backend.postgres else backend.file("hooks.sqlite3"), secrets=box)
+    rt = DeclaredHookRuntime(store=store, secrets=box, allow_loopback=True)
+    tool = Shell()
+    try:
+        hooks = declare(rt, prompt_hook("judge", llm.endpoint))
+        async with harness(client, tmp_path, hooks, shell("s1", "ls"), tools=[tool, Echo()]) as h:
+            store.set_budget("globex", 1000)
+            freeze_budget(store, "UPDATE")  # the deduction after the evaluation fails
+            deducted = await h.run("list files", {"tenant_id": "globex"})
+        budget_after = store.budget_remaining("globex")
+        freeze_budget(store, "INSERT")  # and now the precheck of a tenant without a row this month
+        # Another input (the decision cached for ``ls`` would be served without a precheck).
+        async with harness(client, tmp_path / "b", hooks, shell("s1", "ls -a"), tools=[tool, Echo()]) as h:
+            prechecked = await h.run("list all files", {"tenant_id": "acme"})
+    finally:
+        llm.close()
+
+    # The deduction failed after the evaluator decided: the decision stands (the tool ran), the failure
+    # is logged under its key with the tokens that went uncounted, and the tenant's budget is as it was.
+    assert deducted.failure is None, deducted.failure
+    assert steps(deducted)["s1"].status is StepStatus.SUCCEEDED and tool.ran == ["ls"]
+    [logged] = failure_records(caplog, "security.hook.budget_deduct_failed")
+    assert "hook=judge tenant=globex tokens=40" in logged.getMessage() and FROZEN in logged.getMessage()
+    assert logged.levelno == logging.WARNING
+    [r] = rows(rt, workflow_id=deducted.workflow_id)
+    assert (r.decision, r.status) == ("allow", "completed")
+    assert r.metadata["budget_deduct_failed"] is True and r.metadata["prompt_tokens"] == 40
+    assert "budget_remaining" not in r.metadata
+    assert budget_after == (1000, 1000)
+
+    # The precheck failed: no evaluator call, the call blocked (fail closed), the failure logged.
+    assert prechecked.failure is None, prechecked.failure
+    assert len(llm.requests) == 1  # only the first request's evaluation
+    assert steps(prechecked)["s1"].skip_detail == "budget_precheck_failed" and tool.ran == ["ls"]
+    [logged] = failure_records(caplog, "security.hook.budget_precheck_failed")
+    assert "hook=judge tenant=acme" in logged.getMessage() and FROZEN in logged.getMessage()
+    [r] = rows(rt, workflow_id=prechecked.workflow_id)
+    assert (r.decision, r.status, r.reason) == ("block", "error", "budget_precheck_failed")
+    assert FROZEN in (r.error or "")

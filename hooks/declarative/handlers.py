@@ -43,6 +43,7 @@ REASON_OUTPUT_OVER_CAP = "output_over_cap"
 REASON_UNPARSEABLE_OUTPUT = "unparseable_output"
 REASON_INVALID_OUTPUT = "invalid_output"
 REASON_UNTRUSTED_COMMAND = "untrusted_command"
+REASON_BUDGET_PRECHECK_FAILED = "budget_precheck_failed"  # the tenant's budget could not be read: no call
 RETRY_AFTER_5XX_SECONDS = 1.0
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Interpreters whose first non-option argument is a script file that must exist before we run them:
@@ -507,7 +508,14 @@ async def run_prompt(
             output={"reason": args.reason, "cache_hit": True},
             metadata={"cache_hit": True, "prompt_model": config.model},
         )
-    remaining, total = await asyncio.to_thread(store.budget_remaining, tenant)
+    try:
+        remaining, total = await asyncio.to_thread(store.budget_remaining, tenant)
+    except Exception as err:  # noqa: BLE001 - an unreadable budget is not room to spend: no call, fail closed
+        logger.warning("security.hook.budget_precheck_failed hook=%s tenant=%s: %s", hook.id, tenant, err)
+        raise HandlerError(
+            f"the tenant's prompt-token budget could not be read: {type(err).__name__}: {err}",
+            reason=REASON_BUDGET_PRECHECK_FAILED,
+        ) from None
     if remaining <= 0:
         return HandlerResult(
             "block",
@@ -553,11 +561,21 @@ async def run_prompt(
             "evaluator response is not JSON", metadata=metadata, reason=REASON_UNPARSEABLE_OUTPUT
         ) from None
     tokens = reported_tokens(data)
-    charge = await asyncio.to_thread(store.charge_budget, tenant, tokens)
-    metadata.update(prompt_tokens=tokens, budget_remaining=charge.remaining, budget_total=charge.total)
-    if charge.warn:
-        metadata["budget_warning"] = True
-        logger.warning("security.hook.budget_low tenant=%s remaining=%s of %s", tenant, charge.remaining, charge.total)
+    metadata["prompt_tokens"] = tokens
+    try:
+        charge = await asyncio.to_thread(store.charge_budget, tenant, tokens)
+    except Exception as err:  # noqa: BLE001 - the evaluation is made and paid for: its decision stands
+        metadata["budget_deduct_failed"] = True
+        logger.warning(
+            "security.hook.budget_deduct_failed hook=%s tenant=%s tokens=%d: %s", hook.id, tenant, tokens, err
+        )
+    else:
+        metadata.update(budget_remaining=charge.remaining, budget_total=charge.total)
+        if charge.warn:
+            metadata["budget_warning"] = True
+            logger.warning(
+                "security.hook.budget_low tenant=%s remaining=%s of %s", tenant, charge.remaining, charge.total
+            )
     try:
         args = parse_decide(data)
     except HandlerError as err:
