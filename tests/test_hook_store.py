@@ -179,7 +179,10 @@ def test_blocks_recorded_by_several_workers_at_once_are_none_of_them_lost(make_s
     clock = Clock()
     stores = registered(make_store, clock=clock.at(10))
     # Four workers record a block of the same hook at the same moment: each is counted ...
-    assert at_once([lambda s=s, n=n: s.record_execution(row(n), counts_as_block=True) for n, s in enumerate(stores[:4])]) == [False] * 4
+    assert (
+        at_once([lambda s=s, n=n: s.record_execution(row(n), counts_as_block=True) for n, s in enumerate(stores[:4])])
+        == [False] * 4
+    )
     state = stores[5].state("guard")
     assert state.consecutive_blocks == 4 and state.recent_blocks == [START + 10] * 4 and state.enabled
     # ... so the fifth trips it.
@@ -196,7 +199,9 @@ def test_a_streak_recorded_before_the_rolling_window_is_read_as_blocks_at_its_st
             [other] = parse_hooks({"hooks": [{"id": "other", "event": "pre_tool_use", "handler_type": "command",
                                               "config": {"command": "true"}}]})  # fmt: skip
             store.register(other)
-        legacy(store, f"UPDATE agent_hooks SET consecutive_blocks = 3, window_started_at = {started} WHERE id = '{hook}'")
+        legacy(
+            store, f"UPDATE agent_hooks SET consecutive_blocks = 3, window_started_at = {started} WHERE id = '{hook}'"
+        )
     legacy(store, "ALTER TABLE agent_hooks DROP COLUMN recent_blocks")
     legacy(store, "DELETE FROM agent_schema_migrations WHERE component = 'declared_hooks' AND version = 3")
 

@@ -340,9 +340,11 @@ class HookStore:
         opened = self.secrets.open(row.error_nonce, row.error_detail, row.dedup_key.encode(errors="surrogatepass"))
         return opened.decode(errors="surrogatepass")
 
-    def record_execution(self, row: ExecutionRow, *, counts_as_block: bool) -> bool:
+    def record_execution(self, row: ExecutionRow, *, counts_as_block: bool | None) -> bool:
         """Write one audit row (ignored when its dedup key exists) and, only if it was written, move the
-        hook's breaker in the same transaction. Returns whether this write tripped the breaker."""
+        hook's breaker in the same transaction: a block/timeout (``counts_as_block``) joins its streak, any
+        other decision ends it, and None (an invocation that says nothing of the hook's endpoint) leaves it
+        as it is. Returns whether this write tripped the breaker."""
         error, detail, nonce = self.seal_error(row.error, row.dedup_key)
 
         def work(db: Statements, now: float) -> bool:
@@ -378,7 +380,7 @@ class HookStore:
                     now,
                 ),
             ).rowcount
-            if inserted != 1 or not known or row.decision == "skip" or row.hook_id is None:
+            if inserted != 1 or not known or row.decision == "skip" or row.hook_id is None or counts_as_block is None:
                 return False
             return self._move_breaker(db, now, row.hook_id, counts_as_block)
 
