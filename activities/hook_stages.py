@@ -30,6 +30,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from hooks.contracts import HookRejection, PipelineContext
+from hooks.model_budget import metered
 from hooks.registry import HookRegistry
 from workflows import decisions, snapshots
 from workflows.models import (
@@ -332,18 +333,21 @@ class HookStageActivities(abc.ABC):
         info = activity.info()
         attempt = _BATCH_ATTEMPT.get() or info.attempt
         final_attempt = attempt >= entry.max_attempts
-        with telemetry.tracer().start_as_current_span(
-            telemetry.hook_span_name(stage.value, entry.name),
-            attributes={
-                "pipeline.hook.name": entry.name,
-                "pipeline.hook.stage": stage.value,
-                "pipeline.hook.required": entry.required,
-                "pipeline.request_id": call.view.request_id,
-                "temporal.activity.attempt": attempt,
-            },
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
+        with (
+            telemetry.tracer().start_as_current_span(
+                telemetry.hook_span_name(stage.value, entry.name),
+                attributes={
+                    "pipeline.hook.name": entry.name,
+                    "pipeline.hook.stage": stage.value,
+                    "pipeline.hook.required": entry.required,
+                    "pipeline.request_id": call.view.request_id,
+                    "temporal.activity.attempt": attempt,
+                },
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span,
+            metered(call.view.model_tokens_left, hook=entry.name) as budget,
+        ):
             try:
                 outcome = await run(hook, ctx, span)
                 # What every stage's outcome carries besides its own result: added here, once.
@@ -351,6 +355,7 @@ class HookStageActivities(abc.ABC):
                 outcome.detached = ctx.detached
                 outcome.state = _checked_state(entry, ctx.state)
                 outcome.leases = ctx.leases
+                outcome.model_calls = budget.calls
                 self.bounded(outcome, f"{stage.value} · {entry.name}")
                 self._mark_succeeded(span, outcome.decision)
                 return outcome
@@ -358,7 +363,7 @@ class HookStageActivities(abc.ABC):
                 self._mark_failed(span, entry, stage, err.category, str(err), final=True)
                 raise ApplicationError(
                     str(err),
-                    {"hook": entry.name, "effects": _failed_effects(ctx, str(err))},
+                    {"hook": entry.name, "effects": _failed_effects(ctx, str(err)), "model_calls": budget.dumped()},
                     type=err.category,
                     non_retryable=True,
                 ) from None
@@ -376,6 +381,7 @@ class HookStageActivities(abc.ABC):
                         "hook": entry.name,
                         "exception_type": type(err).__name__,
                         "effects": _failed_effects(ctx, str(err)),
+                        "model_calls": budget.dumped(),
                     },
                     type=decisions.HOOK_ERROR,
                     non_retryable=deliberate,
@@ -392,6 +398,7 @@ class HookStageActivities(abc.ABC):
                         "hook": entry.name,
                         "exception_type": type(err).__name__,
                         "effects": _failed_effects(ctx, message),
+                        "model_calls": budget.dumped(),
                     },
                     type=decisions.HOOK_PANIC,
                     non_retryable=True,

@@ -29,6 +29,7 @@ from temporalio.exceptions import ApplicationError
 from hooks.builtin.secret_redaction import masked_preview
 from hooks.contracts import DetachedContext, LeaseContext
 from hooks.memory import MemoryModel
+from hooks.model_budget import metered
 from hooks.registry import HookRegistry
 from storage.executions import ExecutionStore, lasting
 from workflows import decisions
@@ -301,7 +302,11 @@ class LifecycleActivities(HookStageActivities):
         handoff to the fallback model the previous summary is kept as it is and the older exchanges are
         dropped, without asking a model to summarize. A summarizer that fails is replaced by the heuristic
         (the limits still hold) and the failure raised as a ``MemoryError`` once the memory is saved: the
-        request keeps its answer and records the error, it never runs the turn again."""
+        request keeps its answer and records the error, it never runs the turn again. The summarizer's
+        calls count against the request's model token budget (``hooks.model_budget``) and come back with
+        the outcome for the record; one the budget cannot hold is refused before it is sent
+        (``TokenBudgetExceeded``) and the heuristic's summary is kept — no error: the request spent what it
+        was allowed."""
         if self.memory is None:
             raise ApplicationError("no conversation memory is configured", type="MemoryUnavailable", non_retryable=True)
         conversation = input.candidate.conversation_id
@@ -318,22 +323,35 @@ class LifecycleActivities(HookStageActivities):
         previous = await memory.summary(conversation)
         exchanges = [candidate for _, candidate in evicted]
         failure = None
-        if input.handled_by == "fallback":
-            summary, how = capped_summary(previous, cap), "kept"
-        elif self.memory_summarizer is not None:
-            try:
-                folded = await self.memory_summarizer.complete(summary_prompt(previous, exchanges, cap))
-                summary, how = capped_summary(folded, cap), "model"
-            except Exception as err:  # noqa: BLE001 - any summarizer failure is recovered the same way
-                failure = f"the memory summarizer failed: {type(err).__name__}: {err}"[:500]
+        with metered(input.model_tokens_left) as budget:
+            if input.handled_by == "fallback":
+                summary, how = capped_summary(previous, cap), "kept"
+            elif self.memory_summarizer is not None:
+                try:
+                    folded = await self.memory_summarizer.complete(summary_prompt(previous, exchanges, cap))
+                    summary, how = capped_summary(folded, cap), "model"
+                except Exception as err:  # noqa: BLE001 - any summarizer failure is recovered the same way
+                    # A summary the request's budget cannot pay for is no failure: the heuristic's stands.
+                    if getattr(err, "type", None) != decisions.TOKEN_BUDGET_EXCEEDED:
+                        failure = f"the memory summarizer failed: {type(err).__name__}: {err}"[:500]
+                    summary, how = fold_heuristically(previous, exchanges, cap), "heuristic"
+            else:
                 summary, how = fold_heuristically(previous, exchanges, cap), "heuristic"
-        else:
-            summary, how = fold_heuristically(previous, exchanges, cap), "heuristic"
         await memory.compact(conversation, summary, [request_id for request_id, _ in evicted])
         if failure is not None:
-            raise ApplicationError(failure, {"conversation_id": conversation}, type="MemoryError", non_retryable=True)
+            raise ApplicationError(
+                failure,
+                {"conversation_id": conversation, "model_calls": budget.dumped()},
+                type="MemoryError",
+                non_retryable=True,
+            )
         return saved.model_copy(
-            update={"evicted": len(evicted), "summary": how, "summary_tokens": estimate_tokens(summary)}
+            update={
+                "evicted": len(evicted),
+                "summary": how,
+                "summary_tokens": estimate_tokens(summary),
+                "model_calls": budget.calls,
+            }
         )
 
     # ------------------------------------------------------------------------------------------------

@@ -161,6 +161,7 @@ def format_record(record: ExecutionRecord) -> str:
         )
         for call in record.model_calls:
             where = f"{call.stage} phase {call.phase}" if call.phase is not None else call.stage
+            where += f" {call.hook}" if call.hook else ""
             outcome = call.error_type or call.finish_reason or "?"
             lines.append(
                 f"  {where:<18} turn {call.turn}  {call.model:<20} {outcome:<18} {call.tokens:>6} tokens"

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -81,7 +84,7 @@ def echo(step_id: str, text: str) -> PlanStep:
 
 def runtime_for(path: Path, **options: Any) -> DeclaredHookRuntime:
     box = SecretBox.from_base64(KEY)
-    store_options = {k: options.pop(k) for k in ("breaker_threshold", "default_budget") if k in options}
+    store_options = {k: options.pop(k) for k in ("breaker_threshold", "default_budget", "clock") if k in options}
     return DeclaredHookRuntime(
         store=HookStore(path, secrets=box, **store_options), secrets=box, allow_loopback=True, **options
     )
@@ -572,6 +575,49 @@ async def test_the_breaker_trips_persists_across_workers_and_keeps_blocking_unti
     assert [e["action"] for e in second.store.breaker_events("deny-all")] == ["trip", "reset"]
 
 
+class Clock:
+    """The hook store's clock, set by the test between requests (seconds after a fixed start)."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def at(self, seconds: float) -> None:
+        self.now = 1_700_000_000.0 + seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_breaker_window_rolls_and_a_tripped_hook_blocks_its_tool_with_circuit_open(client, tmp_path):
+    counter = tmp_path / "runs"
+    body = f'cat >/dev/null\necho run >> {counter}\necho "denied" >&2\nexit 2\n'
+    clock = Clock()
+    rt = runtime_for(tmp_path / "hooks.sqlite3", clock=clock)
+    tool = Shell()
+    hooks = declare(rt, cmd_hook("deny-all", script(tmp_path, "deny.sh", body)))
+    async with harness(client, tmp_path, hooks, shell("s1", "rm -rf /tmp/x"), tools=[tool, Echo()]) as h:
+        # One blocked call per request, at these seconds: the streak began at 0 s, and its last five
+        # blocks (30 … 64 s) fall within 34 s of each other — the fifth of them trips the breaker.
+        for n, seconds in enumerate([0, 30, 61, 62, 63, 64]):
+            clock.at(seconds)
+            out = await h.run(f"attempt {n}")
+            assert out.failure is None, out.failure
+            assert steps(out)["s1"].skip_detail == "denied"
+            assert rt.store.state("deny-all").enabled is (seconds < 64), seconds
+        clock.at(65)
+        after = await h.run("once more")
+    assert after.failure is None, after.failure
+    assert len(counter.read_text().splitlines()) == 6  # the handler did not run after the trip
+    assert steps(after)["s1"].skip_detail == "circuit_open" and tool.ran == []
+    assert not [a for a in after.tool_activities]  # the guarded tool was never scheduled
+    [r] = rows(rt, workflow_id=after.workflow_id)
+    assert (r.decision, r.reason, r.metadata["circuit_open"]) == ("block", "circuit_open", True)
+    state = rt.store.state("deny-all")
+    assert state.tripped_at == 1_700_000_064.0
+    [trip] = rt.store.breaker_events("deny-all")
+    assert trip["action"] == "trip" and "5 consecutive blocks/timeouts within 34s" in trip["detail"]
+
+
 # --------------------------------------------------------------------------------------------------
 # Audit rows: one per invocation, even when the activity is retried after writing
 # --------------------------------------------------------------------------------------------------
@@ -823,3 +869,83 @@ async def test_prompt_tenant_budget_warns_at_twenty_percent_and_blocks_at_zero(c
     assert len(llm.requests) == 3  # the exhausted tenant never reached the evaluator; globex did
     assert steps(other_tenant)["s1"].status is StepStatus.SUCCEEDED
     assert rt.store.budget_remaining("acme") == (0, 200)
+
+
+# --------------------------------------------------------------------------------------------------
+# The tenant budget's store failing: logged under its key; a precheck fails closed, a deduction's
+# failure leaves the decision standing
+# --------------------------------------------------------------------------------------------------
+
+FROZEN = "tenant_hook_budget is read-only"
+
+
+def freeze_budget(store: HookStore, operation: str) -> None:
+    """Make the budget table refuse ``operation`` (INSERT or UPDATE) with an error, as a database whose
+    table became unwritable does."""
+    name = f"budget_frozen_{operation.lower()}"
+    if store.database is not None:
+        with psycopg.connect(store.database.url, autocommit=True) as conn:
+            conn.execute(
+                f"CREATE OR REPLACE FUNCTION refuse_budget_write() RETURNS trigger LANGUAGE plpgsql AS "  # type: ignore[arg-type]
+                f"$$ BEGIN RAISE EXCEPTION '{FROZEN}'; END $$"
+            )
+            conn.execute(
+                f"CREATE TRIGGER {name} BEFORE {operation} ON tenant_hook_budget "  # type: ignore[arg-type]
+                "FOR EACH ROW EXECUTE FUNCTION refuse_budget_write()"
+            )
+        return
+    assert store.path is not None
+    with sqlite3.connect(store.path) as db:
+        db.execute(
+            f"CREATE TRIGGER {name} BEFORE {operation} ON tenant_hook_budget BEGIN SELECT RAISE(ABORT, '{FROZEN}'); END"
+        )
+
+
+def failure_records(caplog, key: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith(key + " ")]
+
+
+async def test_budget_store_failures_are_logged_under_their_keys_precheck_blocks_deduct_keeps_the_decision(
+    client, tmp_path, backend, caplog
+):
+    llm = ChatCompletions(lambda body: decide_reply("allow", "harmless", tokens=40))
+    box = SecretBox.from_base64(KEY)
+    store = HookStore(backend.database() if backend.postgres else backend.file("hooks.sqlite3"), secrets=box)
+    rt = DeclaredHookRuntime(store=store, secrets=box, allow_loopback=True)
+    tool = Shell()
+    try:
+        hooks = declare(rt, prompt_hook("judge", llm.endpoint))
+        async with harness(client, tmp_path, hooks, shell("s1", "ls"), tools=[tool, Echo()]) as h:
+            store.set_budget("globex", 1000)
+            freeze_budget(store, "UPDATE")  # the deduction after the evaluation fails
+            deducted = await h.run("list files", {"tenant_id": "globex"})
+        budget_after = store.budget_remaining("globex")
+        freeze_budget(store, "INSERT")  # and now the precheck of a tenant without a row this month
+        # Another input (the decision cached for ``ls`` would be served without a precheck).
+        async with harness(client, tmp_path / "b", hooks, shell("s1", "ls -a"), tools=[tool, Echo()]) as h:
+            prechecked = await h.run("list all files", {"tenant_id": "acme"})
+    finally:
+        llm.close()
+
+    # The deduction failed after the evaluator decided: the decision stands (the tool ran), the failure
+    # is logged under its key with the tokens that went uncounted, and the tenant's budget is as it was.
+    assert deducted.failure is None, deducted.failure
+    assert steps(deducted)["s1"].status is StepStatus.SUCCEEDED and tool.ran == ["ls"]
+    [logged] = failure_records(caplog, "security.hook.budget_deduct_failed")
+    assert "hook=judge tenant=globex tokens=40" in logged.getMessage() and FROZEN in logged.getMessage()
+    assert logged.levelno == logging.WARNING
+    [r] = rows(rt, workflow_id=deducted.workflow_id)
+    assert (r.decision, r.status) == ("allow", "completed")
+    assert r.metadata["budget_deduct_failed"] is True and r.metadata["prompt_tokens"] == 40
+    assert "budget_remaining" not in r.metadata
+    assert budget_after == (1000, 1000)
+
+    # The precheck failed: no evaluator call, the call blocked (fail closed), the failure logged.
+    assert prechecked.failure is None, prechecked.failure
+    assert len(llm.requests) == 1  # only the first request's evaluation
+    assert steps(prechecked)["s1"].skip_detail == "budget_precheck_failed" and tool.ran == ["ls"]
+    [logged] = failure_records(caplog, "security.hook.budget_precheck_failed")
+    assert "hook=judge tenant=acme" in logged.getMessage() and FROZEN in logged.getMessage()
+    [r] = rows(rt, workflow_id=prechecked.workflow_id)
+    assert (r.decision, r.status, r.reason) == ("block", "error", "budget_precheck_failed")
+    assert FROZEN in (r.error or "")

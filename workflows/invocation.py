@@ -701,6 +701,7 @@ class HookRunner:
         record = self._state.record
         record.pipeline_hooks.append(invocation)
         record_effects(record, failure.effects)
+        record.model_calls.extend(failure.model_calls)
         if failure.category in INFRASTRUCTURE_FAILURES:  # not the hook's verdict: the request ends as it is
             if isinstance(err, ApplicationError) and err.type == failure.category:
                 raise err
@@ -720,6 +721,7 @@ class HookRunner:
         if outcome.state is not None:
             state.hook_state[hook.name] = outcome.state
         record_effects(state.record, outcome.effects)
+        state.record.model_calls.extend(outcome.model_calls)
         for lease in outcome.leases:
             state.leases.adopt(lease, state.manifest.settings)
         for work in outcome.detached:

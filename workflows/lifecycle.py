@@ -92,9 +92,11 @@ with workflow.unsafe.imports_passed_through():
     from .steps import StepExecutor
     from .support import (
         APPROVAL_METADATA_KEY,
+        activity_error_details,
         approval_reasons,
         cache_verdict,
         decode_payload,
+        model_calls_in,
         promote_metadata,
         stage_failure,
     )
@@ -722,6 +724,7 @@ class RequestLifecycleWorkflow:
                     workflow_id=state.record.workflow_id,
                     candidate=candidate,
                     handled_by="fallback" if state.route == "fallback" else "primary",
+                    model_tokens_left=state.model_tokens_left(),
                 ),
                 result_type=MemoryOutcome,
                 timeout=30,
@@ -730,13 +733,17 @@ class RequestLifecycleWorkflow:
             )
         except (ActivityError, ApplicationError) as err:
             raise_if_cancelled(err)
+            if isinstance(err, ActivityError):  # the summarizer's calls, made before the memory failed
+                state.record.model_calls.extend(model_calls_in(activity_error_details(err).get("model_calls")))
             state.record.diagnostics.append(
                 Diagnostic(extension="(memory)", phase="remember", error=error_text(err), error_type="MemoryError")
             )
             state.recover("memory", "MemoryError", error_text(err), {"conversation_id": candidate.conversation_id})
             return
-        saved.by = replaced_by[-1] if replaced_by else None
-        state.record.memory = saved
+        state.record.model_calls.extend(saved.model_calls)
+        state.record.memory = saved.model_copy(
+            update={"by": replaced_by[-1] if replaced_by else None, "model_calls": []}
+        )
 
 
 def record_enrichment_changes(

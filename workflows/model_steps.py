@@ -28,7 +28,6 @@ with workflow.unsafe.imports_passed_through():
     from .listing import PLANNING, SYNTHESIZING, StageListing
     from .models import (
         MAX_RECORDED_PROMPT_CHARS,
-        METADATA_MAX_MODEL_TOKENS,
         ExecutionResult,
         FallbackRequest,
         HookEntry,
@@ -323,15 +322,8 @@ class ModelSteps:
         state.route, state.fallback_request = "fallback", view
 
     def _tokens_left(self) -> int | None:
-        """The request's model token budget — the pipeline's, or lower where the request's metadata asks —
-        less what its recorded model calls spent (None: no budget)."""
-        state = self._state
-        budgets = [
-            state.manifest.settings.max_model_tokens_per_request,
-            state.input.metadata.get(METADATA_MAX_MODEL_TOKENS),
-        ]
-        limits = [budget for budget in budgets if type(budget) is int]
-        return min(limits) - state.record.model_usage.total_tokens if limits else None
+        """The request's model token budget left (``RunState.model_tokens_left``; None: no budget)."""
+        return self._state.model_tokens_left()
 
     def _record_failed_model_calls(self, err: ActivityError) -> None:
         """Keep the model calls a failed planning or synthesis activity reported in its error details."""

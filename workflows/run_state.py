@@ -13,6 +13,7 @@ with workflow.unsafe.imports_passed_through():
     from . import search_attributes as sa
     from .leases import ManagedLeases
     from .models import (
+        METADATA_MAX_MODEL_TOKENS,
         ExecutionRecord,
         FallbackRequest,
         GateState,
@@ -100,7 +101,19 @@ class RunState:
             state=self.hook_state.get(hook.name, {}),
             leases=self.leases.ids,
             conversation_id=self.conversation_id,
+            model_tokens_left=self.model_tokens_left(),
         )
+
+    def model_tokens_left(self) -> int | None:
+        """The request's model token budget — the pipeline's, or lower where the request's metadata asks —
+        less what every model call in its record spent: the planner's, the synthesizer's, its hooks' and
+        its memory's (None: no budget)."""
+        budgets = [
+            self.manifest.settings.max_model_tokens_per_request,
+            self.input.metadata.get(METADATA_MAX_MODEL_TOKENS),
+        ]
+        limits = [budget for budget in budgets if type(budget) is int]
+        return min(limits) - self.record.model_usage.total_tokens if limits else None
 
     def run_view(self) -> RunView:
         return RunView(ask=self.ask, instructions=self.instructions, facts=self.facts)

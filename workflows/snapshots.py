@@ -110,6 +110,7 @@ def accepted_plan_snapshot(
         invocations.append(invocation)
         record.pipeline_hooks.append(invocation)
         record_effects(record, outcome.effects)
+        record.model_calls.extend(outcome.model_calls)
     plan = STAGES[Stage.AFTER_PLANNING].subject(ran[0][0])
     record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=ended_at(invocations, clock)))
     stamp(record, LifecycleBoundary.ACCEPTED_PLAN)
@@ -147,6 +148,7 @@ def terminal_snapshot(
             invocations.append(invocation)
             record.pipeline_hooks.append(invocation)
             record_effects(record, outcome.effects)
+            record.model_calls.extend(outcome.model_calls)
         if part.stage is Stage.AFTER_PLANNING and write.plan is not None:
             plan = write.plan
             record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=ended_at(invocations, at)))

@@ -26,6 +26,7 @@ from .models import (
     HookDecision,
     HookEntry,
     InvocationOutcome,
+    ModelCall,
     PipelineHookEffect,
     Plan,
     StepStatus,
@@ -63,6 +64,7 @@ class InvocationFailure(BaseModel):
     message: str
     exception_type: str | None = None
     effects: list[PipelineHookEffect] = []
+    model_calls: list[ModelCall] = []  # the model calls it made before it failed (they count all the same)
     decision: HookDecision | None = None  # what the stage's failure policy made of it
 
     @classmethod
@@ -94,12 +96,26 @@ class InvocationFailure(BaseModel):
     def _raised(cls, error_type: str | None, message: str, details: Mapping[str, Any]) -> InvocationFailure:
         known = {decisions.HOOK_ERROR, *INFRASTRUCTURE_FAILURES, *NON_RETRYABLE_HOOK_FAILURES}
         effects = details.get("effects") or []
+        calls = details.get("model_calls") or []
         return cls(
             category=error_type if error_type in known else decisions.HOOK_ERROR,
             message=message,
             exception_type=details.get("exception_type"),
             effects=[PipelineHookEffect.model_validate(e) for e in effects] if isinstance(effects, list) else [],
+            model_calls=model_calls_in(calls),
         )
+
+
+def model_calls_in(reported: Any) -> list[ModelCall]:
+    """The model calls an activity reported in its error details (a list of dumped ``ModelCall``s);
+    anything else in it is not a call this framework wrote, and is left out."""
+    calls = []
+    for call in reported if isinstance(reported, list) else []:
+        try:
+            calls.append(ModelCall.model_validate(call))
+        except ValidationError:
+            pass
+    return calls
 
 
 def hook_retry_delay(attempt: int) -> float:

@@ -2,7 +2,8 @@
 vLLM, Ollama, the llama.cpp server, a LiteLLM proxy), on the ``openai`` package's async client.
 
 ``ModelSettings`` (``settings.model`` of the process settings) names the endpoint and model;
-``OpenAIPlanner`` and ``OpenAISynthesizer`` implement the framework's Planner and Synthesizer. Each
+``OpenAIPlanner`` and ``OpenAISynthesizer`` implement the framework's Planner and Synthesizer, and
+``OpenAIMemoryModel`` the memory summarizer and memory hooks' model. Each
 invocation's model calls go to a ``ModelCallLog`` of its own — recorded as ``ModelCall`` whatever their
 outcome, spanned and measured in the OpenTelemetry GenAI conventions — and provider failures become typed
 Temporal activity errors (``ModelUnavailable`` retried, with the provider's Retry-After; the others not).
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
         ChatModel,
         ModelCallLog,
     )
+    from .memory import OpenAIMemoryModel
     from .planner import PLANNER_SYSTEM_PROMPT, OpenAIPlanner
     from .settings import ModelSettings
     from .synthesizer import SYNTHESIZER_SYSTEM_PROMPT, OpenAISynthesizer, SynthesisStream, build_synthesis_prompt
@@ -39,6 +41,7 @@ _WHERE = {
     "TOKEN_BUDGET_EXCEEDED": ".calls",
     "ChatModel": ".calls",
     "ModelCallLog": ".calls",
+    "OpenAIMemoryModel": ".memory",
     "PLANNER_SYSTEM_PROMPT": ".planner",
     "OpenAIPlanner": ".planner",
     "ModelSettings": ".settings",
@@ -61,6 +64,7 @@ __all__ = [
     "ChatModel",
     "ModelCallLog",
     "ModelSettings",
+    "OpenAIMemoryModel",
     "OpenAIPlanner",
     "OpenAISynthesizer",
     "SynthesisStream",

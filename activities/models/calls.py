@@ -82,7 +82,8 @@ OPERATION_DURATION_METRIC = "gen_ai.client.operation.duration"
 _TOKEN_BUCKETS = [4.0**n for n in range(14)]
 _DURATION_BUCKETS = [0.01 * 2**n for n in range(14)]
 
-Stage = Literal["planning", "synthesis"]
+# Who calls: the planner, the synthesizer, or a memory summarizer (``activities.models.memory``).
+Stage = Literal["planning", "synthesis", "memory"]
 Route = Literal["primary", "fallback"]
 # Counts the tokens of a request's messages and tools (a pipeline's own tokenizer); the default estimates.
 TokenCounter = Callable[[Sequence[dict[str, Any]], Sequence[dict[str, Any]]], int]

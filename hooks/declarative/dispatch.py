@@ -81,6 +81,7 @@ from .config import (
     load_hooks_file,
 )
 from .handlers import (
+    REASON_TOKEN_BUDGET_EXCEEDED,
     REASON_UNTRUSTED_COMMAND,
     DecideArguments,
     HandlerError,
@@ -420,8 +421,13 @@ async def _audit(
         error=result.error,
         metadata=result.metadata,
     )
-    # A refused edition says nothing about the hook's endpoint: it does not move the breaker.
-    counts = (result.decision == "block" or result.status == "timeout") and result.reason != REASON_EDITION
+    # A refused edition, or a request whose model token budget cannot hold the call, says nothing about
+    # the hook's endpoint: the breaker stays as it is.
+    counts = (
+        None
+        if result.reason in (REASON_EDITION, REASON_TOKEN_BUDGET_EXCEEDED)
+        else result.decision == "block" or result.status == "timeout"
+    )
     try:
         return await asyncio.to_thread(runtime.store.record_execution, row, counts_as_block=counts)
     except Exception as err:

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..model_budget import MeteredCall, TokenBudgetExceeded
 from .config import CommandConfig, HttpConfig, PromptHook
 from .processes import run_capped
 from .security import BlockedAddress, SecretBox, decrypted_values, resolve_target
@@ -43,6 +44,8 @@ REASON_OUTPUT_OVER_CAP = "output_over_cap"
 REASON_UNPARSEABLE_OUTPUT = "unparseable_output"
 REASON_INVALID_OUTPUT = "invalid_output"
 REASON_UNTRUSTED_COMMAND = "untrusted_command"
+REASON_BUDGET_PRECHECK_FAILED = "budget_precheck_failed"  # the tenant's budget could not be read: no call
+REASON_TOKEN_BUDGET_EXCEEDED = "token_budget_exceeded"  # the request's model token budget cannot hold the call
 RETRY_AFTER_5XX_SECONDS = 1.0
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Interpreters whose first non-option argument is a script file that must exist before we run them:
@@ -495,8 +498,10 @@ async def run_prompt(
     cache_ttl_seconds: float,
     turn_key: str | None = None,
 ) -> HandlerResult:
-    """Ask the evaluator, through the decision cache, the tenant's budget and the per-turn cap (counted
-    in the store per ``turn_key`` — the request run — or, without one, in the hook's private state)."""
+    """Ask the evaluator, through the decision cache, the tenant's budget, the request's model token
+    budget (``hooks.model_budget``: a call it cannot hold is refused, ``token_budget_exceeded``; the call
+    made is one of the request's model calls) and the per-turn cap (counted in the store per
+    ``turn_key`` — the request run — or, without one, in the hook's private state)."""
     config = hook.config
     key = prompt_cache_key(hook.id, hook.version, tool_name, tool_input)
     cached = await asyncio.to_thread(store.cached_decision, key)
@@ -507,7 +512,14 @@ async def run_prompt(
             output={"reason": args.reason, "cache_hit": True},
             metadata={"cache_hit": True, "prompt_model": config.model},
         )
-    remaining, total = await asyncio.to_thread(store.budget_remaining, tenant)
+    try:
+        remaining, total = await asyncio.to_thread(store.budget_remaining, tenant)
+    except Exception as err:  # noqa: BLE001 - an unreadable budget is not room to spend: no call, fail closed
+        logger.warning("security.hook.budget_precheck_failed hook=%s tenant=%s: %s", hook.id, tenant, err)
+        raise HandlerError(
+            f"the tenant's prompt-token budget could not be read: {type(err).__name__}: {err}",
+            reason=REASON_BUDGET_PRECHECK_FAILED,
+        ) from None
     if remaining <= 0:
         return HandlerResult(
             "block",
@@ -515,6 +527,13 @@ async def run_prompt(
             output={"reason": f"tenant {tenant} has no prompt-token budget left"},
             metadata={"budget_remaining": 0, "budget_total": total},
         )
+    # The request's model token budget: a call it cannot hold is refused before the turn is counted.
+    messages = prompt_messages(config.prompt_template, tool_input)
+    metered = MeteredCall("hook", config.model, messages, config.max_tokens)
+    try:
+        metered.admit()
+    except TokenBudgetExceeded as err:
+        raise HandlerError(err.message, reason=REASON_TOKEN_BUDGET_EXCEEDED) from None
     cap = config.max_invocations_per_turn
     if turn_key is not None:  # shared by concurrent steps of the run, so the cap holds under concurrency
         allowed, calls = await asyncio.to_thread(store.take_turn_invocation, hook.id, turn_key, cap)
@@ -534,30 +553,43 @@ async def run_prompt(
         headers["Authorization"] = "Bearer " + decrypted_headers({"api_key": config.api_key}, secrets)["api_key"]
     request = {
         "model": config.model,
-        "messages": prompt_messages(config.prompt_template, tool_input),
+        "messages": messages,
         "tools": [DECIDE_TOOL],
         "tool_choice": {"type": "function", "function": {"name": "decide"}},
-        "max_tokens": config.max_tokens,
+        "max_tokens": metered.max_tokens,
         "temperature": 0,
     }
-    response = await post_json(
-        config.endpoint.rstrip("/") + "/chat/completions", request, headers, allow_loopback=allow_loopback
-    )
-    metadata: dict[str, Any] = {"prompt_model": config.model, "http_status": response.status, "cache_hit": False}
-    if response.status != 200:
-        raise HandlerError(f"evaluator answered {response.status}", metadata=metadata)
-    try:
-        data = json.loads(response.body.decode("utf-8"))
-    except (ValueError, RecursionError):
-        raise HandlerError(
-            "evaluator response is not JSON", metadata=metadata, reason=REASON_UNPARSEABLE_OUTPUT
-        ) from None
+    with metered:  # recorded as one of the request's model calls, whatever happens to it
+        response = await post_json(
+            config.endpoint.rstrip("/") + "/chat/completions", request, headers, allow_loopback=allow_loopback
+        )
+        metered.status = response.status
+        metadata: dict[str, Any] = {"prompt_model": config.model, "http_status": response.status, "cache_hit": False}
+        if response.status != 200:
+            raise HandlerError(f"evaluator answered {response.status}", metadata=metadata)
+        try:
+            data = json.loads(response.body.decode("utf-8"))
+        except (ValueError, RecursionError):
+            raise HandlerError(
+                "evaluator response is not JSON", metadata=metadata, reason=REASON_UNPARSEABLE_OUTPUT
+            ) from None
+        metered.answered(data)
     tokens = reported_tokens(data)
-    charge = await asyncio.to_thread(store.charge_budget, tenant, tokens)
-    metadata.update(prompt_tokens=tokens, budget_remaining=charge.remaining, budget_total=charge.total)
-    if charge.warn:
-        metadata["budget_warning"] = True
-        logger.warning("security.hook.budget_low tenant=%s remaining=%s of %s", tenant, charge.remaining, charge.total)
+    metadata["prompt_tokens"] = tokens
+    try:
+        charge = await asyncio.to_thread(store.charge_budget, tenant, tokens)
+    except Exception as err:  # noqa: BLE001 - the evaluation is made and paid for: its decision stands
+        metadata["budget_deduct_failed"] = True
+        logger.warning(
+            "security.hook.budget_deduct_failed hook=%s tenant=%s tokens=%d: %s", hook.id, tenant, tokens, err
+        )
+    else:
+        metadata.update(budget_remaining=charge.remaining, budget_total=charge.total)
+        if charge.warn:
+            metadata["budget_warning"] = True
+            logger.warning(
+                "security.hook.budget_low tenant=%s remaining=%s of %s", tenant, charge.remaining, charge.total
+            )
     try:
         args = parse_decide(data)
     except HandlerError as err:

@@ -4,8 +4,10 @@ PostgreSQL (``AGENT_DATABASE_URL``) shared by workers on several machines.
 Tables:
 
 * ``agent_hooks`` — one row per declared hook (definition, version) with its operational state:
-  ``enabled`` and the circuit breaker's rolling window. A worker's start-up refreshes definitions but never
-  re-enables a tripped hook: only an operator does (``agent-lifecycle hooks enable ID``).
+  ``enabled`` and the circuit breaker's rolling window — the length of the current streak of counted
+  blocks/timeouts (``consecutive_blocks``) and the times of its latest ones (``recent_blocks``, a JSON list
+  of at most the threshold's count). A worker's start-up refreshes definitions but never re-enables a
+  tripped hook: only an operator does (``agent-lifecycle hooks enable ID``).
 * ``hook_executions`` — the audit table: one row per invocation, unique ``dedup_key`` (so an activity
   retry never writes twice), the error truncated to 256 characters and the full error AES-256-GCM
   encrypted in ``error_detail`` (nonce in ``error_nonce``), metadata JSON. ``hook_id`` references
@@ -26,9 +28,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -121,10 +124,16 @@ CREATE TABLE IF NOT EXISTS tenant_hook_budget (
 
 # Text is written escaped (``storage.text``): a NUL or a lone surrogate in a hook's reason, error or
 # metadata is stored and read back as it was; the escaping migration makes text written before it read
-# back unchanged.
-_ESCAPES = (escape_existing("declared_hooks", 2, _SCHEMA),)
+# back unchanged. Then the breaker's rolling window: the times of the streak's latest blocks. A row from
+# before it (no times, a streak counted from ``window_started_at``) is read as that many blocks at the
+# streak's start — the earliest they can have been, so the migration never trips a hook sooner than the
+# window says.
+_AFTER_SCHEMA = (
+    escape_existing("declared_hooks", 2, _SCHEMA),
+    Migration("declared_hooks", 3, "ALTER TABLE agent_hooks ADD COLUMN recent_blocks TEXT"),
+)
 # The same tables on PostgreSQL.
-MIGRATIONS = (Migration("declared_hooks", 1, from_sqlite_schema(_SCHEMA)), *_ESCAPES)
+MIGRATIONS = (Migration("declared_hooks", 1, from_sqlite_schema(_SCHEMA)), *_AFTER_SCHEMA)
 
 
 class Statements(Protocol):
@@ -163,8 +172,9 @@ class ExecutionRow:
 @dataclass
 class HookState:
     enabled: bool
-    consecutive_blocks: int
+    consecutive_blocks: int  # the current streak of counted blocks/timeouts
     tripped_at: float | None
+    recent_blocks: list[float] = field(default_factory=list)  # the times of the streak's latest ones, oldest first
 
 
 @dataclass
@@ -209,7 +219,7 @@ class HookStore:
             sqlite.private_directory(self.path.parent)
             with sqlite.connection(self.path) as db:
                 db.executescript(_SCHEMA)
-            sqlite.migrate(self.path, _ESCAPES)
+            sqlite.migrate(self.path, _AFTER_SCHEMA)
 
     def _transaction(self, work):
         """``work(db, now)`` in one transaction that behaves as if it ran alone (on SQLite an immediate one,
@@ -259,19 +269,28 @@ class HookStore:
         self._transaction(work)
 
     def state(self, hook_id: str) -> HookState:
-        rows = self._read("SELECT enabled, consecutive_blocks, tripped_at FROM agent_hooks WHERE id = ?", (hook_id,))
+        rows = self._read(
+            "SELECT enabled, consecutive_blocks, tripped_at, recent_blocks, window_started_at FROM agent_hooks "
+            "WHERE id = ?",
+            (hook_id,),
+        )
         if not rows:
             return HookState(enabled=True, consecutive_blocks=0, tripped_at=None)
-        enabled, consecutive, tripped_at = rows[0]
-        return HookState(enabled=bool(enabled), consecutive_blocks=consecutive, tripped_at=tripped_at)
+        enabled, consecutive, tripped_at, recent, started = rows[0]
+        return HookState(
+            enabled=bool(enabled),
+            consecutive_blocks=consecutive,
+            tripped_at=tripped_at,
+            recent_blocks=self._block_times(recent, consecutive, started),
+        )
 
     def enable(self, hook_id: str, *, actor: str = "operator") -> bool:
         """Re-enable a hook and reset its breaker (audited). False when no such hook is recorded."""
 
         def work(db: Statements, now: float) -> bool:
             changed = db.execute(
-                "UPDATE agent_hooks SET enabled = 1, consecutive_blocks = 0, window_started_at = NULL, tripped_at = NULL, "
-                "updated_at = ? WHERE id = ?",
+                "UPDATE agent_hooks SET enabled = 1, consecutive_blocks = 0, window_started_at = NULL, "
+                "recent_blocks = NULL, tripped_at = NULL, updated_at = ? WHERE id = ?",
                 (now, hook_id),
             ).rowcount
             if changed:
@@ -321,9 +340,11 @@ class HookStore:
         opened = self.secrets.open(row.error_nonce, row.error_detail, row.dedup_key.encode(errors="surrogatepass"))
         return opened.decode(errors="surrogatepass")
 
-    def record_execution(self, row: ExecutionRow, *, counts_as_block: bool) -> bool:
+    def record_execution(self, row: ExecutionRow, *, counts_as_block: bool | None) -> bool:
         """Write one audit row (ignored when its dedup key exists) and, only if it was written, move the
-        hook's breaker in the same transaction. Returns whether this write tripped the breaker."""
+        hook's breaker in the same transaction: a block/timeout (``counts_as_block``) joins its streak, any
+        other decision ends it, and None (an invocation that says nothing of the hook's endpoint) leaves it
+        as it is. Returns whether this write tripped the breaker."""
         error, detail, nonce = self.seal_error(row.error, row.dedup_key)
 
         def work(db: Statements, now: float) -> bool:
@@ -359,7 +380,7 @@ class HookStore:
                     now,
                 ),
             ).rowcount
-            if inserted != 1 or not known or row.decision == "skip" or row.hook_id is None:
+            if inserted != 1 or not known or row.decision == "skip" or row.hook_id is None or counts_as_block is None:
                 return False
             return self._move_breaker(db, now, row.hook_id, counts_as_block)
 
@@ -374,31 +395,65 @@ class HookStore:
         return tripped
 
     def _move_breaker(self, db: Statements, now: float, hook_id: str, counts_as_block: bool) -> bool:
-        enabled, consecutive, window_started = db.execute(
-            "SELECT enabled, consecutive_blocks, window_started_at FROM agent_hooks WHERE id = ?", (hook_id,)
+        """Move the hook's breaker by one invocation, in the caller's transaction (so two workers recording
+        at once are serialized: neither's block is lost). An invocation that does not count (an allow, a
+        completed non-block) ends the streak. A counted one joins it; the hook trips when the streak's
+        last ``breaker_threshold`` blocks/timeouts all fall within ``breaker_window_seconds`` of each
+        other — a rolling window, however long the streak has run."""
+        enabled, consecutive, started, recent = db.execute(
+            "SELECT enabled, consecutive_blocks, window_started_at, recent_blocks FROM agent_hooks WHERE id = ?",
+            (hook_id,),
         ).fetchone()
         if not enabled:
             return False
         if not counts_as_block:
             db.execute(
-                "UPDATE agent_hooks SET consecutive_blocks = 0, window_started_at = NULL WHERE id = ?", (hook_id,)
+                "UPDATE agent_hooks SET consecutive_blocks = 0, window_started_at = NULL, recent_blocks = NULL "
+                "WHERE id = ?",
+                (hook_id,),
             )
             return False
-        if window_started is None or now - window_started > self.breaker_window_seconds:
-            consecutive, window_started = 0, now
-        consecutive += 1
-        tripped = consecutive >= self.breaker_threshold
+        times = sorted([*self._block_times(recent, consecutive, started), now])[-self.breaker_threshold :]
+        spread = times[-1] - times[0]
+        tripped = len(times) >= self.breaker_threshold and spread <= self.breaker_window_seconds
         db.execute(
-            "UPDATE agent_hooks SET consecutive_blocks = ?, window_started_at = ?, enabled = ?, tripped_at = ? WHERE id = ?",
-            (consecutive, window_started, 0 if tripped else 1, now if tripped else None, hook_id),
+            "UPDATE agent_hooks SET consecutive_blocks = ?, window_started_at = ?, recent_blocks = ?, enabled = ?, "
+            "tripped_at = ? WHERE id = ?",
+            (
+                consecutive + 1,
+                times[0],
+                json.dumps(times),
+                0 if tripped else 1,
+                now if tripped else None,
+                hook_id,
+            ),
         )
         if tripped:
-            detail = f"{consecutive} consecutive blocks/timeouts within {self.breaker_window_seconds:g}s"
+            detail = (
+                f"{len(times)} consecutive blocks/timeouts within {spread:.3g}s "
+                f"(window {self.breaker_window_seconds:g}s)"
+            )
             db.execute(
                 "INSERT INTO hook_breaker_events (hook_id, action, detail, actor, created_at) VALUES (?, 'trip', ?, NULL, ?)",
                 (hook_id, detail, now),
             )
         return tripped
+
+    def _block_times(self, recent: str | None, consecutive: int, started: float | None) -> list[float]:
+        """The times of a streak's latest counted blocks, oldest first, at most ``breaker_threshold``. A
+        row written before the times were kept has its streak read as blocks at the streak's start."""
+        if recent is None:
+            if not consecutive or started is None:
+                return []
+            return [float(started)] * min(consecutive, self.breaker_threshold)
+        try:
+            values = json.loads(recent)
+        except ValueError:
+            values = None
+        if not isinstance(values, list):
+            return []
+        times = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return sorted(t for t in times if math.isfinite(t))[-self.breaker_threshold :]
 
     def executions(
         self, *, hook_label: str | None = None, workflow_id: str | None = None, limit: int = 100

@@ -28,6 +28,8 @@ class RememberInput(ByReference):
     # Who answered: ``fallback`` after a handoff from a failing primary model, whose memory is then kept
     # without asking a model to fold older exchanges into the summary.
     handled_by: Literal["primary", "fallback"] = "primary"
+    # The request's model token budget left (None: no budget): what the summarizer's call may spend.
+    model_tokens_left: int | None = None
 
 
 class PlanInput(ByReference):

@@ -1,4 +1,6 @@
-"""What the record keeps of each call a planner or synthesizer made to a model.
+"""What the record keeps of each call the request made to a model: its planner's and synthesizer's, and
+those made for it by a hook (a prompt hook's evaluator, a memory hook's model) or by its conversation
+memory's summarizer — every one counted against the request's model token budget.
 
 Invariants: a prompt or a response is never kept whole — only its sha256, its size and a preview of at
 most ``MAX_MODEL_PREVIEW_CHARS`` characters (the caller masks secrets in the preview before it gets
@@ -39,11 +41,15 @@ class ModelText(TextDigest):
 class ModelCall(BaseModel):
     """One Chat Completions call, succeeded or failed.
 
+    ``stage`` says who made it: the planner (``planning``), the synthesizer (``synthesis``), a hook's
+    model (``hook``: a prompt hook's evaluator) or a memory summarizer (``memory``: the conversation
+    memory's summary, a memory hook's summaries); ``hook`` names the hook whose invocation made it.
     ``turn`` 1 is the stage's own call; a planner's repair turn (invalid tool arguments sent back to the
     model) is turn 2. Token counts are the provider's, ``None`` when it reported none.
     """
 
-    stage: Literal["planning", "synthesis"]
+    stage: Literal["planning", "synthesis", "hook", "memory"]
+    hook: str | None = Field(default=None, exclude_if=lambda hook: hook is None)
     phase: int | None = None  # the planning phase; None for synthesis
     turn: int = 1
     model: str
@@ -60,7 +66,8 @@ class ModelCall(BaseModel):
     total_tokens: int | None = None
     tool_calls: int = 0
     status: int | None = None  # the HTTP status of a failed call, when the provider answered one
-    # ModelUnavailable, ModelRequestError, ModelRefusal, EmptyCompletion, PromptBudgetExceeded (never sent), ...
+    # ModelUnavailable, ModelRequestError, ModelRefusal, EmptyCompletion, PromptBudgetExceeded and
+    # TokenBudgetExceeded (both never sent), ...
     error_type: str | None = None
     error_message: str | None = Field(default=None, max_length=MAX_MODEL_ERROR_CHARS)
     prompt: ModelText | None = None

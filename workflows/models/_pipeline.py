@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage, bounded_value
+from ._model_calls import ModelCall
 from ._plans import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
@@ -387,6 +388,9 @@ class HookRequestView(BaseModel):
     state: dict[str, JsonValue] = Field(default_factory=dict)
     leases: list[str] = Field(default_factory=list)  # ids of the managed leases the request owner holds
     conversation_id: str | None = None  # the conversation the request belongs to (None outside one)
+    # The request's model token budget left when the invocation was scheduled (None: no budget): what the
+    # model calls the hook makes may spend (``hooks.model_budget``).
+    model_tokens_left: int | None = None
 
 
 class HookCall(ByReference):
@@ -405,6 +409,9 @@ class HookOutcome(ByReference):
     detached: list[DetachedWork] = Field(default_factory=list)
     state: dict[str, JsonValue] | None = None  # the hook's private state after the invocation
     leases: list[ManagedLease] = Field(default_factory=list)  # handed to the request owner (the workflow)
+    # The model calls the invocation made (they join the record's and count against the request's budget);
+    # left out of the recorded outcome when there are none.
+    model_calls: list[ModelCall] = Field(default_factory=list, exclude_if=lambda calls: not calls)
 
 
 class ObserveOutcome(HookOutcome):

@@ -189,6 +189,9 @@ class MemoryOutcome(BaseModel):
     evicted: int = 0
     summary: Literal["model", "heuristic", "kept"] | None = None
     summary_tokens: int = 0
+    # The summarizer's model calls, as the ``remember`` activity reports them: the workflow moves them to
+    # the record's ``model_calls`` (so this stays empty in a record).
+    model_calls: list[ModelCall] = Field(default_factory=list, exclude_if=lambda calls: not calls)
 
 
 class RecallOutcome(BaseModel):
@@ -245,7 +248,8 @@ class ExecutionRecord(BaseModel):
     trace_id: str | None = None  # the request's OpenTelemetry trace: every hook, tool and model call is in it
     plans: list[AcceptedPlan] = Field(default_factory=list)
     steps: list[StepResult] = Field(default_factory=list)
-    model_calls: list[ModelCall] = Field(default_factory=list)  # planning and synthesis, failed ones too
+    # Planning, synthesis, hooks' and memory's model calls, failed and refused ones too.
+    model_calls: list[ModelCall] = Field(default_factory=list)
     model_draft: ModelDraft | None = None  # the synthesizer's answer before after_synthesis, by digest
     # Which model answered: the primary, or the fallback once a failing primary handed the run over (None:
     # no model step ran — a short-circuit, or a stop before planning).

@@ -360,7 +360,7 @@ def hands_on(spec: StageSpec, ran: Sequence[tuple[HookCall, HookOutcome]]) -> bo
     its hook received it, and its outcome, in order) may go on to the hooks of the next stage, whose calls
     the workflow built before the activity on the premise that this stage leaves everything as it was.
     True when it did: every hook's outcome folds to the subject the stage started with, keeps the hook's
-    private state, hands the workflow no lease or detached work, and decides nothing the workflow must
+    private state, hands the workflow no lease, detached work or model call, and decides nothing the workflow must
     act on first (a denial, a stop, a skip, a short-circuit, a termination). Anything else hands the rest
     back to the workflow, which then runs the next stage's hooks on what this one made of the run."""
     if not ran:
@@ -368,7 +368,7 @@ def hands_on(spec: StageSpec, ran: Sequence[tuple[HookCall, HookOutcome]]) -> bo
     start = spec.subject(ran[0][0])
     subject = start
     for call, outcome in ran:
-        if outcome.leases or outcome.detached or outcome.decision.action in _HANDED_BACK:
+        if outcome.leases or outcome.detached or outcome.model_calls or outcome.decision.action in _HANDED_BACK:
             return False
         if outcome.state is not None and outcome.state != call.view.state:
             return False
@@ -385,8 +385,9 @@ def next_call(spec: StageSpec, applied: HookCall, outcome: HookOutcome, prebuilt
     from the call the workflow built for it (``prebuilt``). None when the batch must stop and hand the
     rest of the stage back to the workflow: the outcome ends the stage or is left to the workflow
     (``Fold.carries``), or it hands over leases or detached work (adopted or started before the next
-    hook runs). A failed invocation always stops the batch."""
-    if outcome.leases or outcome.detached:
+    hook runs), or it spent model tokens (the next hook's budget is what the workflow says is left). A
+    failed invocation always stops the batch."""
+    if outcome.leases or outcome.detached or outcome.model_calls:
         return None
     folded = spec.fold(spec.subject(applied), outcome)
     if folded.ends or not folded.carries:
