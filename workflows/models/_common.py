@@ -73,8 +73,11 @@ class ByReference(BaseModel):
 
 
 def json_size(value: Any) -> int:
-    """Bytes of the compact JSON encoding of ``value`` (the size it has in a payload)."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+    """Bytes of the compact JSON encoding of ``value`` (the size it has in a payload). A lone surrogate,
+    which JSON can carry, counts as the three bytes it takes escaped or stored."""
+    return len(
+        json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
+    )
 
 
 # A conservative token estimate: fewer characters per token than any common tokenizer reaches on prose,
@@ -98,7 +101,7 @@ def bounded_value(value: Any) -> Any:
     text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return {
         "$truncated": True,
-        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
         "bytes": size,
         "preview": text[:512],
     }
