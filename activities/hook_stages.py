@@ -223,7 +223,7 @@ class HookStageActivities(abc.ABC):
         (``workflows.stages.hands_on``). Where the workflow sent the accepted plan's snapshot
         (``batch.write``) and every hook left the plan and the run as they were, writes it; where it sent
         the terminal snapshot (``batch.end``) and every hook of every stage did, writes that."""
-        entries, ran, ran_on = await self._run_stage(batch.stage, batch.calls)
+        entries, ran, ran_on = await self.run_stage(batch.stage, batch.calls)
         outcome = HookBatchOutcome(entries=entries)
         if batch.write is not None and ran_on:
             write = batch.write
@@ -235,7 +235,7 @@ class HookStageActivities(abc.ABC):
         for segment in batch.ahead:
             if not ran_on:
                 break
-            later, _, ran_on = await self._run_stage(segment.stage, segment.calls)
+            later, _, ran_on = await self.run_stage(segment.stage, segment.calls)
             outcome.ahead.append(later)
         if batch.end is not None and ran_on and len(outcome.ahead) == len(batch.ahead):
             end, parts = batch.end, [entries, *outcome.ahead]
@@ -257,7 +257,7 @@ class HookStageActivities(abc.ABC):
             logger.warning("%s of %s not written with its hooks: %s", what, record.workflow_id, err)
         return tried
 
-    async def _run_stage(
+    async def run_stage(
         self, stage: Stage, calls: Sequence[Any]
     ) -> tuple[list[HookBatchEntry], list[tuple[HookCall, HookOutcome]], bool]:
         """One stage's hooks of a batch, in order: their entries (each outcome without the subject it would

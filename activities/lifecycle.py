@@ -14,13 +14,10 @@ import functools
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
-from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
-import pydantic
 from opentelemetry import trace
 from pydantic import BaseModel
 from temporalio import activity
@@ -36,7 +33,6 @@ from workflows import decisions
 from workflows.models import (
     MAX_PLAN_ATTEMPTS,
     MAX_RECORDED_PROMPT_CHARS,
-    MAX_TOOL_OUTPUT_BYTES,
     DetachedEffectInput,
     DetachedWorkResult,
     EffectUpdateInput,
@@ -53,7 +49,6 @@ from workflows.models import (
     Plan,
     PlanInput,
     PlanOutput,
-    PlanStep,
     RecalledMemory,
     RecallInput,
     RememberInput,
@@ -65,10 +60,7 @@ from workflows.models import (
     SynthesizeInput,
     SynthesizeOutput,
     ToolSpec,
-    ToolStepInput,
-    ToolStepOutput,
     estimate_tokens,
-    json_size,
 )
 from workflows.notification import NOTIFY_REVIEWERS_ACTIVITY
 from workflows.plan_validation import plan_problems
@@ -99,17 +91,15 @@ from .planning import (
     build_planning_prompt,
 )
 from .review_webhook import WEBHOOK_NOT_CONFIGURED, ReviewWebhook
-from .tools import ToolContext, ToolRegistry
+from .tool_steps import ToolSteps
+from .tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
 ResultT = TypeVar("ResultT", bound=BaseModel)
 
-INVALID_ARGUMENTS = "InvalidArguments"
 MAX_PRIVATE_STATE_BYTES = 64 * 1024
 DRAFT_PREVIEW_CHARS = 160  # of the model's draft, secrets masked, as the record keeps it
 RECALLED_EXCHANGES = KEPT_EXCHANGES  # the latest exchanges of a conversation a run recalls (besides its summary)
-# A tool's result text when its formatter failed: the output is kept, and the model reads that it completed.
-FORMATTED_FAILURE_CHARS = 300
 # A store's error as ``RecordNotStored`` carries it, and the time an attempt at a write leaves before its
 # start-to-close timeout to report that it failed.
 MAX_STORE_ERROR_CHARS = 500
@@ -164,6 +154,7 @@ class LifecycleActivities(HookStageActivities):
         self.memory = memory
         self.review_webhook = review_webhook
         self.conversations = ConversationActivities()
+        self.tool_steps = ToolSteps(self)
         # How conversation memory folds older exchanges into its summary (a bounded heuristic without a
         # summarizer), and the window its summary takes an eighth of (a default one when unknown).
         self.memory_summarizer: MemoryModel | None = None
@@ -226,8 +217,7 @@ class LifecycleActivities(HookStageActivities):
             self.resolve_pipeline,
             self.recall_memory,
             self.plan,
-            self.validate_tool_arguments,
-            self.execute_tool_step,
+            *self.tool_steps.activities(),
             self.synthesize,
             self.remember,
             self.persist_execution_record,
@@ -460,61 +450,6 @@ class LifecycleActivities(HookStageActivities):
             draft=draft,
         )
         return self.bounded_result(output, "plan")
-
-    @activity.defn(name="validate_tool_arguments")
-    async def validate_tool_arguments(self, step: PlanStep) -> list[str]:
-        """Why a step's resolved arguments do not fit its tool (empty when they do)."""
-        return self.tools.argument_problems(step, resolved=True)
-
-    @activity.defn(name="execute_tool_step")
-    @heartbeating
-    async def execute_tool_step(self, input: ToolStepInput) -> ToolStepOutput:
-        """Run one plan step's tool with validated arguments and the step's idempotency key."""
-        step = input.step
-        tool = self.tools.get(step.tool_key)
-        if tool is None:
-            raise ApplicationError(f"unknown tool {step.tool_key}", type=INVALID_ARGUMENTS, non_retryable=True)
-        try:
-            arguments = tool.Arguments.model_validate(step.arguments)
-        except pydantic.ValidationError as err:
-            raise ApplicationError(
-                f"invalid arguments for {step.tool_key}: {err}", type=INVALID_ARGUMENTS, non_retryable=True
-            ) from None
-        ctx = ToolContext(
-            request_id=input.request_id,
-            step_id=step.step_id,
-            idempotency_key=input.idempotency_key,
-            attempt=activity.info().attempt,
-            context=MappingProxyType(input.context),
-            conversation_id=input.conversation_id,
-        )
-        started = time.monotonic()
-        try:
-            output = await tool.run(arguments, ctx)
-        except BaseException as err:
-            telemetry.record_tool_call(step.tool, "failed" if isinstance(err, Exception) else "cancelled", started)
-            raise
-        telemetry.record_tool_call(step.tool, "succeeded", started)
-        size = json_size(output)
-        if size > MAX_TOOL_OUTPUT_BYTES:
-            raise ApplicationError(
-                f"{step.tool_key} returned {size} bytes; the limit is {MAX_TOOL_OUTPUT_BYTES}",
-                type="ToolOutputTooLarge",
-                non_retryable=True,
-            )
-        formatter = getattr(tool, "format", None)
-        if not callable(formatter):
-            return ToolStepOutput(output=output)
-        try:
-            text = formatter(output)
-            if not isinstance(text, str):
-                raise TypeError(f"format returned {type(text).__name__}, not str")
-        except Exception as err:  # noqa: BLE001 - a formatter's failure keeps the output (recovered)
-            problem = f"{step.tool_key} could not format its output: {type(err).__name__}: {err}"[
-                :FORMATTED_FAILURE_CHARS
-            ]
-            return ToolStepOutput(output=output, text=f"{step.tool} completed.", format_error=problem)
-        return ToolStepOutput(output=output, text=text)
 
     @activity.defn(name="synthesize")
     @heartbeating

@@ -102,6 +102,32 @@ def _batched_invocations(marker: Any, summary: str | None, recorded: str) -> lis
     return found
 
 
+def _tool_step_invocations(summary: str, result: Any) -> list[ScheduledActivity]:
+    """A tool step's activity that ran its in-process hooks around the tool (``execute · <tool> with
+    <hooks> (<step>)``): each hook invocation its result records, as a batch's are reported, and the tool
+    itself unless the hooks withheld it (or the activity never completed: then the tool alone, as asked)."""
+    head, _, step = summary.rpartition(" (")
+    step = step.rstrip(")")
+    tool = head.removeprefix("execute · ").split(" with ", 1)[0]
+    call = ScheduledActivity("execute_tool_step", f"execute · {tool} ({step})")
+    if result is None:
+        return [call]
+    output = data_converter.payload_converter.from_payloads(result.payloads if hasattr(result, "payloads") else result)[
+        0
+    ]
+    found = [
+        ScheduledActivity(STAGES[Stage.BEFORE_TOOL].activity, f"before_tool · {e['hook']} · {step}", True, True)
+        for e in output.get("before", [])
+    ]
+    if not output.get("withheld"):
+        found.append(call)
+    found += [
+        ScheduledActivity(STAGES[Stage.AFTER_TOOL].activity, f"after_tool · {e['hook']} · {step}", True, True)
+        for e in output.get("after", [])
+    ]
+    return found
+
+
 @dataclass
 class ScheduledActivity:
     activity_type: str
@@ -130,13 +156,22 @@ class Outcome:
         """Every activity the workflow scheduled (and local activity it recorded), in history order."""
         converter = data_converter.payload_converter
         found = []
+        completed = {
+            e.activity_task_completed_event_attributes.scheduled_event_id: e.activity_task_completed_event_attributes
+            for e in self.history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        }
         for event in self.history.events:
             summary = None
             if event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
                 summary = converter.from_payload(event.user_metadata.summary, str)
             if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 attrs = event.activity_task_scheduled_event_attributes
-                found.append(ScheduledActivity(attrs.activity_type.name, summary))
+                done = completed.get(event.event_id)
+                if attrs.activity_type.name == "execute_tool_step" and summary and " with " in summary:
+                    found.extend(_tool_step_invocations(summary, done.result.payloads if done else None))
+                else:
+                    found.append(ScheduledActivity(attrs.activity_type.name, summary))
             elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
                 attrs = event.marker_recorded_event_attributes
                 if attrs.marker_name == "core_local_activity" and "data" in attrs.details:

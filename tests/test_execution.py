@@ -497,7 +497,7 @@ async def test_execute_tool_step_rejects_bad_arguments_without_retry(
     env = ActivityEnvironment()
     with pytest.raises(ApplicationError) as raised:
         await env.run(
-            lifecycle_activities.execute_tool_step,
+            lifecycle_activities.tool_steps.execute_tool_step,
             ToolStepInput(step=bad_step, request_id="req-1", idempotency_key="k-1"),
         )
     err = raised.value
@@ -511,7 +511,7 @@ async def test_execute_tool_step_rejects_bad_arguments_without_retry(
 async def test_execute_tool_step_runs_a_valid_step_with_its_key(lifecycle_activities, tmp_path):
     env = ActivityEnvironment()
     output = await env.run(
-        lifecycle_activities.execute_tool_step,
+        lifecycle_activities.tool_steps.execute_tool_step,
         ToolStepInput(
             step=step("t", NS, "stock-service", "execute_trade", symbol="ACME", side="sell", quantity=3),
             request_id="req-1",

@@ -520,12 +520,16 @@ async def test_a_failing_plugin_ends_the_run_with_an_extension_error_naming_it(
 # --------------------------------------------------------------------------------------------------
 
 
+class ProbeArguments(BaseModel):
+    n: int = 0  # two probes with different values are two calls (identical ones would run once)
+
+
 class ProbeOk(Tool):
     namespace = "test-tools"
     agent = "metrics-probe"
     capability = "ok"
     read_only = True
-    Arguments = NoArguments
+    Arguments = ProbeArguments
 
     async def run(self, arguments, ctx):
         return "fine"
@@ -584,7 +588,7 @@ async def test_per_tool_metrics_are_in_the_record_and_exported_as_otel_metrics(c
         before_tool=lambda ctx, call: ToolDecision.deny("not this one") if call.step_id == "denied" else None,
     )
     planner = FixedPlanner(
-        step("ok-1", ProbeOk), step("ok-2", ProbeOk), step("denied", ProbeOk), step("fail-1", ProbeFail)
+        step("ok-1", ProbeOk, n=1), step("ok-2", ProbeOk, n=2), step("denied", ProbeOk, n=3), step("fail-1", ProbeFail)
     )
     names = (TOOL_CALLS_METRIC, TOOL_FAILURES_METRIC, TOOL_DURATION_METRIC)
     async with Harness(

@@ -22,26 +22,18 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from . import search_attributes as sa
-    from . import stages, story
+    from . import stages
     from .converter import Shown
-    from .effects import elapsed_ms
-    from .invocation import HookRunner, OnOutcome, RunStopped, StageRun, raise_if_cancelled
+    from .invocation import HookRunner, OnOutcome, PreRun, RunStopped, StageRun
     from .listing import EXECUTING, StageListing
     from .models import (
-        LOOP_DEPTH_EXCEEDED,
-        MAX_SUBAGENT_DEPTH,
-        METADATA_PARENT_WORKFLOW,
-        METADATA_SUBAGENT_DEPTH,
         ApprovalCall,
         ApprovalReason,
         Checkpoint,
@@ -51,31 +43,24 @@ with workflow.unsafe.imports_passed_through():
         Plan,
         PlanStep,
         RecoveredError,
-        RequestInput,
-        RequestResult,
         StepResult,
         StepStatus,
+        StepSummary,
         ToolCall,
         ToolMetrics,
         ToolOutcomeView,
-        ToolStepInput,
-        ToolStepOutput,
-        subagent_depth,
     )
     from .plan_validation import UnresolvedReference, resolve_references
     from .reviews import Reviews
     from .run_state import RunState
     from .scheduling import Scheduler
+    from .snapshots import spent
     from .stages import Fold
-    from .support import idempotency_key
+    from .tool_calls import FusedCall, ToolCalls
+    from .tool_outcomes import outcome_view
 
 # Why a declared hook of a blocking event blocked when its handler could not decide (not its verdict).
 _EVENT_FAILURES = frozenset({"hook_error", "timeout", "chain_budget_exhausted"})
-_OUTCOME_STATUS: dict[StepStatus, Literal["executed", "cached", "failed", "skipped"]] = {
-    StepStatus.SUCCEEDED: "executed",
-    StepStatus.FAILED: "failed",
-    StepStatus.SKIPPED: "skipped",
-}
 
 
 @dataclass
@@ -88,6 +73,7 @@ class PreparedCall:
     result: StepResult
     ready: bool
     invalid: bool = False
+    steps: list[StepSummary] = field(default_factory=list)  # the request's steps finished when it was prepared
 
     def approval_call(self, step: PlanStep) -> ApprovalCall:
         """The call as a reviewer approves it: the arguments it will run with."""
@@ -119,7 +105,7 @@ class StepExecutor:
         self._scheduler = scheduler
         self._listing = listing
         self._reviews = reviews
-        self._workflow_type = workflow_type  # a sub-agent step runs a child of this type
+        self._tools = ToolCalls(state, scheduler, listing, workflow_type=workflow_type)
         self._executing = Plan()
         # The calls of this phase that need a reviewer, with why; those prepared before the phase's
         # checkpoint; and the checkpoint each approved call runs under.
@@ -220,6 +206,9 @@ class StepExecutor:
         """One step through its tool-call stages, then the cap on the result text a model reads. A call
         that needs a reviewer runs only once approved, with exactly the approved arguments."""
         prepared = self._prepared.pop(step.step_id, None)
+        fused = None
+        if prepared is None and missing is None:
+            prepared, fused = await self._with_hooks(step)
         if prepared is None or missing is not None:
             prepared = await self._prepare_step(step, missing=missing)
             decided = step.step_id in self._approved or step.step_id in self._declined
@@ -233,7 +222,10 @@ class StepExecutor:
             result.skip_reason, result.skip_detail = "confirmation", f"declined by {reviewer}"
             result.result = f"{step.tool} was not run: {reviewer} declined it" + (f": {comment}" if comment else "")
         try:
-            if prepared.ready:
+            if fused is not None:
+                prepared = await self._took_with_hooks(step, prepared, fused)
+                call = prepared.call
+            elif prepared.ready:
                 checkpoint = self._approved.get(step.step_id)
                 if checkpoint is not None:
                     # Execution receives a copy of the approved values, whatever holds the call meanwhile.
@@ -250,7 +242,7 @@ class StepExecutor:
                     result.error or "",
                     {"step_id": step.step_id, "tool": step.tool_key},
                 )
-            await self._after_tool(step, call, result)
+            await self._after_tool(step, call, result, prepared.steps, self._after_prerun(fused, call, result))
         except BaseException:
             # A step with an outcome — its tool ran, or it was skipped for a reason — stays in the record,
             # whatever ends the run after it (a hook that fails closed, a stop); one cut off mid-call does not.
@@ -280,15 +272,7 @@ class StepExecutor:
         """Resolve the step's references, validate the resolved arguments and run its before_tool chain:
         the call as it will run, or why it will not. A stop ends the run."""
         result = StepResult(step_id=step.step_id, tool=step.tool, status=StepStatus.SKIPPED, started_at=workflow.now())
-        call = ToolCall(
-            step_id=step.step_id,
-            namespace=step.namespace,
-            agent=step.agent,
-            capability=step.capability,
-            plan_phase=self._state.phase,
-            subagent=self._is_subagent(step),
-            brief=_brief(step, self._executing),
-        )
+        call = self._call_of(step)
         if missing is None:
             try:
                 call.arguments = resolve_references(step.arguments, self._state.results)
@@ -386,13 +370,23 @@ class StepExecutor:
         tool_call: ToolCall,
         subject: Any,
         on_outcome: OnOutcome,
+        prerun: PreRun | None = None,
         **extras: Any,
     ) -> StageRun:
-        """A tool stage's chain for one step: only the hooks whose matcher and sub-agent filter admit it."""
+        """A tool stage's chain for one step: only the hooks whose matcher and sub-agent filter admit it
+        (``prerun``: its leading hooks already ran in the step's activity)."""
         hooks = self._state.manifest.tool_participants(spec.stage, tool_call)
-        return await self._runner.run(spec, subject, on_outcome, hooks=hooks, step=step, **extras)
+        return await self._runner.run(spec, subject, on_outcome, hooks=hooks, step=step, prerun=prerun, **extras)
 
-    async def _before_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> PreparedCall:
+    async def _before_tool(
+        self,
+        step: PlanStep,
+        call: ToolCall,
+        result: StepResult,
+        *,
+        steps: list[StepSummary] | None = None,
+        prerun: PreRun | None = None,
+    ) -> PreparedCall:
         """The before_tool chain: the call as it will run, or denied. A stop ends the run."""
 
         def on_outcome(
@@ -423,124 +417,137 @@ class StepExecutor:
             elif verdict.action == "stop":
                 raise RunStopped(hook.name, stages.Stage.BEFORE_TOOL.value, verdict.reason, verdict.message)
 
+        steps = self._state.steps_so_far() if steps is None else steps
         chain = await self._tool_stage(
-            stages.STAGES[stages.Stage.BEFORE_TOOL], step, call, call, on_outcome, steps=self._state.steps_so_far()
+            stages.STAGES[stages.Stage.BEFORE_TOOL], step, call, call, on_outcome, prerun, steps=steps
         )
-        return PreparedCall(chain.subject, result, ready=not chain.ended)
+        return PreparedCall(chain.subject, result, ready=not chain.ended, steps=steps)
 
     def _is_subagent(self, step: PlanStep) -> bool:
         return any(t.key == step.tool_key and t.kind == "subagent" for t in self._state.manifest.tools)
 
-    async def _call_subagent(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
-        """Run a sub-agent step as a child ``RequestLifecycle`` one level deeper; beyond
-        ``MAX_SUBAGENT_DEPTH`` the step fails with ``LoopDepthExceeded`` and no child starts."""
-        state = self._state
-        info = workflow.info()
-        depth = subagent_depth(state.input.metadata) + 1
-        started = workflow.now()
-        result.status = StepStatus.FAILED
-        if depth > MAX_SUBAGENT_DEPTH:
-            workflow.logger.warning("security.hook.loop_depth_exceeded step=%s depth=%s", step.step_id, depth)
-            result.error_type = LOOP_DEPTH_EXCEEDED
-            result.error = f"sub-agent depth {depth} exceeds the limit of {MAX_SUBAGENT_DEPTH}"
-        else:
-            asked = str(call.arguments.get("request") or state.ask)
-            metadata = {
-                **state.input.metadata,
-                METADATA_SUBAGENT_DEPTH: depth,
-                METADATA_PARENT_WORKFLOW: info.workflow_id,
-            }
-            self._listing.publish()
-            try:
-                answer = await workflow.execute_child_workflow(
-                    self._workflow_type,
-                    RequestInput(request=asked, metadata=metadata),
-                    id=f"{info.workflow_id}/subagent/{step.step_id}",
-                    task_queue=info.task_queue,
-                    result_type=RequestResult,
-                    static_summary=story.subagent_summary(
-                        step.tool, step.step_id, depth, asked, with_text=state.manifest.ui_shows_text
-                    ),
-                    static_details=story.subagent_details(
-                        info.workflow_id, state.request_id, asked, with_text=state.manifest.ui_shows_text
-                    ),
-                    search_attributes=self._listing.child_request(sa.KIND_SUBAGENT),
-                )
-            except FailureError as err:
-                raise_if_cancelled(err)
-                cause = getattr(err, "cause", None) or err
-                result.error_type = getattr(cause, "type", None) or type(cause).__name__
-                result.error = getattr(cause, "message", None) or str(cause)
-            else:
-                result.status = StepStatus.SUCCEEDED
-                result.output = {"response": answer.response, "workflow_id": answer.workflow_id, "depth": depth}
-                result.result = answer.response
-        result.duration_ms = elapsed_ms(started)
+    async def _call_tool(
+        self, step: PlanStep, call: ToolCall, result: StepResult, *, attempts: int | None = None
+    ) -> None:
+        """Execute the tool; if it fails after its retries, offer the error to on_tool_error hooks."""
+        await self._tools.call(step, call, result, attempts=attempts)
         if result.status is StepStatus.FAILED:
-            result.result = f"error: {result.error}"
             await self._on_tool_error(step, call, result)
 
-    async def _call_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
-        """Execute the tool; if it fails after its retries, offer the error to on_tool_error hooks."""
-        if call.subagent:
-            await self._call_subagent(step, call, result)
-            return
-        settings = self._state.manifest.settings
-        info = workflow.info()
-        # Keyed by run and by the arguments as executed: every retry of this call (and a dispatch after a
-        # lost worker) carries the same key; another run or another call never does.
-        result.idempotency_key = idempotency_key(
-            info.workflow_id, info.first_execution_run_id, step.step_id, call.arguments
-        )
-        started = workflow.now()
+    # -- a tool call with its in-process hooks, in one activity -------------------------------------
+
+    async def _with_hooks(self, step: PlanStep) -> tuple[PreparedCall | None, FusedCall | None]:
+        """Make the call of a step whose tool hooks all run in-process together with them, in one activity
+        (``tool_calls.ToolCalls.call_with_hooks``): a step that needs no reviewer, calls no sub-agent,
+        resolves its references and repeats no call made or running. (None, None) for any other step, or
+        when the activity itself failed: it goes through its stages one by one."""
+        state = self._state
+        if step.step_id in self._needs_approval or self._is_subagent(step):
+            return None, None
+        call = self._call_of(step)
         try:
-            output = await self._scheduler.activity(
-                "execute_tool_step",
-                ToolStepInput(
-                    step=step.model_copy(update={"arguments": call.arguments}),
-                    request_id=self._state.request_id,
-                    idempotency_key=result.idempotency_key,
-                    context=self._state.input.metadata,
-                    conversation_id=self._state.conversation_id,
-                ),
-                result_type=ToolStepOutput,
-                timeout=settings.tool_timeout_seconds,
-                retry_policy=RetryPolicy(
-                    maximum_attempts=settings.tool_max_attempts, non_retryable_error_types=["InvalidArguments"]
-                ),
-                summary=Shown(f"execute · {step.tool} ({step.step_id})"),
+            call.arguments = resolve_references(step.arguments, state.results)
+        except UnresolvedReference:
+            return None, None
+        before = state.manifest.tool_participants(stages.Stage.BEFORE_TOOL, call)
+        after = state.manifest.tool_participants(stages.Stage.AFTER_TOOL, call)
+        if not (before or after) or not self._runner.dispatcher.local([*before, *after]):
+            return None, None
+        repeats = self._cached_read(step, call) or self._earlier_success(step, call.arguments, cached=False)
+        key = (step.tool_key, _canonical(call.arguments))
+        if repeats is not None or self._running.get(key) not in (None, *state.results):
+            return None, None
+        self._running[key] = step.step_id  # until its result is in: an identical call waits for it
+        steps = state.steps_so_far()
+        view = state.view
+        before_spec, after_spec = stages.STAGES[stages.Stage.BEFORE_TOOL], stages.STAGES[stages.Stage.AFTER_TOOL]
+        untold = ToolOutcomeView(status="skipped")  # the activity puts in the call's outcome
+        try:
+            fused = await self._tools.call_with_hooks(
+                step,
+                call,
+                (before, [before_spec.build(h, view(h), call, steps=steps) for h in before]),
+                (after, [after_spec.build(h, view(h), untold, call=call, steps=steps) for h in after]),
             )
-        except ActivityError as err:
-            raise_if_cancelled(err)
-            cause = err.cause
-            result.duration_ms = elapsed_ms(started)
-            result.status = StepStatus.FAILED
-            result.error = getattr(cause, "message", None) or str(cause or err)
-            result.error_type = getattr(cause, "type", None) or type(cause).__name__
-            result.result = f"error: {result.error}"
-            await self._on_tool_error(step, call, result)
-            return
-        result.duration_ms = elapsed_ms(started)
-        result.status = StepStatus.SUCCEEDED
-        result.output = output.output
-        if output.text is not None:
-            result.result = output.text
-        else:
-            result.result = (
-                output.output
-                if isinstance(output.output, str)
-                else json.dumps(output.output, ensure_ascii=False, sort_keys=True)
-            )
-        if output.format_error is not None:
-            # The output is kept; the model reads that the tool completed. Recovered, and observed.
-            self._state.record.diagnostics.append(
-                Diagnostic(
-                    extension="(formatter)", phase="after_tool", error=output.format_error, error_type="FormatterError"
+        except asyncio.CancelledError:
+            # Cancelled with the run while its activity ran: what its hooks decided never came back.
+            for name in dict.fromkeys(hook.name for hook in [*before, *after]):
+                state.record.diagnostics.append(
+                    Diagnostic(
+                        extension=name,
+                        phase="tool_step",
+                        error=f"may have run in step {step.step_id}'s activity, cancelled with the run: outcome unknown",
+                        error_type="Cancelled",
+                    )
                 )
-            )
-            self._state.recover(
-                "formatter", "FormatterError", output.format_error, {"step_id": step.step_id, "tool": step.tool_key}
-            )
+            raise
+        if fused.output is None:
+            return None, None
+        result = StepResult(
+            step_id=step.step_id,
+            tool=step.tool,
+            status=StepStatus.SKIPPED,
+            started_at=fused.started,
+            arguments=call.arguments,
+        )
+        return PreparedCall(call, result, ready=True, steps=steps), fused
+
+    async def _took_with_hooks(self, step: PlanStep, prepared: PreparedCall, fused: FusedCall) -> PreparedCall:
+        """Record what the activity of a call with its hooks did: its before_tool hooks' invocations (and
+        any it handed back, run now), the tool's outcome — retried alone with the attempts left after a
+        failure it may retry, or made now when the hooks handed the call back before it ran."""
+        output = fused.output
+        assert output is not None
+        result = prepared.result
+        if output.problems:
+            # before_tool sees only validated arguments; these fail like a call the tool refused.
+            result.status, result.error_type = StepStatus.FAILED, "InvalidArguments"
+            result.error = result.result = "invalid arguments: " + "; ".join(output.problems)
+            await self._on_tool_error(step, prepared.call, result)
+            return PreparedCall(prepared.call, result, ready=False, invalid=True, steps=prepared.steps)
+        prerun = None
+        if output.before:
+            calls = fused.before[: len(output.before)]
+            prerun = PreRun(calls, output.before, fused.started, trusted=True)
+        ran = await self._before_tool(step, prepared.call, result, steps=prepared.steps, prerun=prerun)
+        ran.steps = prepared.steps
+        if not ran.ready:
+            return ran
+        if output.withheld:  # handed back before the tool: it runs now, on its own
+            await self._run_once(step, ran)
+            return ran
+        result.idempotency_key = self._tools.key(step, ran.call.arguments)
+        result.duration_ms = output.duration_ms
+        if output.error is None:
+            self._tools.took(step, result, output)
+            return ran
+        left = self._state.manifest.settings.tool_max_attempts - 1
+        if output.error_retryable and left > 0:
+            await self._call_tool(step, ran.call, result, attempts=left)
+        else:
+            ToolCalls.failed(result, output.error.message, output.error.type)
+            await self._on_tool_error(step, ran.call, result)
+        return ran
+
+    def _after_prerun(self, fused: FusedCall | None, call: ToolCall, result: StepResult) -> PreRun | None:
+        """The after_tool hooks the activity of a call with its hooks ran on its outcome, as recorded."""
+        output = fused.output if fused is not None else None
+        if fused is None or output is None or not output.after or output.withheld or output.error is not None:
+            return None
+        calls = ToolCalls.after_calls(fused, call, outcome_view(result))[: len(output.after)]
+        started = fused.started + spent(output.before) + timedelta(milliseconds=output.duration_ms)
+        return PreRun(calls, output.after, started, trusted=True)
+
+    def _call_of(self, step: PlanStep) -> ToolCall:
+        return ToolCall(
+            step_id=step.step_id,
+            namespace=step.namespace,
+            agent=step.agent,
+            capability=step.capability,
+            plan_phase=self._state.phase,
+            subagent=self._is_subagent(step),
+            brief=_brief(step, self._executing),
+        )
 
     async def _on_tool_error(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
         """Offer a failed step to on_tool_error hooks: the first that handles it substitutes the result."""
@@ -562,35 +569,23 @@ class StepExecutor:
         spec = stages.STAGES[stages.Stage.ON_TOOL_ERROR]
         await self._tool_stage(spec, step, call, failed, on_outcome, call=call)
 
-    async def _after_tool(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
-        """Chain result rewrites over every outcome; the execution status never changes here."""
-        recovered = result.recovered_from
-        cached = result.cached_from is not None
-        outcome = ToolOutcomeView.model_validate(
-            {
-                "status": "cached" if cached else _OUTCOME_STATUS[result.status],
-                "output": result.output if result.status is StepStatus.SUCCEEDED and not cached else None,
-                "reason": result.skip_reason,
-                "extension": result.skipped_by,
-                "error": result.error,
-                "result": result.result or "",
-                "recovered_from": (recovered.error or recovered.error_type) if recovered is not None else None,
-                "from_step": result.cached_from,
-            }
-        )
+    async def _after_tool(
+        self,
+        step: PlanStep,
+        call: ToolCall,
+        result: StepResult,
+        steps: list[StepSummary],
+        prerun: PreRun | None = None,
+    ) -> None:
+        """Chain result rewrites over every outcome; the execution status never changes here. ``steps``: the
+        request's steps finished when the call was prepared."""
 
         def on_outcome(hook: HookEntry, outcome: stages.execution.AfterToolOutcome, before: Any, folded: Fold) -> None:
             result.result = outcome.result
 
-        await self._tool_stage(
-            stages.STAGES[stages.Stage.AFTER_TOOL],
-            step,
-            call,
-            outcome,
-            on_outcome,
-            call=call,
-            steps=self._state.steps_so_far(),
-        )
+        spec = stages.STAGES[stages.Stage.AFTER_TOOL]
+        outcome = outcome_view(result)
+        await self._tool_stage(spec, step, call, outcome, on_outcome, prerun, call=call, steps=steps)
 
     def _count_tool_metrics(self, result: StepResult) -> None:
         metrics = self._state.record.tool_metrics.setdefault(result.tool, ToolMetrics())

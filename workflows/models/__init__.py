@@ -25,6 +25,7 @@ from ._activity_io import (
     ReviewNotificationResult,
     SynthesizeInput,
     SynthesizeOutput,
+    ToolStepHooks,
     ToolStepInput,
     ToolStepOutput,
 )
@@ -411,6 +412,7 @@ __all__ = [
     "ToolMetrics",
     "ToolOutcomeView",
     "ToolSpec",
+    "ToolStepHooks",
     "ToolStepInput",
     "ToolStepOutput",
     "LostAttempt",

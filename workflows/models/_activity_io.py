@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from ._common import ByReference
 from ._hook_calls import MemoryCandidate
 from ._model_calls import ModelCall
-from ._pipeline import DetachedWork, ManagedLease, PipelineHookEffect
+from ._pipeline import DetachedWork, HookBatchEntry, HookBatchFailure, ManagedLease, PipelineHookEffect
 from ._plans import ExecutionResult, ModelTurn, Plan, PlanRepair, PlanStep, PriorTurn, StepResult
 from ._record import Checkpoint, ModelDraft
 
@@ -73,6 +73,16 @@ class PlanOutput(ByReference):
     repair: PlanRepair | None = None
 
 
+class ToolStepHooks(BaseModel):
+    """A step's in-process tool hooks, for its activity to run around the tool: the before_tool calls and
+    the after_tool calls (as the workflow built them before the tool ran: the activity puts in the call as
+    it ran and its outcome), as JSON."""
+
+    before: list[dict[str, JsonValue]] = Field(default_factory=list)
+    after: list[dict[str, JsonValue]] = Field(default_factory=list)
+    first_run_id: str  # with the workflow id, what the call's idempotency key is scoped to
+
+
 class ToolStepInput(ByReference):
     defaults_omitted = True
 
@@ -83,6 +93,10 @@ class ToolStepInput(ByReference):
     # and the conversation the request belongs to.
     context: dict[str, JsonValue] = Field(default_factory=dict)
     conversation_id: str | None = None
+    # With hooks, the activity validates the resolved arguments, runs the before_tool hooks, the tool on
+    # the call they let through and the after_tool hooks on its outcome, and answers the tool's failure
+    # instead of raising it (one attempt: the workflow retries the tool alone).
+    hooks: ToolStepHooks | None = None
 
 
 class ToolStepOutput(ByReference):
@@ -93,6 +107,18 @@ class ToolStepOutput(ByReference):
     # and why formatting failed when it did (the output is kept; the text says the tool completed).
     text: str | None = None
     format_error: str | None = None
+    # With ``ToolStepInput.hooks``: each hook's entry as a local batch records it (a stage cut short hands
+    # the rest back to the workflow); whether the tool was withheld (invalid arguments, or before_tool hooks
+    # that handed the call back), on which arguments it ran, in how long; why the resolved arguments were
+    # invalid; and the tool's failure, answered rather than raised.
+    before: list[HookBatchEntry] = Field(default_factory=list)
+    after: list[HookBatchEntry] = Field(default_factory=list)
+    withheld: bool = False
+    arguments: dict[str, JsonValue] | None = None
+    duration_ms: float = 0.0
+    problems: list[str] = Field(default_factory=list)
+    error: HookBatchFailure | None = None
+    error_retryable: bool = False
 
 
 class SynthesizeInput(ByReference):

@@ -21,6 +21,7 @@ from ._base import StageSpec as StageSpec
 from ._base import hands_on as hands_on
 from ._base import hook_activity_type as hook_activity_type
 from ._base import hook_stage_of as hook_stage_of
+from ._base import let_through as let_through
 from ._base import next_call as next_call
 from ._base import returned as returned
 from ._base import stages_activity_type as stages_activity_type

@@ -379,6 +379,27 @@ def hands_on(spec: StageSpec, ran: Sequence[tuple[HookCall, HookOutcome]]) -> bo
     return subject == start
 
 
+def let_through(spec: StageSpec, ran: Sequence[tuple[HookCall, HookOutcome]]) -> Any:
+    """What a gate's hooks (``ran``: each call as its hook received it, and its outcome, in order) let
+    through, where a local activity may act on it without the workflow — a tool step's activity runs the
+    tool on the call its before_tool hooks left: their subject as folded (a rewrite included), when every
+    hook ran, kept its private state, handed the workflow no lease, detached work or model call and decided
+    nothing the workflow must act on first. None otherwise: the workflow goes on from there."""
+    if not ran:
+        return None
+    subject = spec.subject(ran[0][0])
+    for call, outcome in ran:
+        if outcome.leases or outcome.detached or outcome.model_calls or outcome.decision.action in _HANDED_BACK:
+            return None
+        if outcome.state is not None and outcome.state != call.view.state:
+            return None
+        folded = spec.fold(subject, outcome)
+        if folded.ends or not folded.carries:
+            return None
+        subject = folded.subject
+    return subject
+
+
 def next_call(spec: StageSpec, applied: HookCall, outcome: HookOutcome, prebuilt: HookCall) -> HookCall | None:
     """What the hook after one in a batch receives: the stage's subject folded as the workflow folds it
     (``spec.fold`` of the previous hook's call and outcome), and the hook's own entry and private state
