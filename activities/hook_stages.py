@@ -15,7 +15,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextvars
-import inspect
 import json
 import logging
 import time
@@ -61,6 +60,7 @@ from workflows.support import BATCH_TIMEOUT, NON_RETRYABLE_HOOK_FAILURES, hook_r
 
 from . import telemetry
 from .heartbeat import heartbeating
+from .stoppable import HookAttempt, call_stoppable
 from .tools import ToolRegistry
 
 logger = logging.getLogger(__name__)
@@ -99,14 +99,32 @@ async def _attempts(
         attempt += 1
 
 
-async def call_hook(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a hook method; plain functions run in a thread so they cannot block the event loop."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    result = await asyncio.to_thread(fn, *args)
-    if inspect.isawaitable(result):
-        return await result
-    return result
+async def call_hook(fn: Callable[..., Any], *args: Any, where: HookAttempt | None = None) -> Any:
+    """Call a hook method so that it stops when its invocation times out or is cancelled: a plain
+    function in a thread of its own (it cannot block the event loop), a coroutine in a task of its own.
+    ``where``: the invocation it belongs to, whose earlier attempts it never overlaps (see
+    ``activities.stoppable``)."""
+    return await call_stoppable(fn, args, where)
+
+
+async def _within_attempt(spec: StageSpec, call: HookCall, invoke: Awaitable[Any]) -> Any:
+    """One invocation of one hook as its own activity: ended by this worker when its attempt's
+    start-to-close timeout is up, as the server ends it, so that the hook is stopped then — the server
+    tells a worker nothing when it times an attempt out. (A local activity's timeout is the worker's
+    own: it cancels the attempt then.)"""
+    info = activity.info()
+    timeout = info.start_to_close_timeout
+    if info.is_local or timeout is None:
+        return await invoke
+    try:
+        async with asyncio.timeout(timeout.total_seconds()):
+            return await invoke
+    except TimeoutError:
+        raise ApplicationError(
+            f"hook did not finish within {call.hook.timeout_seconds:g}s (start_to_close)",
+            {"hook": call.hook.name, "stage": spec.stage.value},
+            type=decisions.HOOK_TIMEOUT,
+        ) from None
 
 
 def _checked_state(entry: HookEntry, state: Any) -> dict[str, JsonValue]:
@@ -299,7 +317,17 @@ class HookStageActivities(abc.ABC):
             checks = _Checks(self, span)
             prepared = spec.prepare(call, checks)
             ctx.told(**spec.context(prepared))
-            value = await call_hook(getattr(hook, spec.method(call.hook)), ctx, *spec.arguments(prepared, ctx))
+            info = activity.info()
+            where = HookAttempt(
+                workflow_id=call.view.workflow_id,
+                stage=spec.stage.value,
+                hook=call.hook.name,
+                activity_id=info.activity_id,
+                attempt=_BATCH_ATTEMPT.get() or info.attempt,
+            )
+            value = await call_hook(
+                getattr(hook, spec.method(call.hook)), ctx, *spec.arguments(prepared, ctx), where=where
+            )
             return spec.judge(prepared, value, ctx, checks)
 
         return await self._invoke(call, spec.stage, run)
@@ -455,7 +483,7 @@ def _stage_activity(spec: StageSpec) -> Callable[..., Any]:
     """The activity ``<stage>_hook``: one invocation of one hook at ``spec``'s stage, by the shared body."""
 
     async def invoke(self: HookStageActivities, call: Any) -> Any:
-        return await self.invoke_stage(spec, call)
+        return await _within_attempt(spec, call, self.invoke_stage(spec, call))
 
     invoke.__name__ = invoke.__qualname__ = spec.activity
     invoke.__doc__ = f"Invoke one {spec.stage.value} hook: call it, judge what it returned, record its span."
