@@ -301,7 +301,7 @@ class PipelineContext:
         Both effects are announced ``pending`` now, before the invocation returns. Once it has returned
         successfully the workflow keeps the lease alive: a durable timer and a short renewal that calls this
         hook's ``renew_lease(lease)`` every ``renew_interval_seconds`` (default: a third of the TTL), handed to
-        a ``LeaseKeeper`` child while the request waits long; on every exit — success, failure, rejection,
+        a ``LeaseKeeper`` child from the moment the request waits (a checkpoint, its conversation turn); on every exit — success, failure, rejection,
         checkpoint rejection or expiry, cancellation, stop — it stops renewing and waits for a renewal in
         flight, then calls ``release_lease(lease)``, and brings both effects to a terminal state with
         submission and error counts. Declaring the same ``lease_id`` again (in a

@@ -12,11 +12,14 @@ checkpoint adds a bounded handful of events for its lease, however long it waits
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHistory
 from temporalio.exceptions import CancelledError
+from temporalio.testing import WorkflowEnvironment
 
 from activities.memory import MemoryStore
 from hooks import HookRejection, PipelineHook, PipelineShortCircuit, RequiredAfterPlanningHook, ToolDecision
@@ -203,7 +206,8 @@ async def test_cleanup_runs_when_a_checkpoint_is_rejected(client, tmp_path):
         out = await h.finish(handle)
 
     assert out.failure is not None and out.failure.type == "CheckpointRejected"
-    assert_released_after_join(out, await out.stored(), "error")
+    # The checkpoint handed the lease to its keeper as it opened.
+    assert_released_after_join(out, await out.stored(), "error", keepers=1)
     assert (await memory.active()).items == []
 
 
@@ -251,62 +255,283 @@ class RecordingCoordinator:
         return await self.memory.active()
 
 
-async def test_a_checkpoint_wait_renews_the_lease_without_adding_history_and_cleans_up_on_expiry(client, tmp_path):
-    """A request waiting for review keeps its lease alive (each renewal reaches the registry before the
-    TTL runs out) while its own history stops growing with the wait: after its own first renewals (two
-    here) its LeaseKeeper child renews, with a timer and one short activity per renewal, so a wait of a
-    day costs the request what a wait of a minute does, and no worker slot is held in between."""
+DAY = 24 * 3600.0
+WINDOW = timedelta(minutes=3)
+DECISIONS = ("approve", "reject")
+
+
+def _summary(event) -> str:
+    if not event.HasField("user_metadata") or not event.user_metadata.HasField("summary"):
+        return ""
+    return data_converter.payload_converter.from_payload(event.user_metadata.summary, str)
+
+
+def wait_events(out: Outcome) -> list:
+    """The events the request's history gained while it waited at its checkpoint: after the checkpoint's
+    expiry timer started (the last command of its opening), before what ended the wait — a reviewer's
+    decision, the timer firing, or a cancellation."""
+    events = list(out.history.events)
+    start = next(
+        i
+        for i, e in enumerate(events)
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED and _summary(e).startswith("awaiting review")
+    )
+    timer = events[start].event_id
+
+    def ends(e) -> bool:
+        return (
+            (
+                e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+                and e.workflow_execution_signaled_event_attributes.signal_name in DECISIONS
+            )
+            or (
+                e.event_type == EventType.EVENT_TYPE_TIMER_FIRED
+                and e.timer_fired_event_attributes.started_event_id == timer
+            )
+            or e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED
+        )
+
+    end = next(i for i in range(start + 1, len(events)) if ends(events[i]))
+    return events[start + 1 : end]
+
+
+def most_in_window(events: list) -> int:
+    """The most of ``events`` that fall in any 3 minutes (by event time)."""
+    times = sorted(e.event_time.ToDatetime() for e in events)
+    most, first = 0, 0
+    for last, at in enumerate(times):
+        while at - times[first] >= WINDOW:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def assert_flat(waited: list) -> None:
+    """Nothing the request did itself while it waited: no activity, no local activity's marker, no timer
+    of its own fired — at most the keeper's start reaching it."""
+    names = [EventType.Name(e.event_type) for e in waited]
+    assert len(waited) <= 5, names
+    assert most_in_window(waited) <= 5, names
+    assert not {
+        EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+        EventType.EVENT_TYPE_MARKER_RECORDED,
+        EventType.EVENT_TYPE_TIMER_FIRED,
+        EventType.EVENT_TYPE_TIMER_STARTED,
+    } & {e.event_type for e in waited}, names
+
+
+async def skip(env: WorkflowEnvironment, seconds: float, step: float = 60.0) -> None:
+    """Let ``seconds`` of time pass on the time-skipping server, in steps (one long sleep is one call,
+    which would time out while the worker renews)."""
+    while seconds > 0:
+        await env.sleep(min(step, seconds))
+        seconds -= step
+
+
+async def keeper_history(client: Client, out: Outcome) -> WorkflowHistory:
+    """The history of the request's one lease keeper (its latest run)."""
+    [keeper_id] = {
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    }
+    return await client.get_workflow_handle(keeper_id).fetch_history()
+
+
+def renewals_in(history: WorkflowHistory) -> list[str]:
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+
+
+async def test_a_day_at_a_checkpoint_adds_a_handful_of_events_while_the_keeper_renews_the_lease(time_env, tmp_path):
+    """A request that waits a day for its reviewer keeps its lease alive the whole day (every renewal
+    reaches the registry) while its own history stays flat: the lease went to its keeper as the
+    checkpoint opened, so the day adds the keeper's start reaching the request and nothing else."""
+    coordinator = RecordingCoordinator(MemoryStore(tmp_path / "memory.sqlite3"))
+    hooks = coordination_hooks(coordinator, ttl_seconds=1800.0, renew_interval_seconds=600.0)
+    async with Harness(
+        time_env.client,
+        tmp_path,
+        hooks=hooks,
+        planner=FixedPlanner(message()),
+        review=ReviewSettings(checkpoint_expiry_seconds=2 * DAY),
+        search_attributes=False,
+    ) as h:
+        handle = await h.start("Send a message to bob")
+        checkpoint = await h.wait_for_checkpoint(handle)
+        await skip(time_env, DAY, step=3600.0)
+        renewed = len(coordinator.renewals)
+        assert len((await coordinator.active()).items) == 1  # still announced after a day
+        await handle.signal("reject", {"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "ops", "reason": "late"})
+        out = await h.finish(handle)
+        keeper = await keeper_history(time_env.client, out)
+        h.histories.append(keeper)
+
+    assert out.failure is not None and out.failure.type == "CheckpointRejected"
+    waited = wait_events(out)
+    assert len(waited) <= 50
+    assert_flat(waited)
+    # Renewed every 10 minutes all day, each before the TTL ran out, none by the request itself.
+    assert renewed >= DAY // 600 - 1
+    assert all(r.ok and r.detail["found"] for r in coordinator.renewals)
+    expiries = [r.detail["expires_at"] for r in coordinator.renewals]
+    assert expiries == sorted(expiries)
+    assert scheduled_ids(out, "renew_lease") == []
+    assert renewals_in(keeper) == ["renew_lease"] * len(coordinator.renewals)
+    stored = await out.stored()
+    assert_released_after_join(out, stored, "error", keepers=1)
+    assert stored.effect(RENEWAL).data["submitted"] == stored.effect(RENEWAL).data["returned"] == renewed
+    assert (await coordinator.active()).items == []
+
+
+WAIT_EXITS = {
+    # how the wait ends: (failure type, exit, status)
+    "approve": (None, "completed", RequestStatus.SUCCEEDED),
+    "reject": ("CheckpointRejected", "error", RequestStatus.FAILED),
+    "expiry": ("CheckpointExpired", "error", RequestStatus.FAILED),
+    "cancel": ("Cancelled", "cancelled", RequestStatus.CANCELLED),
+}
+
+
+@pytest.mark.parametrize("ended_by", list(WAIT_EXITS))
+async def test_a_lease_renewed_every_second_is_kept_through_a_wait_and_released_once_however_it_ends(
+    time_env, tmp_path, ended_by
+):
+    """A lease renewed every second, through a minute at a checkpoint: the registry sees a renewal every
+    second of the wait, the request's history gains at most the keeper's start, and however the wait
+    ends — approval, rejection, expiry, cancellation — the keeper is stopped and joined before the one
+    release."""
+    failure_type, exit, status = WAIT_EXITS[ended_by]
     coordinator = RecordingCoordinator(MemoryStore(tmp_path / "memory.sqlite3"))
     hooks = coordination_hooks(coordinator, ttl_seconds=3.0, renew_interval_seconds=1.0)
+    expiry = 60.0 if ended_by == "expiry" else DAY
+    async with Harness(
+        time_env.client,
+        tmp_path,
+        hooks=hooks,
+        planner=FixedPlanner(message()),
+        review=ReviewSettings(checkpoint_expiry_seconds=expiry),
+        search_attributes=False,
+    ) as h:
+        handle = await h.start("Send a message to bob")
+        checkpoint = await h.wait_for_checkpoint(handle)
+        before = len(coordinator.renewals)
+        if ended_by == "expiry":
+            out = await h.finish(handle)  # the server skips to the expiry
+        else:
+            await skip(time_env, 60.0, step=20.0)
+            cp = checkpoint.checkpoint_id
+            if ended_by == "approve":
+                await handle.signal("approve", {"checkpoint_id": cp, "reviewer": "ops", "comment": "ok"})
+            elif ended_by == "reject":
+                await handle.signal("reject", {"checkpoint_id": cp, "reviewer": "ops", "reason": "no"})
+            else:
+                await handle.cancel()
+            out = await h.finish(handle)
+        keeper = await keeper_history(time_env.client, out)
+        h.histories.append(keeper)
+
+    if failure_type is None:
+        assert out.failure is None, out.failure
+        assert "execute_tool_step" in out.activity_types()
+    elif failure_type == "Cancelled":
+        assert isinstance(out.failure, CancelledError)
+    else:
+        assert out.failure is not None and out.failure.type == failure_type
+    assert_flat(wait_events(out))
+    assert len(coordinator.renewals) - before >= 55  # a minute of waiting, renewed every second
+    assert all(r.ok and r.detail["found"] for r in coordinator.renewals)
+    assert renewals_in(keeper) == ["renew_lease"] * len(renewals_in(keeper))
+    assert len(renewals_in(keeper)) + len(scheduled_ids(out, "renew_lease")) == len(coordinator.renewals)
+    stored = await out.stored()
+    assert stored.status is status
+    assert_released_after_join(out, stored, exit, keepers=1)
+    assert stored.effect(RENEWAL).data["returned"] == len(coordinator.renewals)
+    assert (await coordinator.active()).items == []
+
+
+async def test_a_keeper_that_ends_before_it_is_stopped_is_noticed_and_replaced(client, tmp_path):
+    """A keeper terminated while the request waits: the request notices as it ends, counts it as an
+    error of the renewal, and a new keeper renews at once; the lease is still released once, after the
+    new keeper is joined. (On the dev server: the time-skipping server does not tell a parent that its
+    child was terminated.)"""
+    coordinator = RecordingCoordinator(MemoryStore(tmp_path / "memory.sqlite3"))
+    hooks = coordination_hooks(coordinator, ttl_seconds=1.5, renew_interval_seconds=0.5)
+    async with Harness(client, tmp_path, hooks=hooks, planner=FixedPlanner(message())) as h:
+        handle = await h.start("Send a message to bob")
+        checkpoint = await h.wait_for_checkpoint(handle)
+
+        async def keeper_started() -> str | None:
+            for e in (await handle.fetch_history()).events:
+                if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
+                    return e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
+            return None
+
+        keeper_id = await eventually(keeper_started, what="the keeper's start")
+        await eventually(lambda: _async(len(coordinator.renewals) >= 2), what="renewals by the first keeper")
+        await client.get_workflow_handle(keeper_id).terminate("an operator's mistake")
+        lost_at = len(coordinator.renewals)
+        await eventually(lambda: _async(len(coordinator.renewals) >= lost_at + 3), what="renewals by a new keeper")
+        renewed_after = len(coordinator.renewals) - lost_at
+        await handle.signal("reject", {"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "ops", "reason": "no"})
+        out = await h.finish(handle)
+        h.histories.append(await keeper_history(client, out))
+
+    assert out.failure is not None and out.failure.type == "CheckpointRejected"
+    assert renewed_after >= 3  # the new keeper renewed on
+    started = keeper_children(out)
+    assert len(started) == 2
+    closed = {
+        e.event_type: e.event_id
+        for e in out.history.events
+        if e.event_type
+        in (
+            EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TERMINATED,
+            EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED,
+        )
+    }
+    release_at = scheduled_ids(out, "release_lease")
+    assert len(release_at) == 1
+    assert closed[EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TERMINATED] < started[1]
+    assert started[1] < closed[EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED] < release_at[0]
+    stored = await out.stored()
+    renewal = stored.effect(RENEWAL)
+    assert renewal.status is EffectStatus.FAILED  # a keeper was lost: the renewal effect says so
+    assert renewal.data["keepers"] == 2 and renewal.data["errors"] == 1
+    assert "ended before it was stopped" in renewal.data["last_error"]
+    assert stored.effect(CLEANUP).status is EffectStatus.SUCCEEDED
+    assert (await coordinator.active()).items == []
+
+
+async def test_a_request_working_past_its_renewal_bound_hands_the_lease_to_a_keeper(client, tmp_path):
+    """Without a wait, a request that works on for ``lease_renewals_in_request`` renewals (two here) hands
+    the lease to a keeper all the same, so a long tool step cannot grow its history without bound."""
+    coordinator = RecordingCoordinator(MemoryStore(tmp_path / "memory.sqlite3"))
+    hooks = coordination_hooks(coordinator, ttl_seconds=1.5, renew_interval_seconds=0.5)
+    tool = HeldTool()
     async with Harness(
         client,
         tmp_path,
         hooks=hooks,
-        planner=FixedPlanner(message()),
-        review=ReviewSettings(checkpoint_expiry_seconds=8),
+        tools=[tool],
+        planner=FixedPlanner(HeldTool.step()),
         settings=StageSettings(lease_renewals_in_request=2),
     ) as h:
-        out = await h.run("Send a message to bob")  # nobody reviews: the checkpoint expires
-        [keeper_id] = [
-            e.start_child_workflow_execution_initiated_event_attributes.workflow_id
-            for e in out.history.events
-            if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
-        ]
-        keeper = await client.get_workflow_handle(keeper_id).fetch_history()
-        h.histories.append(keeper)
+        handle = await h.start("hold on")
+        await asyncio.wait_for(tool.started.wait(), timeout=30)
+        await eventually(lambda: _async(len(coordinator.renewals) >= 5), what="renewals by the keeper")
+        tool.release.set()
+        out = await h.finish(handle)
+        h.histories.append(await keeper_history(client, out))
 
-    assert out.failure is not None and out.failure.type == "CheckpointExpired"
-    renewals = len(coordinator.renewals)
-    assert renewals >= 5  # 8 s of waiting, renewed every second
-    assert all(r.ok and r.detail["found"] for r in coordinator.renewals)
-    expiries = [r.detail["expires_at"] for r in coordinator.renewals]
-    assert expiries == sorted(expiries)
-    # The wait, in the request's history: from the checkpoint's persist (a local activity's marker) to the
-    # expiry timer, nothing was scheduled; two renewals of its own and the keeper's start are all the
-    # lease added.
+    assert out.failure is None, out.failure
     assert len(scheduled_ids(out, "renew_lease")) == 2
-    events = out.history.events
-    opened = max(
-        i
-        for i, e in enumerate(events)
-        if e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_MARKER_RECORDED)
-        and i < _fired(events)
-    )
-    during_wait = events[opened + 1 : _fired(events)]
-    assert [e for e in during_wait if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED] == []
-    assert len(during_wait) <= 24, [EventType.Name(e.event_type) for e in during_wait]
-    # The keeper's history holds the renewals: one renew_lease activity each, nothing else scheduled.
-    renewed = [
-        e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in keeper.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
-    assert renewed == ["renew_lease"] * len(renewed) and len(renewed) >= renewals - 2
     stored = await out.stored()
-    assert_released_after_join(out, stored, "error", keepers=1)
-    assert stored.effect(RENEWAL).data["submitted"] >= renewals and stored.effect(RENEWAL).data["returned"] >= renewals
-    assert stored.effect(RENEWAL).data["last_expires_at"] is not None
-    assert (await coordinator.active()).items == []
+    assert_released_after_join(out, stored, "completed", keepers=1)
+    assert stored.effect(RENEWAL).data["returned"] == len(coordinator.renewals)
 
 
 async def test_a_request_longer_than_the_renew_interval_renews_its_lease_itself(client, tmp_path):
@@ -331,22 +556,6 @@ async def test_a_request_longer_than_the_renew_interval_renews_its_lease_itself(
     stored = await out.stored()
     assert_released_after_join(out, stored, "completed")
     assert stored.effect(RENEWAL).data["returned"] == len(renewals)
-
-
-def _fired(events) -> int:
-    """Index of the checkpoint's expiry timer firing (not the lease's first-renewal timer)."""
-    expiry = {
-        e.event_id
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
-        and "expiry" in data_converter.payload_converter.from_payload(e.user_metadata.summary, str)
-    }
-    return next(
-        i
-        for i, e in enumerate(events)
-        if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED
-        and e.timer_fired_event_attributes.started_event_id in expiry
-    )
 
 
 async def test_direct_cleanup_hook_removes_the_signal_itself_when_no_owner_holds_it(client, tmp_path):

@@ -1,16 +1,19 @@
 """``LeaseKeeper``: the child workflow that keeps one managed lease alive while its request runs on.
 
-A request renews its leases itself for a while (``workflows.leases``); one that is still running after
-``StageSettings.lease_renewals_in_request`` renewals — a long wait at a checkpoint — hands each lease to
-this child (``<request workflow id>/lease/<lease id>``), so the request's history stops growing with the
-wait: a loop of durable timers and one short ``renew_lease`` activity per renewal, holding no worker slot
-between renewals. The child continues as new every ``renewals_per_run`` renewals (500 by default) or when the server
-suggests it), so its own history stays bounded too, and carries its counts across.
+A request hands each lease it holds to this child (``<request workflow id>/lease/<lease id>``) the
+moment it starts to wait — a checkpoint opens, or it waits for its conversation turn — or after
+``StageSettings.lease_renewals_in_request`` renewals of its own (``workflows.leases``), so the request's
+history stays flat however long it waits: a loop of durable timers and one short ``renew_lease`` activity
+per renewal, holding no worker slot between renewals. Its first renewal falls when the request's own
+next one would have (``first_renewal_after_seconds``). The child continues as new every
+``renewals_per_run`` renewals (500 by default) or when the server suggests it, so its own history stays
+bounded too, and carries its counts across.
 
 The request stops it on every exit with the signal ``stop_keeping`` and waits for its result: a renewal in
 flight finishes first, so the release never races a renewal. A declaration of the same lease id again
 reaches it as ``replace_lease``: later renewals carry the newest payload. If the request itself is
-terminated, the child is terminated with it (the lease then lapses after its TTL).
+terminated, the child is terminated with it (the lease then lapses after its TTL); a keeper that ends
+while its request runs on is replaced by the request.
 
 Workflow code only.
 """
@@ -61,30 +64,34 @@ class LeaseKeeperWorkflow:
     @workflow.run
     async def run(self, input: LeaseKeeperInput) -> LeaseKeeperReport:
         report = input.report.model_copy()
-        due, renewals = input.renew_first, 0
+        first, renewals = input.first_renewal_after_seconds, 0
         try:
             while True:
-                if due:
-                    report = await self._renew(input, report)
-                    renewals += 1
+                delay = self._lease.renew_interval_seconds if first is None else first
+                first = None
+                if delay > 0:
+                    try:
+                        await workflow.wait_condition(
+                            lambda: self._stop,
+                            timeout=timedelta(seconds=delay),
+                            timeout_summary=Shown("next renewal"),
+                        )
+                    except asyncio.TimeoutError:
+                        pass  # the next renewal is due
+                    else:
+                        return report  # stopped while waiting: nothing in flight
+                if self._stop:
+                    return report
+                report = await self._renew(input, report)
+                renewals += 1
                 if self._stop:
                     return report
                 if renewals >= input.renewals_per_run or workflow.info().is_continue_as_new_suggested():
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     call = input.call.model_copy(update={"lease": self._lease})
                     workflow.continue_as_new(
-                        input.model_copy(update={"call": call, "report": report, "renew_first": False})
+                        input.model_copy(update={"call": call, "report": report, "first_renewal_after_seconds": None})
                     )
-                try:
-                    await workflow.wait_condition(
-                        lambda: self._stop,
-                        timeout=timedelta(seconds=self._lease.renew_interval_seconds),
-                        timeout_summary=Shown("next renewal"),
-                    )
-                except asyncio.TimeoutError:
-                    due = True  # the next renewal is due
-                else:
-                    return report  # stopped while waiting: nothing in flight
         except asyncio.CancelledError:
             report.last_error = report.last_error or "keeper cancelled with the request"
             return report

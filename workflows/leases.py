@@ -1,12 +1,19 @@
 """Managed leases: the request workflow owns the leases its hooks hand it (``ctx.manage_lease``).
 
 A lease is renewed every renew interval with a durable timer and one short renewal through the hook's
-``renew_lease``. Nothing holds a worker slot in between, however long the request waits, and a request
-that ends before the first renewal falls due never renews (one timer in its history, never fired). The
-request makes the first ``StageSettings.lease_renewals_in_request`` renewals itself, as local activities
-(a few events of history each); a request still running after them — a long wait at a checkpoint — hands
-the lease to a ``LeaseKeeper`` child workflow (``workflows.lease_keeper``), so its own history stops
-growing with the wait. A declaration of the same lease id again renews the newest payload from then on.
+``renew_lease``. Nothing holds a worker slot in between, however long the request runs, and a request
+that ends before the first renewal falls due never renews (one timer, cancelled as it ends). While the
+request works, it makes renewals itself, as local activities (a few events of history each). The moment
+it starts to wait — a checkpoint opens, or it waits for its conversation turn — it hands each lease it
+holds to a ``LeaseKeeper`` child workflow (``workflows.lease_keeper``): one child start, a few events,
+and from then on the renewals land in the keeper's history, so the request's own history stays flat
+however long the wait. The keeper keeps the lease until the request exits (taking it back after the wait
+would cost the request a signal and the keeper's close, then its own renewals again). A request that
+works on for ``StageSettings.lease_renewals_in_request`` renewals without waiting hands its leases over
+the same way. A keeper that ends before the request stops it (terminated, failed) is noticed as it ends:
+counted as an error in the renewal effect and replaced by a new keeper that renews at once (up to
+``MAX_KEEPERS`` keepers per lease; then the lease is left to lapse after its TTL). A declaration of the
+same lease id again renews the newest payload from then on.
 
 On every exit of the request — success, failure, required rejection, checkpoint rejection or expiry,
 cancellation, stop, short-circuit — the workflow stops renewing and waits for a renewal in flight to
@@ -17,7 +24,8 @@ cleanup never races a renewal and never depends on the request reaching a later 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -44,6 +52,10 @@ with workflow.unsafe.imports_passed_through():
         bounded_value,
     )
 
+# Keepers one lease may have: the first, and the ones started after a keeper ended before the request
+# stopped it. A keeper that keeps failing is a fault of its own, not something more keepers mend.
+MAX_KEEPERS = 4
+
 
 class _Lease:
     """The request's ownership of one lease: the latest declaration, its keeper and the counts so far."""
@@ -54,24 +66,15 @@ class _Lease:
         self.keeper: ChildWorkflowHandle[Any, LeaseKeeperReport] | None = None
         self.sent: ManagedLease | None = None  # the declaration the keeper child renews
         self.renewals_here = 0  # renewals the request made itself
-        self.renewing = False  # a renewal of the request's own is in flight
+        self.due = workflow.now() + timedelta(seconds=lease.renew_interval_seconds)  # its next renewal
         self.handed_over = False  # a LeaseKeeper child keeps it (or is being started to)
         self.stopping = False
-        self.replaced = False
         self.report = LeaseKeeperReport()
         self.keepers = 0
 
     def keeper_done(self) -> bool:
         """Whether the lease's keeper child has ended (it only does once stopped, or if it failed)."""
         return self.keeper is not None and self.keeper.done()
-
-    def add(self, report: LeaseKeeperReport) -> None:
-        total = self.report
-        total.submitted += report.submitted
-        total.renewed += report.renewed
-        total.errors += report.errors
-        total.last_error = report.last_error or total.last_error
-        total.expires_at = report.expires_at or total.expires_at
 
 
 class ManagedLeases:
@@ -81,6 +84,7 @@ class ManagedLeases:
         self._request_id = request_id
         self._workflow_id = workflow_id
         self._leases: dict[str, _Lease] = {}
+        self._waits = 0  # waits in progress: open checkpoints, a turn awaited
         self.keeper_search_attributes: TypedSearchAttributes | None = None
 
     def __bool__(self) -> bool:
@@ -90,12 +94,22 @@ class ManagedLeases:
     def ids(self) -> list[str]:
         return list(self._leases)
 
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """The request waits while the block runs (a checkpoint is open, or its conversation turn is
+        awaited): every lease it renews itself goes to its keeper at once, and so does one declared
+        meanwhile. They stay there until the request exits."""
+        self._waits += 1
+        try:
+            yield
+        finally:
+            self._waits -= 1
+
     def adopt(self, lease: ManagedLease, settings: StageSettings) -> None:
         """Take ownership of a lease a hook declared and start keeping it alive."""
         owned = self._leases.get(lease.lease_id)
         if owned is not None:
             owned.lease = lease
-            owned.replaced = True
             return
         owned = _Lease(lease)
         self._leases[lease.lease_id] = owned
@@ -106,25 +120,28 @@ class ManagedLeases:
 
     async def _keep(self, owned: _Lease, settings: StageSettings) -> None:
         """Renew every renew interval with a durable timer and a local ``renew_lease`` in the request
-        itself — a request that ends sooner never renews — and after ``lease_renewals_in_request``
-        renewals hand the lease to a ``LeaseKeeper`` child, so a long wait cannot grow the request's
-        history without bound. A stop lets a renewal in flight finish; a sleeping timer is left as is."""
-        while owned.renewals_here < settings.lease_renewals_in_request:
+        itself — a request that ends sooner never renews — until the request waits or has made
+        ``lease_renewals_in_request`` renewals; then hand the lease to a ``LeaseKeeper`` child. A stop
+        lets a renewal in flight finish and cancels the timer of the next."""
+        while owned.renewals_here < settings.lease_renewals_in_request and not self._waits:
             lease = owned.lease
-            await workflow.sleep(
-                lease.renew_interval_seconds, summary=Shown(f"renew lease · {lease.hook} · {lease.lease_id}")
-            )
-            if owned.stopping:
-                return
-            owned.renewing = True
             try:
-                owned.report = await self._renew_here(owned)
-            finally:
-                owned.renewing = False
-            owned.renewals_here += 1
+                await workflow.wait_condition(
+                    lambda: owned.stopping or self._waits > 0,
+                    timeout=(owned.due - workflow.now()).total_seconds(),
+                    timeout_summary=Shown(f"renew lease · {lease.hook} · {lease.lease_id}"),
+                )
+            except asyncio.TimeoutError:
+                pass  # the renewal is due
+            else:
+                break  # stopping, or the request waits: its keeper renews from now on
             if owned.stopping:
-                return
-        await self._keep_by_child(owned, settings)
+                break
+            owned.report = await self._renew_here(owned)
+            owned.renewals_here += 1
+            owned.due = workflow.now() + timedelta(seconds=owned.lease.renew_interval_seconds)
+        if not owned.stopping:
+            await self._keep_by_child(owned, settings)
 
     async def _renew_here(self, owned: _Lease) -> LeaseKeeperReport:
         """One renewal as a local activity of the request (in-process, no task of its own); a provider error
@@ -146,17 +163,68 @@ class ManagedLeases:
 
     async def _keep_by_child(self, owned: _Lease, settings: StageSettings) -> None:
         """Hand the lease to a ``LeaseKeeper`` child until the request stops it; the child's counts come
-        back as its result."""
-        lease = owned.lease
+        back as its result. Its first renewal falls when the request's own next one would have. A keeper
+        that ends on its own is counted as an error and replaced by one that renews at once."""
         owned.handed_over = True
+        first = max(0.0, (owned.due - workflow.now()).total_seconds())
+        while not owned.stopping:
+            if owned.keepers >= MAX_KEEPERS:
+                owned.report.last_error = (
+                    f"{owned.keepers} lease keepers ended before the request stopped them; "
+                    f"the last: {owned.report.last_error}; the lease is left to lapse after its TTL"
+                )[:1000]
+                return
+            try:
+                keeper = await self._start_keeper(owned, settings, first)
+            except FailureError as err:  # a keeper of that id still running: nothing to join, nothing renews
+                owned.report.errors += 1
+                owned.report.last_error = f"lease keeper not started: {_message(err)}"[:1000]
+                return
+            while True:
+                await workflow.wait_condition(
+                    lambda: owned.stopping or owned.lease is not owned.sent or owned.keeper_done()
+                )
+                if owned.stopping or owned.keeper_done():
+                    break
+                owned.sent = owned.lease
+                with contextlib.suppress(FailureError):  # a keeper that is gone: its close comes next
+                    await keeper.signal(REPLACE_LEASE_SIGNAL, owned.sent)
+            ended_on_its_own = owned.keeper_done()
+            if not ended_on_its_own:
+                try:
+                    await keeper.signal(STOP_KEEPING_SIGNAL)
+                except FailureError:
+                    ended_on_its_own = True  # gone before it was told to stop: its close comes next
+            try:
+                report = await keeper
+            except asyncio.CancelledError:
+                owned.report.last_error = owned.report.last_error or "keeper cancelled with the request"
+                return
+            except FailureError as err:
+                owned.report.errors += 1
+                owned.report.last_error = f"lease keeper {keeper.id} ended before it was stopped: {_message(err)}"[
+                    :1000
+                ]
+                workflow.logger.warning("lease.keeper_lost lease=%s: %s", owned.lease.lease_id, _message(err))
+            else:
+                owned.report = report
+                if ended_on_its_own and not owned.stopping:  # a keeper only returns once told to stop
+                    owned.report.errors += 1
+                    owned.report.last_error = f"lease keeper {keeper.id} returned before it was stopped"
+            first = 0.0  # the lease may have gone unrenewed for a while: the next keeper renews at once
+
+    async def _start_keeper(
+        self, owned: _Lease, settings: StageSettings, first: float
+    ) -> ChildWorkflowHandle[Any, LeaseKeeperReport]:
+        lease = owned.lease
         owned.keepers += 1
-        owned.sent = owned.lease
+        owned.sent = lease
         owned.keeper = await workflow.start_child_workflow(
             LEASE_KEEPER_WORKFLOW_TYPE,
             LeaseKeeperInput(
-                call=self._call(owned.sent, owned.report.submitted),
+                call=self._call(lease, owned.report.submitted),
                 report=owned.report,
-                renew_first=False,
+                first_renewal_after_seconds=first,
                 heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
                 max_worker_losses=settings.max_worker_losses,
             ),
@@ -166,23 +234,7 @@ class ManagedLeases:
             static_details=story.lease_keeper_details(self._workflow_id, self._request_id),
             search_attributes=self.keeper_search_attributes,
         )
-        while True:
-            await workflow.wait_condition(
-                lambda: owned.stopping or owned.lease is not owned.sent or owned.keeper_done()
-            )
-            if owned.stopping or owned.keeper_done():
-                break
-            owned.sent = owned.lease
-            await owned.keeper.signal(REPLACE_LEASE_SIGNAL, owned.sent)
-        if not owned.keeper_done():
-            await owned.keeper.signal(STOP_KEEPING_SIGNAL)
-        try:
-            owned.report = await owned.keeper
-        except asyncio.CancelledError:
-            owned.report.last_error = owned.report.last_error or "keeper cancelled with the request"
-        except FailureError as err:
-            owned.report.errors += 1
-            owned.report.last_error = _message(err)
+        return owned.keeper
 
     async def release_all(
         self,
@@ -191,21 +243,19 @@ class ManagedLeases:
         announced: Callable[[str], PipelineHookEffect | None],
         on_worker_lost: Callable[[str, str, int], None],
     ) -> list[PipelineHookEffect]:
-        """Stop and join every keeper, then release each lease; returns both effects of every lease in
-        their terminal state (``announced`` finds the pending effects the declaring hook reported)."""
+        """Stop and join every renewal loop and keeper, then release each lease; returns both effects of
+        every lease in their terminal state (``announced`` finds the pending effects the declaring hook
+        reported)."""
         owned_leases = list(self._leases.values())
         for owned in owned_leases:
             owned.stopping = True
         for owned in owned_leases:
-            if not owned.handed_over:
-                # Renewed by the request itself: a renewal in flight finishes first; a timer waiting for
-                # the next one is left as it is (it never fires in a request that has ended).
-                await workflow.wait_condition(lambda owned=owned: not owned.renewing)
-            elif owned.task is not None:
-                try:
-                    await owned.task
-                except asyncio.CancelledError:
-                    owned.report.last_error = owned.report.last_error or "keeper cancelled"
+            if owned.task is None:
+                continue
+            try:
+                await owned.task  # a renewal in flight finishes; a keeper is stopped and its result awaited
+            except asyncio.CancelledError:
+                owned.report.last_error = owned.report.last_error or "keeper cancelled"
         effects: list[PipelineHookEffect] = []
         for owned in owned_leases:
             effects.extend(await self._release(owned, exit, settings, announced, on_worker_lost))

@@ -110,31 +110,33 @@ class Reviews:
         record.checkpoints.append(checkpoint)
         record.status = RequestStatus.SUSPENDED
         self._enter_waiting(checkpoint)
-        listing.publish()
-        if state.manifest.review.notify:  # without a reviewers' webhook a checkpoint adds no command
-            await start_review_notification(
-                record,
-                state.detached_tokens,
-                state.manifest,
-                checkpoint,
-                state.input.request,
-                search_attributes=listing.child_kind(sa.KIND_REVIEW_NOTIFICATION),
-            )
-        await self._records.persist(LifecycleBoundary.CHECKPOINT_OPENED)
-        try:
-            await workflow.wait_condition(
-                lambda: checkpoint.status is not CheckpointStatus.PENDING,
-                timeout=checkpoint.expires_at - now,
-                timeout_summary=story.checkpoint_timer_summary(
+        # Waiting costs the request nothing: its leases are renewed by their keepers from now on.
+        with state.leases.waiting():
+            listing.publish()
+            if state.manifest.review.notify:  # without a reviewers' webhook a checkpoint adds no command
+                await start_review_notification(
+                    record,
+                    state.detached_tokens,
+                    state.manifest,
                     checkpoint,
-                    state.manifest.review.reviewers,
-                    state.approval_required_by,
-                    with_text=state.manifest.ui_shows_text,
-                ),
-            )
-        except asyncio.TimeoutError:
-            checkpoint.status = CheckpointStatus.EXPIRED
-            checkpoint.decided_at = workflow.now()
+                    state.input.request,
+                    search_attributes=listing.child_kind(sa.KIND_REVIEW_NOTIFICATION),
+                )
+            await self._records.persist(LifecycleBoundary.CHECKPOINT_OPENED)
+            try:
+                await workflow.wait_condition(
+                    lambda: checkpoint.status is not CheckpointStatus.PENDING,
+                    timeout=checkpoint.expires_at - now,
+                    timeout_summary=story.checkpoint_timer_summary(
+                        checkpoint,
+                        state.manifest.review.reviewers,
+                        state.approval_required_by,
+                        with_text=state.manifest.ui_shows_text,
+                    ),
+                )
+            except asyncio.TimeoutError:
+                checkpoint.status = CheckpointStatus.EXPIRED
+                checkpoint.decided_at = workflow.now()
         still_open = self.pending()
         if still_open:
             self._enter_waiting(still_open[0])

@@ -78,7 +78,8 @@ class ConversationTurn:
                 CONVERSATION_UNAVAILABLE, f"could not claim a turn of conversation {conversation_id!r}", err
             ) from None
         self.conversation_id = conversation_id
-        await workflow.wait_condition(lambda: self.granted, timeout_summary=Shown("its turn in the conversation"))
+        with state.leases.waiting():  # a wait adds nothing to the request's history however long it lasts
+            await workflow.wait_condition(lambda: self.granted, timeout_summary=Shown("its turn in the conversation"))
 
     async def release(self) -> None:
         """Give the turn back (or withdraw the claim), with how the request ended."""

@@ -239,12 +239,14 @@ class LeaseKeeperReport(ByReference):
 
 class LeaseKeeperInput(ByReference):
     """The input of a ``LeaseKeeper`` child: the lease to keep (with the request it belongs to), the counts
-    so far (carried across its continue-as-new), whether a renewal is due at once, and the dispatch
+    so far (carried across its continue-as-new), when its first renewal falls due, and the dispatch
     bounds of its renewal activities."""
 
     call: LeaseCall
     report: LeaseKeeperReport = Field(default_factory=LeaseKeeperReport)
-    renew_first: bool = True
+    # Seconds until the first renewal: 0 at once, what is left of the interval the request was timing when
+    # it handed the lease over; None a whole renew interval (after a continue-as-new).
+    first_renewal_after_seconds: float | None = Field(default=0.0, ge=0)
     heartbeat_timeout_seconds: float = 5.0
     max_worker_losses: int = 5
     renewals_per_run: int = Field(default=500, ge=1)  # then the keeper continues as new (about 4,500 events)

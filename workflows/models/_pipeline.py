@@ -99,13 +99,14 @@ class StageSettings(BaseModel):
     # Consecutive in-process (local activity) hooks of one stage run in one local activity: one marker
     # in history for the run of them, one record entry and span for each hook.
     batch_local_hooks: bool = True
-    # Renewals of a managed lease the request makes itself (a timer and a local activity each, a few events
-    # of history) before it hands the lease to a LeaseKeeper child, whose history grows instead.
+    # Renewals of a managed lease a request that does not wait makes itself (a timer and a local activity
+    # each, a few events of history) before it hands the lease to a LeaseKeeper child, whose history grows
+    # instead. A request that starts to wait hands its leases over at once, whatever this says.
     lease_renewals_in_request: int = Field(default=100, ge=0)
 
 
-# The longest a checkpoint may wait. A waiting request adds no history while it waits (the timer and
-# the lease keeper are one event each), so the bound is the lease keeper's own start-to-close timeout.
+# The longest a checkpoint may wait. A waiting request adds no history while it waits (its expiry is one
+# timer, and its leases are renewed in their keepers' histories, each continued as new).
 MAX_CHECKPOINT_EXPIRY_SECONDS = 365 * 24 * 3600.0
 
 
