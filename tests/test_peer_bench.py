@@ -270,6 +270,6 @@ async def test_the_short_benchmark_answers_correctly_on_every_system_and_fills_t
     for cell in (lifecycle_cell, plain_cell):
         assert re.search(r"\(\d+\.\d\d× / \d+\.\d\d×\)", cell), cell
     assert "×" not in agents_cell and "×" not in pydantic_cell
-    assert rows[-1][2].startswith(f"{history[LIFECYCLE]['events']} events ({history[LIFECYCLE]['markers']} markers)")
+    assert rows[-1][2].startswith(f"{history[LIFECYCLE]['events']} events ({history[LIFECYCLE]['markers']} marker")
     table = next(text for text in printed if text.startswith("| model latency"))
     assert len(table.splitlines()) == 2 + len(rows) + 2

@@ -488,7 +488,7 @@ def table_rows(figures: dict[str, Any]) -> list[list[str]]:
     cells = []
     for system in SYSTEMS:
         h = history[system]
-        cell = f"{h['events']} events ({h['markers']} markers)"
+        cell = f"{h['events']} events ({h['markers']} marker{'' if h['markers'] == 1 else 's'})"
         if system in LIFECYCLES:
             cell += _ratios(h["events"], {p: history[p]["events"] for p in PEERS})
         cell += f", {_kb(h['bytes'])}"
