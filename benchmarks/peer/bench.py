@@ -1,34 +1,42 @@
-"""The lifecycle against the OpenAI Agents SDK on Temporal, side by side in one run.
+"""The lifecycle against the OpenAI Agents SDK and pydantic-ai on Temporal, side by side in one run.
 
-    python -m benchmarks.peer                      # full run: both model latencies (about 10 minutes on 2 cores)
+    python -m benchmarks.peer                      # full run: both model latencies (10-15 minutes on 2 cores)
     python -m benchmarks.peer --timeline           # also one request of each system, event by event
-    python -m benchmarks.peer --short              # CI mode: a few requests each (under a minute)
+    python -m benchmarks.peer --short              # CI mode: a few requests each (about a minute)
     python -m benchmarks.peer --output peer.json   # also write every figure and run as JSON
 
-Three systems answer the same request on one dev server (set up to measure like a deployed server:
-:data:`benchmarks.processes.SERVER_DYNAMIC_CONFIG`), each with its own worker process, all calling one
-model server in a process of its own (:mod:`benchmarks.peer.model_server`): the lifecycle with one
-planning phase (``lifecycle_1``), the lifecycle with its defaults (``lifecycle_3``: three phases) and the
-peer (``peer``). This process is the client; neither its CPU nor the model server's is counted.
+Four systems answer the same request on one dev server (set up to measure like a deployed server:
+:data:`benchmarks.processes.SERVER_DYNAMIC_CONFIG`), all calling one model server in a process of its
+own (:mod:`benchmarks.peer.model_server`), each framework with its own worker process, each with the
+hooks applications put in most (:mod:`benchmarks.peer.policy`):
 
-Per model latency (0 and 50 ms by default), after a warm-up:
+- ``lifecycle``: the lifecycle's defaults, requests started through the project's client
+  (``AgentClient.start`` and ``AgentClient.result``: listed from their start, stamped for this release);
+- ``lifecycle_plain``: the same pipeline, requests started through a plain Temporal client with only the
+  project's data converter (``start_workflow("RequestLifecycle", {"request": ...})``);
+- ``openai_agents``: the OpenAI Agents SDK on Temporal (:mod:`benchmarks.peer.agents_peer`);
+- ``pydantic_ai``: pydantic-ai's Temporal integration (:mod:`benchmarks.peer.pydantic_peer`).
 
-- **p50 sequential**: ``--runs`` runs of ``--requests`` rounds, each round one request of every system
-  (the order rotating each round: A B C, B C A, C A B, ...); each run's p50 per system. The table shows
-  the median of the runs' p50s and their range.
+This process is the client; neither its CPU nor the model server's is counted. Per model latency (0 and
+50 ms by default), after a warm-up:
+
+- **p50 and p95 sequential**: ``--runs`` runs of ``--requests`` rounds, each round one request of every
+  system (the order rotating each round: A B C D, B C D A, ...); each run's p50 and p95 per system. The
+  table shows the median of the runs' figures and their range.
 - **throughput at N concurrent** and **CPU per request**: ``--bursts`` rounds, each one burst of N
   requests per system (rotating order), each burst once the processes are idle; requests per second over
   the burst, and the user + system CPU of the dev server and of that system's worker (from ``/proc``)
   over the burst, per request. Median and range of the bursts.
 - **model calls per request**: calls the model server received from each system (each sends its own
   model name) over the measured requests, per request.
-- **history per request**: events and serialized bytes of one request's history (and the bytes the
-  lifecycle keeps out of it by reference, in its payload store).
+- **history per request**: events (and how many are markers) and serialized bytes of one request's
+  history (and the bytes the lifecycle keeps out of it by reference, in its payload store).
 
 Every request is checked: its answer must be the model's text written from all three quotes; the first
-request of each system is checked further (its hooks all ran, its steps succeeded, its record's model
-calls match the server's count). The processes may only talk to 127.0.0.1: each refuses and reports any
-other connection (:mod:`benchmarks.peer.loopback`), and the run fails if any was tried.
+request of each system is checked further (every hook ran, as the lifecycle's record or the peer's hook
+counters say; the quotes ran; the model calls each system records are the server's). The processes may
+only talk to 127.0.0.1: each refuses and reports any other connection (:mod:`benchmarks.peer.loopback`),
+and the run fails if any was tried.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -54,34 +63,45 @@ from temporalio.client import Client
 
 from activities import SQLiteExecutionStore
 from benchmarks.lifecycle_bench import percentile, settle
-from benchmarks.peer import LIFECYCLE_PHASES, PEER_MODEL, REQUEST, lifecycle_model
+from benchmarks.peer import (
+    HOOKS,
+    LIFECYCLE,
+    LIFECYCLE_PLAIN,
+    LIFECYCLES,
+    OPENAI_AGENTS,
+    PEERS,
+    PYDANTIC_AI,
+    REQUEST,
+    SYSTEMS,
+    PeerAnswer,
+    PeerInput,
+    model_name,
+    policy,
+)
 from benchmarks.peer.loopback import MARK
 from benchmarks.peer.model_server import expected_answer
 from benchmarks.peer.timeline import breakdown, format_timeline, history_figures
-from benchmarks.peer.workers import PEER_QUEUE, POLLING, queue_name
+from benchmarks.peer.workers import POLLING, WORKER_KINDS, queue_name, worker_kind
 from benchmarks.processes import SERVER_DYNAMIC_CONFIG, Server, cpu_seconds, spawn, stop_all
 from client import Settings, connect
-from workflows import WORKFLOW_TYPE
-from workflows import search_attributes as sa
-from workflows.models import RequestInput, RequestResult, StepStatus
+from workflows import WORKFLOW_TYPE, data_converter
+from workflows.models import StepStatus
 
 ROOT = Path(__file__).resolve().parents[2]
-SYSTEMS: tuple[str, ...] = ("lifecycle_1", "lifecycle_3", "peer")
-LABELS = {
-    "lifecycle_1": "lifecycle, 1 planning phase",
-    "lifecycle_3": "lifecycle, defaults (3 phases)",
-    "peer": "peer",
+REQUEST_TIMEOUT = 180.0  # seconds: a burst of 50 on 2 cores takes a few
+LABELS: dict[str, str] = {
+    LIFECYCLE: "lifecycle, AgentClient",
+    LIFECYCLE_PLAIN: "lifecycle, plain client",
+    OPENAI_AGENTS: "OpenAI Agents",
+    PYDANTIC_AI: "pydantic-ai",
 }
-MODELS = {**{system: lifecycle_model(system) for system in LIFECYCLE_PHASES}, "peer": PEER_MODEL}
-LIFECYCLE_HOOKS = {
-    "noop-before-planning-1",
-    "noop-before-planning-2",
-    "noop-after-planning-1",
-    "noop-after-execution-1",
-    "noop-after-synthesis-1",
-    "noop-after-synthesis-2",
+PEER_WORKFLOWS: dict[str, str] = {OPENAI_AGENTS: "BenchAgentsPeer", PYDANTIC_AI: "BenchPydanticAIPeer"}
+# The activities each peer schedules: its model calls, its tool calls (pydantic-ai names them after the
+# agent and its toolset).
+PEER_ACTIVITIES: dict[str, tuple[str, str]] = {
+    OPENAI_AGENTS: ("invoke_model_activity", "stock_quote"),
+    PYDANTIC_AI: ("__model_request", "__call_tool"),
 }
-PEER_HOOKS = {"screen-request", "tag-request", "on_llm_end", "on_tool_end", "check-answer", "tag-answer"}
 
 
 def log(message: str) -> None:
@@ -104,11 +124,20 @@ class Options:
 
 
 class WrongAnswer(RuntimeError):
-    """A system answered the scripted request with something else than the scripted answer."""
+    """A system answered the scripted request with something else than the scripted answer, or did not
+    do what its hooks and history should show."""
+
+
+@dataclass
+class Answered:
+    elapsed_ms: float  # start to result, as the caller waits
+    workflow_id: str
+    answer: str
+    result: Any
 
 
 class Rig:
-    """The dev server, the model server, the two worker processes and the clients, in a temporary directory."""
+    """The dev server, the model server, the worker processes and the clients, in a temporary directory."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -125,9 +154,9 @@ class Rig:
         self.procs.extend(self.server.procs)
         model_log = self.tmp / "model-server.log"
         self.procs.append(spawn([sys.executable, "-m", "benchmarks.peer.model_server"], model_log, cwd=ROOT))
-        port = await _wait_for_line(model_log, "model server listening on", self.procs[-1])
-        self.model_url = f"http://127.0.0.1:{port.split()[-1]}/v1"
-        self.stats_url = f"http://127.0.0.1:{port.split()[-1]}"
+        port = (await _wait_for_line(model_log, "model server listening on", self.procs[-1])).split()[-1]
+        self.model_url = f"http://127.0.0.1:{port}/v1"
+        self.stats_url = f"http://127.0.0.1:{port}"
         env = dict(os.environ)
         env.update(
             TEMPORAL_ADDRESS=self.server.address,
@@ -136,31 +165,47 @@ class Rig:
             OTEL_TRACES_EXPORTER="none",
             OTEL_METRICS_EXPORTER="none",
         )
-        # A deployed worker runs precompiled code; the sandbox would otherwise compile the peer's workflow
-        # module from source on every run when PYTHONDONTWRITEBYTECODE is set.
+        # A deployed worker runs precompiled code; the sandbox would otherwise compile the peers' workflow
+        # modules from source on every run when PYTHONDONTWRITEBYTECODE is set.
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(self.tmp / "pycache")
-        for system in ("lifecycle", "peer"):
-            args = [sys.executable, "-m", "benchmarks.peer.workers", system, "--queue-prefix", self.prefix]
-            proc = spawn([*args, "--model-url", self.model_url], self.tmp / f"{system}-worker.log", cwd=ROOT, env=env)
-            self.procs.append(proc)
-            self.workers[system] = proc
-        for system, proc in self.workers.items():
-            await _wait_for_line(self.tmp / f"{system}-worker.log", POLLING, proc)
-        settings = Settings(temporal_address=self.server.address, state_dir=self.tmp / "state")
-        self.lifecycle_client = await connect(settings)
-        self.store = SQLiteExecutionStore(settings.execution_store_path)
+        for kind in WORKER_KINDS:
+            args = [sys.executable, "-m", "benchmarks.peer.workers", kind, "--queue-prefix", self.prefix]
+            log_path = self.tmp / f"{kind}-worker.log"
+            self.workers[kind] = spawn([*args, "--model-url", self.model_url], log_path, cwd=ROOT, env=env)
+            self.procs.append(self.workers[kind])
+        for kind, proc in self.workers.items():
+            await _wait_for_line(self.tmp / f"{kind}-worker.log", POLLING, proc)
+        await self._connect()
+
+    async def _connect(self) -> None:
         from agents import set_trace_processors
+        from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
         from temporalio.openai_agents import OpenAIAgentsPlugin
 
+        from client.api import AgentClient
+
+        settings = Settings(
+            temporal_address=self.server.address,
+            state_dir=self.tmp / "state",
+            task_queue=queue_name(self.prefix, LIFECYCLE),
+        )
+        self.agent_client = AgentClient(await connect(settings), settings)
+        self.store = SQLiteExecutionStore(settings.execution_store_path)
+        # What a service that knows only Temporal does: its client, the project's data converter, the
+        # workflow by its name and its input as JSON.
+        self.plain_client = await Client.connect(self.server.address, data_converter=data_converter)
         set_trace_processors([])
-        self.peer_client = await Client.connect(self.server.address, plugins=[OpenAIAgentsPlugin()])
+        self.peer_clients = {
+            OPENAI_AGENTS: await Client.connect(self.server.address, plugins=[OpenAIAgentsPlugin()]),
+            PYDANTIC_AI: await Client.connect(self.server.address, plugins=[PydanticAIPlugin()]),
+        }
 
     def stop(self) -> None:
         stop_all(self.procs)
 
     def worker_pid(self, system: str) -> int:
-        return self.workers["peer" if system == "peer" else "lifecycle"].pid
+        return self.workers[worker_kind(system)].pid
 
     @property
     def pids(self) -> list[int]:
@@ -184,39 +229,44 @@ class Rig:
             if MARK in line
         ]
 
-    async def request(self, system: str) -> tuple[float, str, Any]:
-        """One request of ``system``, checked: (milliseconds start to result, workflow id, result)."""
-        workflow_id = f"{system}-{uuid.uuid4().hex[:12]}"
-        started = time.perf_counter()
-        if system == "peer":
-            from benchmarks.peer.agents_peer import PEER_WORKFLOW, PeerAnswer, PeerInput
+    async def request(self, system: str) -> Answered:
+        """One request of ``system`` as its users start it, its answer checked; a request that takes longer
+        than :data:`REQUEST_TIMEOUT` seconds (a worker retrying a failing call for ever) fails the run."""
+        try:
+            return await asyncio.wait_for(self._request(system), REQUEST_TIMEOUT)
+        except TimeoutError:
+            raise WrongAnswer(f"{system}: no answer in {REQUEST_TIMEOUT:g} s (see the worker logs)") from None
 
-            result: Any = await self.peer_client.execute_workflow(
-                PEER_WORKFLOW,
+    async def _request(self, system: str) -> Answered:
+        started = time.perf_counter()
+        if system == LIFECYCLE:
+            handle = await self.agent_client.start(REQUEST)
+            result: Any = await self.agent_client.result(handle.id)
+            workflow_id, answer = handle.id, result.response
+        elif system == LIFECYCLE_PLAIN:
+            workflow_id = f"plain-{uuid.uuid4().hex[:12]}"
+            handle = await self.plain_client.start_workflow(
+                WORKFLOW_TYPE, {"request": REQUEST}, id=workflow_id, task_queue=queue_name(self.prefix, system)
+            )
+            result = await handle.result()
+            answer = result["response"]
+        else:
+            workflow_id = f"{system}-{uuid.uuid4().hex[:12]}"
+            result = await self.peer_clients[system].execute_workflow(
+                PEER_WORKFLOWS[system],
                 PeerInput(request=REQUEST),
                 id=workflow_id,
-                task_queue=queue_name(self.prefix, PEER_QUEUE),
+                task_queue=queue_name(self.prefix, system),
                 result_type=PeerAnswer,
             )
             answer = result.answer
-        else:
-            result = await self.lifecycle_client.execute_workflow(
-                WORKFLOW_TYPE,
-                RequestInput(request=REQUEST),
-                id=workflow_id,
-                task_queue=queue_name(self.prefix, system),
-                result_type=RequestResult,
-                search_attributes=sa.listed_at_start(),  # as the project's client starts a request
-            )
-            answer = result.response
         elapsed = (time.perf_counter() - started) * 1000.0
         if answer != expected_answer():
             raise WrongAnswer(f"{system} answered {answer!r}, not {expected_answer()!r}")
-        return elapsed, workflow_id, result
+        return Answered(elapsed, workflow_id, answer, result)
 
-    async def history(self, system: str, workflow_id: str) -> list[Any]:
-        client = self.peer_client if system == "peer" else self.lifecycle_client
-        return list((await client.get_workflow_handle(workflow_id).fetch_history()).events)
+    async def history(self, workflow_id: str) -> list[Any]:
+        return list((await self.plain_client.get_workflow_handle(workflow_id).fetch_history()).events)
 
 
 async def _wait_for_line(path: Path, text: str, proc: Any, timeout: float = 120.0) -> str:
@@ -239,45 +289,55 @@ async def _wait_for_line(path: Path, text: str, proc: Any, timeout: float = 120.
 # --------------------------------------------------------------------------------------------------
 
 
-async def check_system(rig: Rig, system: str) -> dict[str, Any]:
-    """One request, checked beyond its answer: every hook ran, the three quotes ran and succeeded, the
-    model calls the system records are those the model server received."""
-    before = rig.model_stats().get(MODELS[system], {})
-    _, workflow_id, result = await rig.request(system)
-    after = rig.model_stats().get(MODELS[system], {})
-    calls = after.get("calls", 0) - before.get("calls", 0)
-    events = await rig.history(system, workflow_id)
-    scheduled = [
+def scheduled_activities(events: Sequence[Any]) -> list[str]:
+    return [
         e.activity_task_scheduled_event_attributes.activity_type.name
         for e in events
         if e.HasField("activity_task_scheduled_event_attributes")
     ]
-    if system == "peer":
-        ran = {hook for hook, n in result.hook_invocations.items() if n > 0}
-        if ran != PEER_HOOKS:
-            raise WrongAnswer(f"peer: hooks that ran {sorted(ran)}, expected {sorted(PEER_HOOKS)}")
-        if scheduled.count("stock_quote") != 3 or scheduled.count("invoke_model_activity") != calls:
-            raise WrongAnswer(f"peer: activities {scheduled}, {calls} model calls")
-        hooks = dict(result.hook_invocations)
+
+
+async def check_system(rig: Rig, system: str) -> dict[str, Any]:
+    """One request, checked beyond its answer: every hook ran (the lifecycle's record, the peers' hook
+    counters), the three quotes ran and succeeded, the model calls the system records are those the
+    model server received."""
+    before = rig.model_stats().get(model_name(system), {})
+    answered = await rig.request(system)
+    after = rig.model_stats().get(model_name(system), {})
+    calls = after.get("calls", 0) - before.get("calls", 0)
+    events = await rig.history(answered.workflow_id)
+    scheduled = scheduled_activities(events)
+    if system in PEERS:
+        hooks = dict(answered.result.hook_invocations)
+        model_activity, tool_activity = PEER_ACTIVITIES[system]
+        model_activities = sum(name.endswith(model_activity) for name in scheduled)
+        tool_activities = sum(name.endswith(tool_activity) for name in scheduled)
+        if tool_activities != 3 or model_activities != calls:
+            raise WrongAnswer(f"{system}: activities {scheduled}, {calls} model calls")
     else:
-        record = await rig.store.get(workflow_id)
+        record = await rig.store.get(answered.workflow_id)
         if record is None:
-            raise WrongAnswer(f"{system}: no execution record for {workflow_id}")
-        ran = {invocation.hook for invocation in record.pipeline_hooks}
-        if ran != LIFECYCLE_HOOKS:
-            raise WrongAnswer(f"{system}: hooks that ran {sorted(ran)}, expected {sorted(LIFECYCLE_HOOKS)}")
+            raise WrongAnswer(f"{system}: no execution record for {answered.workflow_id}")
+        hooks = {}
+        for invocation in record.pipeline_hooks:
+            if invocation.outcome != "succeeded":
+                raise WrongAnswer(f"{system}: {invocation.hook} at {invocation.stage}: {invocation.outcome}")
+            hooks[invocation.hook] = hooks.get(invocation.hook, 0) + 1
         if [s.status for s in record.steps] != [StepStatus.SUCCEEDED] * 3:
             raise WrongAnswer(f"{system}: steps {[(s.step_id, s.status) for s in record.steps]}")
         if len(record.model_calls) != calls:
             raise WrongAnswer(f"{system}: the record has {len(record.model_calls)} model calls, the server saw {calls}")
-        hooks = {}
-        for invocation in record.pipeline_hooks:
-            hooks[invocation.hook] = hooks.get(invocation.hook, 0) + 1
-    return {"workflow_id": workflow_id, "model_calls": calls, "hook_invocations": hooks, "events": events}
+        if record.enrichments.get("rag_context") != policy.context_note(REQUEST):
+            raise WrongAnswer(f"{system}: the request context did not reach the planner: {record.enrichments}")
+        if scheduled.count("execute_tool_step") != 3:
+            raise WrongAnswer(f"{system}: activities {scheduled}")
+    if set(hooks) != set(HOOKS) or not all(n > 0 for n in hooks.values()):
+        raise WrongAnswer(f"{system}: hooks that ran {hooks}, expected each of {list(HOOKS)}")
+    return {"workflow_id": answered.workflow_id, "model_calls": calls, "hook_invocations": hooks}
 
 
 def rotations(systems: Sequence[str], rounds: int) -> list[list[str]]:
-    """A B C, B C A, C A B, ...: interleaved, and each system follows each other about as often."""
+    """A B C D, B C D A, C D A B, ...: interleaved, and each system follows each other about as often."""
     return [[systems[(i + j) % len(systems)] for j in range(len(systems))] for i in range(rounds)]
 
 
@@ -285,7 +345,7 @@ async def sequential(rig: Rig, rounds: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {system: [] for system in SYSTEMS}
     for order in rotations(SYSTEMS, rounds):
         for system in order:
-            samples[system].append((await rig.request(system))[0])
+            samples[system].append((await rig.request(system)).elapsed_ms)
     return samples
 
 
@@ -301,7 +361,7 @@ async def burst(rig: Rig, system: str, concurrency: int) -> dict[str, float]:
         "cpu_ms_per_request": cpu["server"] + cpu["worker"],
         "server_cpu_ms_per_request": cpu["server"],
         "worker_cpu_ms_per_request": cpu["worker"],
-        "p50_ms": percentile([r[0] for r in results], 50),
+        "p50_ms": percentile([r.elapsed_ms for r in results], 50),
     }
 
 
@@ -351,7 +411,7 @@ async def measure_latency(rig: Rig, latency: float, options: Options) -> dict[st
     calls_after = rig.model_stats()
     model_calls = {}
     for system in SYSTEMS:
-        before, after = calls_before.get(MODELS[system], {}), calls_after.get(MODELS[system], {})
+        before, after = calls_before.get(model_name(system), {}), calls_after.get(model_name(system), {})
         delta = {
             k: after.get(k, 0) - before.get(k, 0) for k in ("calls", "tool_turns", "answer_turns", "blind_answers")
         }
@@ -366,6 +426,7 @@ async def measure_latency(rig: Rig, latency: float, options: Options) -> dict[st
     for system in SYSTEMS:
         result["systems"][system] = {
             "p50_ms": spread([r["p50_ms"] for r in runs[system]]),
+            "p95_ms": spread([r["p95_ms"] for r in runs[system]]),
             "rps": spread([b["rps"] for b in bursts[system]]),
             "cpu_ms_per_request": spread([b["cpu_ms_per_request"] for b in bursts[system]]),
             "server_cpu_ms_per_request": spread([b["server_cpu_ms_per_request"] for b in bursts[system]]),
@@ -381,47 +442,58 @@ async def measure_latency(rig: Rig, latency: float, options: Options) -> dict[st
 # The table
 # --------------------------------------------------------------------------------------------------
 
+FIGURES: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("p50_ms", "p50 sequential", lambda v: f"{v:.0f} ms"),
+    ("p95_ms", "p95 sequential", lambda v: f"{v:.0f} ms"),
+    ("rps", "throughput at {concurrency} concurrent", lambda v: f"{v:.2f} req/s"),
+    ("cpu_ms_per_request", "CPU per request, server + worker", lambda v: f"{v:.0f} ms"),
+    ("server_cpu_ms_per_request", "of which the dev server", lambda v: f"{v:.0f} ms"),
+    ("worker_cpu_ms_per_request", "of which the worker", lambda v: f"{v:.0f} ms"),
+)
+
 
 def _kb(n: float) -> str:
     return f"{n / 1024:.1f} KB"
 
 
+def _ratios(value: float, peers: dict[str, float]) -> str:
+    """`` (1.05× / 0.98×)``: the value against each peer's, in :data:`PEERS` order."""
+    if not all(peers.values()):
+        return ""
+    return " (" + " / ".join(f"{value / peers[p]:.2f}×" for p in PEERS) + ")"
+
+
 def table_rows(figures: dict[str, Any]) -> list[list[str]]:
-    """The table's rows: model latency, figure, then one cell per system (ratios to the peer)."""
+    """The table's rows: model latency, figure, then one cell per system (the lifecycle's with its ratios
+    to each peer)."""
     rows: list[list[str]] = []
     concurrency = figures["options"]["concurrency"]
     for block in figures["latencies"]:
         latency = f"{block['model_latency_ms']:g} ms"
         systems = block["systems"]
-        peer = systems["peer"]
-        for key, name, fmt in (
-            ("p50_ms", "p50 sequential", lambda v: f"{v:.0f} ms"),
-            ("rps", f"throughput at {concurrency} concurrent", lambda v: f"{v:.2f} req/s"),
-            ("cpu_ms_per_request", "CPU per request, server + worker", lambda v: f"{v:.0f} ms"),
-            ("server_cpu_ms_per_request", "of which the dev server", lambda v: f"{v:.0f} ms"),
-            ("worker_cpu_ms_per_request", "of which the worker", lambda v: f"{v:.0f} ms"),
-        ):
+        for key, name, fmt in FIGURES:
+            peers = {p: systems[p][key]["median"] for p in PEERS}
             cells = []
             for system in SYSTEMS:
                 s = systems[system][key]
-                cell = f"{fmt(s['median'])} [{fmt(s['min'])} – {fmt(s['max'])}]"
-                if system != "peer" and peer[key]["median"] > 0:
-                    cell = f"{fmt(s['median'])} ({s['median'] / peer[key]['median']:.2f}×) [{fmt(s['min'])} – {fmt(s['max'])}]"
-                cells.append(cell)
-            rows.append([latency, name, *cells])
+                ratio = _ratios(s["median"], peers) if system in LIFECYCLES else ""
+                cells.append(f"{fmt(s['median'])}{ratio} [{fmt(s['min'])} – {fmt(s['max'])}]")
+            rows.append([latency, name.format(concurrency=concurrency), *cells])
     per_request = {
         system: sorted({block["systems"][system]["model_calls"]["per_request"] for block in figures["latencies"]})
         for system in SYSTEMS
     }
     rows.append(["–", "model calls per request", *(" / ".join(f"{v:g}" for v in per_request[s]) for s in SYSTEMS)])
+    history = figures["history"]
     cells = []
     for system in SYSTEMS:
-        h = figures["history"][system]
-        cell = f"{h['events']} events, {_kb(h['bytes'])}"
+        h = history[system]
+        cell = f"{h['events']} events ({h['markers']} marker{'' if h['markers'] == 1 else 's'})"
+        if system in LIFECYCLES:
+            cell += _ratios(h["events"], {p: history[p]["events"] for p in PEERS})
+        cell += f", {_kb(h['bytes'])}"
         if h["by_reference_bytes"]:
             cell += f" (+{_kb(h['by_reference_bytes'])} by reference)"
-        if system != "peer":
-            cell += f" ({h['events'] / figures['history']['peer']['events']:.2f}× events)"
         cells.append(cell)
     rows.append(["–", "history per request", *cells])
     return rows
@@ -433,8 +505,8 @@ def format_table(figures: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(figures)]
     lines.append("")
     lines.append(
-        "Median over runs [range]; p50: each run's p50 of sequential requests; throughput and CPU: one burst per round. "
-        "Ratios are to the peer's median."
+        "Median over runs [min – max]; p50 and p95: each run's, of sequential requests; throughput and CPU: one "
+        "burst per round. The lifecycle's ratios are to the medians of " + " / ".join(LABELS[p] for p in PEERS) + "."
     )
     return "\n".join(lines)
 
@@ -446,11 +518,12 @@ def format_runs(figures: dict[str, Any]) -> str:
         for system in SYSTEMS:
             s = block["systems"][system]
             p50s = ", ".join(f"{r['p50_ms']:.0f}" for r in s["runs"])
+            p95s = ", ".join(f"{r['p95_ms']:.0f}" for r in s["runs"])
             rps = ", ".join(f"{b['rps']:.2f}" for b in s["bursts"])
             cpu = ", ".join(f"{b['cpu_ms_per_request']:.0f}" for b in s["bursts"])
             lines.append(
-                f"{block['model_latency_ms']:g} ms {system:<12} p50 per run (ms): {p50s}; req/s per burst: {rps}; "
-                f"CPU ms/request per burst: {cpu}"
+                f"{block['model_latency_ms']:g} ms {system:<16} p50 per run (ms): {p50s}; p95: {p95s}; "
+                f"req/s per burst: {rps}; CPU ms/request per burst: {cpu}"
             )
     return "\n".join(lines)
 
@@ -467,7 +540,7 @@ async def run(options: Options, *, out: Callable[[str], None] = print) -> dict[s
     with tempfile.TemporaryDirectory(prefix="peer-bench-") as tmp_name:
         rig = Rig(Path(tmp_name))
         try:
-            log("starting the dev server, the model server and the two worker processes")
+            log("starting the dev server, the model server and the worker processes")
             await rig.start()
             log("checking each system's request")
             checks = {system: await check_system(rig, system) for system in SYSTEMS}
@@ -477,9 +550,14 @@ async def run(options: Options, *, out: Callable[[str], None] = print) -> dict[s
             histories: dict[str, Any] = {}
             timelines: dict[str, str] = {}
             for system in SYSTEMS:
-                _, workflow_id, _ = await rig.request(system)
-                events = await rig.history(system, workflow_id)
-                histories[system] = {**history_figures(events), "breakdown": breakdown(events).as_dict()}
+                workflow_id = (await rig.request(system)).workflow_id
+                events = await rig.history(workflow_id)
+                histories[system] = {
+                    "workflow_id": workflow_id,
+                    **history_figures(events),
+                    "activities": scheduled_activities(events),
+                    "breakdown": breakdown(events).as_dict(),
+                }
                 timelines[system] = format_timeline(f"{LABELS[system]} ({workflow_id})", events)
             blocks = [await measure_latency(rig, latency, options) for latency in options.latencies]
             attempts = rig.outbound_attempts()
@@ -494,13 +572,12 @@ async def run(options: Options, *, out: Callable[[str], None] = print) -> dict[s
             "cpu_count": os.cpu_count(),
             "python": platform.python_version(),
             "temporalio": temporalio.__version__,
-            "openai-agents": _version("openai-agents"),
-            "temporalio-openai-agents": _version("temporalio-openai-agents"),
+            **{package: _version(package) for package in PACKAGES},
             "server_dynamic_config": list(SERVER_DYNAMIC_CONFIG),
             "loadavg_before": [round(v, 2) for v in load_before],
             "loadavg_after": [round(v, 2) for v in os.getloadavg()],
         },
-        "checks": {s: {k: v for k, v in c.items() if k != "events"} for s, c in checks.items()},
+        "checks": checks,
         "history": histories,
         "latencies": blocks,
         "outbound_connection_attempts": attempts,
@@ -517,11 +594,15 @@ async def run(options: Options, *, out: Callable[[str], None] = print) -> dict[s
     out(format_runs(figures))
     env = figures["environment"]
     out(
-        f"\nopenai-agents {env['openai-agents']}, temporalio-openai-agents {env['temporalio-openai-agents']}, "
-        f"temporalio {env['temporalio']}; load average before {env['loadavg_before']}, after {env['loadavg_after']}; "
-        f"{figures['wall_seconds']} s; outbound connection attempts: {len(attempts)}"
+        "\n"
+        + ", ".join(f"{package} {env[package]}" for package in PACKAGES)
+        + f", temporalio {env['temporalio']}; load average before {env['loadavg_before']}, "
+        f"after {env['loadavg_after']}; {figures['wall_seconds']} s; outbound connection attempts: {len(attempts)}"
     )
     return figures
+
+
+PACKAGES = ("openai-agents", "temporalio-openai-agents", "pydantic-ai-slim")
 
 
 def _version(package: str) -> str:
@@ -556,7 +637,15 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.peer.loopback import guard
 
     guard()
-    figures = asyncio.run(run(options))
+
+    async def until_stopped() -> dict[str, Any]:
+        # SIGTERM cancels the run, which stops every process it started.
+        task = asyncio.current_task()
+        if task is not None:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await run(options)
+
+    figures = asyncio.run(until_stopped())
     if args.output:
         args.output.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     return 0

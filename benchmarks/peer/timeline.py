@@ -143,8 +143,11 @@ def by_reference_bytes(events: Iterable[Any]) -> int:
 
 
 def history_figures(events: Sequence[Any]) -> dict[str, Any]:
+    """Events (of which markers: local activities' and patches'), serialized bytes, bytes by reference,
+    and events by :func:`kind`."""
     return {
         "events": len(events),
+        "markers": sum(e.event_type == _E.EVENT_TYPE_MARKER_RECORDED for e in events),
         "bytes": sum(e.ByteSize() for e in events),
         "by_reference_bytes": by_reference_bytes(events),
         "by_kind": dict(Counter(kind(e) for e in events)),
