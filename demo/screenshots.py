@@ -41,7 +41,8 @@ from client.api import pending_checkpoint, review, start_request
 from client.codec import Access, Codec, serve
 from client.codec_auth import BearerAuth
 from client.devserver import start_dev_server
-from demo.pipeline import demo_settings
+from client.reviewer_keys import load_signing_key
+from demo.pipeline import DEMO_REVIEWER, demo_settings
 from worker import build_worker, load_activities, prepare
 from workflows import search_attributes
 
@@ -63,7 +64,7 @@ WAITING = "Send a message to bob with the price of GBX"
 DENIED = "Show the profile of ACME"  # the allow-list plugin denies company_profile here (see demo_ui)
 # The demo's tool allow-list without company_profile: the screenshots' pipeline denies that call.
 SCREENSHOT_TOOL_ALLOW_LIST = ["stock-service/stock_quote", "stock-service/execute_trade", "notify-service/send_message"]
-REVIEWER = "screenshot-reviewer"
+REVIEWER = DEMO_REVIEWER
 
 
 def chromium_path() -> str:
@@ -257,11 +258,22 @@ async def _settle(handle: WorkflowHandle) -> None:
         await handle.result()
 
 
-async def _approve(client: Client, workflow_id: str) -> None:
+async def _approve(client: Client, settings: Settings, workflow_id: str) -> None:
+    """Approve the request's checkpoint as the demo's reviewer, signed with its key."""
+    key = load_signing_key(settings.reviewer_key) if settings.reviewer_key else None
     for _ in range(300):
         checkpoint = await pending_checkpoint(client, workflow_id)
         if checkpoint is not None:
-            await review(client, workflow_id, "approve", REVIEWER, "checked", checkpoint.checkpoint_id)
+            await review(
+                client,
+                workflow_id,
+                "approve",
+                REVIEWER,
+                "checked",
+                checkpoint.checkpoint_id,
+                signing_key=key,
+                calls_digest=checkpoint.calls_digest,
+            )
             return
         await asyncio.sleep(0.1)
     raise TimeoutError(f"{workflow_id} opened no checkpoint")
@@ -275,7 +287,7 @@ async def run_requests(client: Client, settings: Settings) -> Requests:
     approved_handle = await start_request(client, settings, APPROVED, metadata={"cache": "bypass"})
     waiting_handle = await start_request(client, settings, WAITING, metadata={"cache": "bypass"})
     denied_handle = await start_request(client, settings, DENIED, metadata={"cache": "bypass"})
-    await _approve(client, approved_handle.id)
+    await _approve(client, settings, approved_handle.id)
     for handle in (quote_handle, trade_handle, approved_handle, denied_handle):
         await _settle(handle)
     for _ in range(300):  # the waiting request is listed as awaiting review

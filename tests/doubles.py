@@ -69,10 +69,16 @@ class BlockingTool(Tool):
         await asyncio.Event().wait()
 
 
+class HeldArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str = ""  # tells one held call from another: identical calls in one phase run once
+
+
 class HeldTool(BlockingTool):
     """A tool that returns once the test releases it: the request waits in its tool step until then."""
 
     capability = "wait_for_release"
+    Arguments = HeldArguments
 
     def __init__(self) -> None:
         super().__init__()
@@ -85,7 +91,13 @@ class HeldTool(BlockingTool):
 
     @classmethod
     def step(cls, step_id: str = "held") -> PlanStep:
-        return PlanStep(step_id=step_id, namespace=cls.namespace, agent=cls.agent, capability=cls.capability)
+        return PlanStep(
+            step_id=step_id,
+            namespace=cls.namespace,
+            agent=cls.agent,
+            capability=cls.capability,
+            arguments={"label": step_id},
+        )
 
 
 def decision(invocation: HookInvocation) -> tuple[str, str, str]:

@@ -103,12 +103,13 @@ def _batched_invocations(marker: Any, summary: str | None, recorded: str) -> lis
 
 
 def _tool_step_invocations(summary: str, result: Any) -> list[ScheduledActivity]:
-    """A tool step's activity that ran its in-process hooks around the tool (``execute · <tool> with
-    <hooks> (<step>)``): each hook invocation its result records, as a batch's are reported, and the tool
-    itself unless the hooks withheld it (or the activity never completed: then the tool alone, as asked)."""
-    head, _, step = summary.rpartition(" (")
+    """A tool step's activity that ran its in-process hooks around the tool (``execute · <tool> (<step>)
+    with <stage>:<hook> + <hook> · …``): each hook invocation its result records, as a batch's are
+    reported, and the tool itself unless the hooks withheld it (or the activity never completed: then the
+    tool alone, as asked)."""
+    head = summary.removeprefix("execute · ").split(" with ", 1)[0]
+    tool, _, step = head.rpartition(" (")
     step = step.rstrip(")")
-    tool = head.removeprefix("execute · ").split(" with ", 1)[0]
     call = ScheduledActivity("execute_tool_step", f"execute · {tool} ({step})")
     if result is None:
         return [call]

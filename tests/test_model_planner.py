@@ -1,12 +1,13 @@
 """The OpenAI-compatible planner against a real HTTP server and the real ``openai`` client: what the model
 is sent (the builder's prompt, the tools as functions, earlier results as tool messages), what its
-answer becomes (steps, phases, one repair turn, InvalidPlan), how provider failures become activity
+answer becomes (steps, phases, a repair attempt), how provider failures become activity
 errors, the token budget, spans and metrics — and one request through Temporal, where the demo's required
 hook still refuses a model's trade."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from datetime import timedelta
 from typing import ClassVar
@@ -18,7 +19,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities import LifecycleActivities, SQLiteExecutionStore
 from activities.models import ModelCallLog, ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
-from activities.planning import PlanningRequest, PromptInput, build_planning_prompt
+from activities.planning import PlanningRequest, PlanRepairNeeded, PromptInput, build_planning_prompt
 from activities.tools import Tool, ToolContext, ToolRegistry
 from client.settings import Settings
 from demo.agent import TemplateSynthesizer
@@ -176,17 +177,23 @@ async def test_a_later_phase_sends_earlier_results_back_as_tool_messages_and_may
     ]
 
 
-async def test_malformed_arguments_get_one_repair_turn_with_the_errors_sent_back(server, tools):
+async def test_malformed_arguments_get_one_repair_attempt_with_the_errors_sent_back(server, tools):
     server.push(
         ai.tool_calls((QUOTE, '{"symbol": "ACME"'), (QUOTE, {"symbol": "MSFT"}), (QUOTE, {"symbol": "acme"})),
         ai.tool_calls((QUOTE, {"symbol": "ACME"}), (QUOTE, {"symbol": "MSFT"})),
     )
-    log = ModelCallLog()
+    planner = OpenAIPlanner(model_settings(server), tools)
+    first_log, second_log = ModelCallLog(), ModelCallLog()
 
-    plan = await OpenAIPlanner(model_settings(server), tools).plan(planning_request(tools), calls=log)
+    with pytest.raises(PlanRepairNeeded) as needed:
+        await planner.plan(planning_request(tools), calls=first_log)
+    # The workflow asks again, as the phase's next attempt, with what was wrong.
+    retry = dataclasses.replace(planning_request(tools), attempt=1, repair=needed.value.repair)
+    plan = await planner.plan(retry, calls=second_log)
 
     assert [s.arguments["symbol"] for s in plan.steps] == ["ACME", "MSFT"]
-    assert [c.turn for c in log.calls] == [1, 2]
+    assert [c.turn for c in first_log.calls + second_log.calls] == [1, 2]
+    assert any("not valid JSON" in p for p in needed.value.problems)
     assistant, *notes = server.requests[1].messages[2:]
     assert [c["id"] for c in assistant["tool_calls"]] == ["call_0", "call_1", "call_2"]
     assert [n["tool_call_id"] for n in notes] == ["call_0", "call_1", "call_2"]
@@ -204,14 +211,20 @@ async def test_malformed_arguments_get_one_repair_turn_with_the_errors_sent_back
         ((QUOTE, {"symbol": "{{steps.nowhere.output.price}}"}), "'nowhere' is not the id of an earlier tool call"),
     ],
 )
-async def test_calls_still_invalid_after_the_repair_turn_are_refused_as_an_invalid_plan(server, tools, bad, problem):
+async def test_calls_still_invalid_on_the_repair_attempt_ask_again_naming_each_problem(server, tools, bad, problem):
+    """Each attempt that is still malformed says what was wrong; the workflow refuses the plan as
+    ``InvalidPlan`` once the attempts are spent (tested through a real server with the run extensions)."""
     server.push(ai.tool_calls(bad), ai.tool_calls(bad))
+    planner = OpenAIPlanner(model_settings(server), tools)
 
-    err = await failure(OpenAIPlanner(model_settings(server), tools).plan(planning_request(tools)))
+    with pytest.raises(PlanRepairNeeded) as first:
+        await planner.plan(planning_request(tools))
+    retry = dataclasses.replace(planning_request(tools), attempt=1, repair=first.value.repair)
+    with pytest.raises(PlanRepairNeeded) as second:
+        await planner.plan(retry)
 
-    assert err.type == "InvalidPlan" and err.non_retryable
-    assert problem in err.message and any(problem in p for p in err.details[0]["problems"])
-    assert [c["turn"] for c in err.details[0]["model_calls"]] == [1, 2]
+    for needed in (first.value, second.value):
+        assert any(problem in p for p in needed.problems)
     assert len(server.requests) == 2
 
 

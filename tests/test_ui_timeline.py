@@ -25,8 +25,8 @@ from .test_ui_story import SECRET, current_details
 
 
 def timeline(out: Outcome) -> list[str]:
-    """The rows the Timeline labels, in history order: each local activity by its type, each timer by its
-    summary."""
+    """The rows the Timeline labels, in history order: each local activity by its type, each activity and
+    each timer by its summary."""
     converter = data_converter.payload_converter
     rows = []
     for e in out.history.events:
@@ -35,6 +35,8 @@ def timeline(out: Outcome) -> list[str]:
             if "data" in details:
                 rows.append(converter.from_payloads(details["data"].payloads)[0]["activity_type"])
         elif e.event_type == EventType.EVENT_TYPE_TIMER_STARTED:
+            rows.append(converter.from_payload(e.user_metadata.summary, str))
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and e.user_metadata.HasField("summary"):
             rows.append(converter.from_payload(e.user_metadata.summary, str))
     return rows
 
@@ -50,10 +52,11 @@ async def test_each_in_process_hook_is_named_and_a_denial_is_marked_with_its_rea
 
     assert out.failure is None, out.failure
     rows = timeline(out)
-    assert "before_tool:first + denier + later" in rows  # step a: one batch, each hook named
+    # Each call runs with its hooks in one activity whose row names the tool, the stage and each hook.
+    assert "execute · echo/say (a) with before_tool:first + denier + later" in rows
     mark = "✗ denied — before_tool · denier · b: kill-switch — Sending is disabled here."
-    # Step b's batch stops at the denial; the mark follows the batch's row, and nothing else is marked.
-    assert rows[rows.index(mark) - 1] == "before_tool:first + denier + later"
+    # Step b's hooks stop at the denial; the mark follows its row, and nothing else is marked.
+    assert rows[rows.index(mark) - 1] == "execute · echo/say (b) with before_tool:first + denier + later"
     assert [r for r in rows if r.startswith("✗")] == [mark]
 
 

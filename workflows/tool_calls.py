@@ -160,7 +160,11 @@ class ToolCalls:
             for hook in hooks
         )
         fused = FusedCall(before=before[1], after=after[1], started=workflow.now())
-        names = ", ".join(dict.fromkeys(hook.name for hook in hooks))
+        labels = [
+            f"{stage}:" + " + ".join(dict.fromkeys(hook.name for hook in entries))
+            for stage, entries in (("before_tool", before[0]), ("after_tool", after[0]))
+            if entries
+        ]
         try:
             fused.output = await self._scheduler.activity(
                 "execute_tool_step",
@@ -177,7 +181,7 @@ class ToolCalls:
                 result_type=ToolStepOutput,
                 timeout=settings.tool_timeout_seconds + budget,
                 retry_policy=RetryPolicy(maximum_attempts=1),
-                summary=Shown(f"execute · {step.tool} with {names} ({step.step_id})"),
+                summary=Shown(f"execute · {step.tool} ({step.step_id}) with {' · '.join(labels)}"),
             )
         except ActivityError as err:
             raise_if_cancelled(err)

@@ -25,9 +25,8 @@ pipeline asks for a dedicated synthesis call.
 Invalid calls — arguments that are not a JSON object or do not fit the tool's arguments model, an
 unknown function, a reference to no earlier step — get one repair turn: the errors go back as the calls'
 tool messages and the model answers again, whole. The repair is the phase's next planning attempt, its
-own activity after before_plan hooks ran again (``PlanRepairNeeded``); executions recorded before
-planning attempts repair within one activity. Still invalid: ``InvalidPlan`` (non-retryable), never an
-exception of another kind.
+own activity after before_plan hooks ran again (``PlanRepairNeeded``). Still invalid: ``InvalidPlan``
+(non-retryable), never an exception of another kind.
 
 With a fallback model (``AGENT_FALLBACK_MODEL``), a request whose route is ``fallback`` is planned by it.
 """
