@@ -55,7 +55,16 @@ from workflows.models import (
     Stage,
     json_size,
 )
-from workflows.stages import HOOK_BATCH_ACTIVITY, STAGES, ResultRejected, StageSpec, hands_on, hook_stage_of, next_call
+from workflows.stages import (
+    HOOK_BATCH_ACTIVITY,
+    STAGES,
+    ResultRejected,
+    StageSpec,
+    hands_on,
+    hook_stage_of,
+    next_call,
+    returned,
+)
 from workflows.support import BATCH_TIMEOUT, NON_RETRYABLE_HOOK_FAILURES, hook_retry_delay
 
 from . import telemetry
@@ -493,3 +502,12 @@ def _stage_activity(spec: StageSpec) -> Callable[..., Any]:
 
 for _spec in STAGES.values():
     setattr(HookStageActivities, _spec.activity, _stage_activity(_spec))
+
+
+def returned_or_default(value: Any, expected: type[ResultT], method: str) -> ResultT:
+    """``value`` if it is an ``expected``, its default for ``None``; otherwise the hook broke its contract
+    (never retried)."""
+    try:
+        return returned(value, method, expected) or expected()
+    except ResultRejected as err:
+        raise ApplicationError(str(err), type=err.category, non_retryable=True) from None

@@ -14,9 +14,9 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from opentelemetry import trace
 from pydantic import BaseModel
@@ -24,9 +24,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from hooks.builtin.secret_redaction import masked_preview
-from hooks.contracts import DetachedContext, LeaseContext
+from hooks.contracts import DetachedContext
 from hooks.memory import MemoryModel
-from hooks.model_budget import metered
 from hooks.registry import HookRegistry
 from storage.executions import ExecutionStore, lasting
 from workflows import decisions
@@ -37,11 +36,6 @@ from workflows.models import (
     DetachedWorkResult,
     EffectUpdateInput,
     ExecutionRecord,
-    LeaseCall,
-    LeaseObservation,
-    LeaseRenewal,
-    MemoryExchange,
-    MemoryOutcome,
     ModelDraft,
     PersistRecordInput,
     PersistRecordOutput,
@@ -49,9 +43,6 @@ from workflows.models import (
     Plan,
     PlanInput,
     PlanOutput,
-    RecalledMemory,
-    RecallInput,
-    RememberInput,
     ResolvePipelineInput,
     ReviewNotificationInput,
     ReviewNotificationResult,
@@ -60,26 +51,18 @@ from workflows.models import (
     SynthesizeInput,
     SynthesizeOutput,
     ToolSpec,
-    estimate_tokens,
 )
 from workflows.notification import NOTIFY_REVIEWERS_ACTIVITY
 from workflows.plan_validation import plan_problems
-from workflows.stages import ResultRejected, returned
 
 from . import telemetry
 from .answer_stream import publish_answer, publish_plan, streaming_planner, streaming_synthesizer
 from .conversations import ConversationActivities
 from .heartbeat import heartbeating
-from .hook_stages import HookStageActivities, call_hook
-from .memory import (
-    KEPT_EXCHANGES,
-    ConversationMemory,
-    SummarizingMemory,
-    capped_summary,
-    fold_heuristically,
-    summary_cap_tokens,
-    summary_prompt,
-)
+from .hook_stages import HookStageActivities, call_hook, returned_or_default
+from .lease_steps import LeaseSteps
+from .memory import ConversationMemory
+from .memory_steps import MemorySteps
 from .models.calls import ModelCallLog
 from .planning import (
     Planner,
@@ -99,7 +82,6 @@ ResultT = TypeVar("ResultT", bound=BaseModel)
 
 MAX_PRIVATE_STATE_BYTES = 64 * 1024
 DRAFT_PREVIEW_CHARS = 160  # of the model's draft, secrets masked, as the record keeps it
-RECALLED_EXCHANGES = KEPT_EXCHANGES  # the latest exchanges of a conversation a run recalls (besides its summary)
 # A store's error as ``RecordNotStored`` carries it, and the time an attempt at a write leaves before its
 # start-to-close timeout to report that it failed.
 MAX_STORE_ERROR_CHARS = 500
@@ -155,6 +137,8 @@ class LifecycleActivities(HookStageActivities):
         self.review_webhook = review_webhook
         self.conversations = ConversationActivities()
         self.tool_steps = ToolSteps(self)
+        self.leases = LeaseSteps(self)
+        self.memory_steps = MemorySteps(self)
         # How conversation memory folds older exchanges into its summary (a bounded heuristic without a
         # summarizer), and the window its summary takes an eighth of (a default one when unknown).
         self.memory_summarizer: MemoryModel | None = None
@@ -215,17 +199,15 @@ class LifecycleActivities(HookStageActivities):
         return [
             *self.stage_activities(),
             self.resolve_pipeline,
-            self.recall_memory,
+            *self.memory_steps.activities(),
             self.plan,
             *self.tool_steps.activities(),
             self.synthesize,
-            self.remember,
             self.persist_execution_record,
             self.run_detached_work,
             self.merge_effect_update,
             self.notify_reviewers,
-            self.renew_lease,
-            self.release_lease,
+            *self.leases.activities(),
             self.conversations.claim_conversation_turn,
             self.conversations.conversation_turn_open,
             self.conversations.resume_conversation,
@@ -266,83 +248,6 @@ class LifecycleActivities(HookStageActivities):
     def _recorded_tools(self) -> list[ToolSpec]:
         """The tools as each request records them (the worker's tools are fixed when it is built)."""
         return [tool.model_copy(update={"description": "", "parameters": {}}) for tool in self.manifest.tools]
-
-    @activity.defn(name="recall_memory")
-    @heartbeating
-    async def recall_memory(self, input: RecallInput) -> RecalledMemory:
-        """Load a conversation's memory for a run: its summary (where the memory keeps one) and its latest
-        exchanges, oldest first."""
-        if self.memory is None:
-            raise ApplicationError("no conversation memory is configured", type="MemoryUnavailable", non_retryable=True)
-        recall: Callable[[str], Awaitable[RecalledMemory]] | None = getattr(self.memory, "recall", None)
-        if recall is not None:
-            memory = await recall(input.conversation_id)
-        else:
-            exchanges = await self.memory.recent(input.conversation_id, RECALLED_EXCHANGES)
-            memory = RecalledMemory(exchanges=[MemoryExchange(request=e.request, answer=e.answer) for e in exchanges])
-        return self.bounded_result(memory, "recall_memory")
-
-    @activity.defn(name="remember")
-    @heartbeating
-    async def remember(self, input: RememberInput) -> MemoryOutcome:
-        """Save a completed run's memory candidate to the conversation memory, then keep the memory within
-        its limits: the latest three exchanges, and a summary of the older ones capped at an eighth of the
-        model's window. On the normal route the exchanges leaving the recent history are folded into the
-        summary (by the memory summarizer when one is configured, a bounded heuristic otherwise); after a
-        handoff to the fallback model the previous summary is kept as it is and the older exchanges are
-        dropped, without asking a model to summarize. A summarizer that fails is replaced by the heuristic
-        (the limits still hold) and the failure raised as a ``MemoryError`` once the memory is saved: the
-        request keeps its answer and records the error, it never runs the turn again. The summarizer's
-        calls count against the request's model token budget (``hooks.model_budget``) and come back with
-        the outcome for the record; one the budget cannot hold is refused before it is sent
-        (``TokenBudgetExceeded``) and the heuristic's summary is kept — no error: the request spent what it
-        was allowed."""
-        if self.memory is None:
-            raise ApplicationError("no conversation memory is configured", type="MemoryUnavailable", non_retryable=True)
-        conversation = input.candidate.conversation_id
-        await self.memory.save(input.candidate, request_id=input.request_id)
-        saved = MemoryOutcome(action="saved", conversation_id=conversation)
-        older = getattr(self.memory, "older", None)
-        if older is None:  # a memory that keeps no summary: its own limits
-            return saved
-        memory = cast(SummarizingMemory, self.memory)
-        evicted = await memory.older(conversation, KEPT_EXCHANGES)
-        if not evicted:
-            return saved
-        cap = summary_cap_tokens(self.memory_context_window)
-        previous = await memory.summary(conversation)
-        exchanges = [candidate for _, candidate in evicted]
-        failure = None
-        with metered(input.model_tokens_left) as budget:
-            if input.handled_by == "fallback":
-                summary, how = capped_summary(previous, cap), "kept"
-            elif self.memory_summarizer is not None:
-                try:
-                    folded = await self.memory_summarizer.complete(summary_prompt(previous, exchanges, cap))
-                    summary, how = capped_summary(folded, cap), "model"
-                except Exception as err:  # noqa: BLE001 - any summarizer failure is recovered the same way
-                    # A summary the request's budget cannot pay for is no failure: the heuristic's stands.
-                    if getattr(err, "type", None) != decisions.TOKEN_BUDGET_EXCEEDED:
-                        failure = f"the memory summarizer failed: {type(err).__name__}: {err}"[:500]
-                    summary, how = fold_heuristically(previous, exchanges, cap), "heuristic"
-            else:
-                summary, how = fold_heuristically(previous, exchanges, cap), "heuristic"
-        await memory.compact(conversation, summary, [request_id for request_id, _ in evicted])
-        if failure is not None:
-            raise ApplicationError(
-                failure,
-                {"conversation_id": conversation, "model_calls": budget.dumped()},
-                type="MemoryError",
-                non_retryable=True,
-            )
-        return saved.model_copy(
-            update={
-                "evicted": len(evicted),
-                "summary": how,
-                "summary_tokens": estimate_tokens(summary),
-                "model_calls": budget.calls,
-            }
-        )
 
     # ------------------------------------------------------------------------------------------------
     # Plan, execute, synthesize, persist
@@ -531,7 +436,7 @@ class LifecycleActivities(HookStageActivities):
             attributes={"pipeline.hook.name": work.hook, "pipeline.effect_id": work.effect_id},
         ):
             value = await call_hook(hook.run_detached, ctx)
-        return self.bounded_result(_returned_or_default(value, DetachedWorkResult, "run_detached"), "run_detached")
+        return self.bounded_result(returned_or_default(value, DetachedWorkResult, "run_detached"), "run_detached")
 
     @activity.defn(name="merge_effect_update")
     @heartbeating
@@ -559,73 +464,6 @@ class LifecycleActivities(HookStageActivities):
         ):
             return await self.review_webhook.deliver(input)
 
-    # ------------------------------------------------------------------------------------------------
-    # Managed leases: renewed and released by the request owner (the workflow)
-    # ------------------------------------------------------------------------------------------------
-
-    def _lease_context(self, call: LeaseCall, ordinal: int = 0) -> tuple[Any, LeaseContext]:
-        lease = call.lease
-        try:
-            hook = self.registry.hook(lease.hook)
-        except LookupError as err:
-            raise ApplicationError(str(err), type="HookNotRegistered", non_retryable=True) from None
-        ctx = LeaseContext(
-            lease_id=lease.lease_id,
-            payload=copy.deepcopy(lease.payload),
-            ttl_seconds=lease.ttl_seconds,
-            request_id=call.request_id,
-            workflow_id=call.workflow_id,
-            ordinal=ordinal,
-            attempt=activity.info().attempt,
-            exit=call.exit,
-        )
-        return hook, ctx
-
-    def _lease_span(self, method: str, call: LeaseCall):
-        return telemetry.tracer().start_as_current_span(
-            f"pipeline.hook.lease.{method}.{call.lease.hook}",
-            attributes={
-                "pipeline.hook.name": call.lease.hook,
-                "pipeline.lease_id": call.lease.lease_id,
-                "pipeline.request_id": call.request_id,
-            },
-        )
-
-    @activity.defn(name="renew_lease")
-    @heartbeating
-    async def renew_lease(self, call: LeaseCall) -> LeaseRenewal:
-        """One renewal of a managed lease through its hook's ``renew_lease`` (scheduled by the lease's
-        ``LeaseKeeper``). A provider error, a timeout or a result that breaks the contract is returned as
-        the renewal's error — counted by the keeper, which goes on renewing — never raised."""
-        lease = call.lease
-        hook, ctx = self._lease_context(call, ordinal=call.ordinal)
-        try:
-            with self._lease_span("renew_lease", call):
-                value = await asyncio.wait_for(
-                    call_hook(hook.renew_lease, ctx), timeout=max(1.0, min(30.0, lease.renew_interval_seconds))
-                )
-            observed = _returned_or_default(value, LeaseObservation, "renew_lease")
-        except (Exception, asyncio.TimeoutError) as err:  # noqa: BLE001 - a provider error: counted
-            message = getattr(err, "message", None) or str(err) or type(err).__name__
-            return LeaseRenewal(error=f"renew_lease of {lease.hook!r}: {message}"[:500])
-        return LeaseRenewal(expires_at=observed.expires_at)
-
-    @activity.defn(name="release_lease")
-    @heartbeating
-    async def release_lease(self, call: LeaseCall) -> LeaseObservation:
-        """Release a managed lease through its hook's ``release_lease`` (after its keeper has stopped)."""
-        hook, ctx = self._lease_context(call)
-        with self._lease_span("release_lease", call):
-            try:
-                value = await call_hook(hook.release_lease, ctx)
-            except Exception as err:  # noqa: BLE001 - a provider error the owner counts (after retries)
-                raise ApplicationError(
-                    f"release_lease of {call.lease.hook!r}: {err}",
-                    {"exception_type": type(err).__name__},
-                    type="LeaseProviderError",
-                ) from None
-        return _returned_or_default(value, LeaseObservation, "release_lease")
-
 
 def _write_budget(start_to_close: timedelta | None) -> float | None:
     """How long one attempt at writing a snapshot may take: less than its start-to-close timeout, so that
@@ -641,12 +479,3 @@ def recorded_prompt(prompt: str) -> str:
     cut here, so a prompt of a large context never travels through the history (or the payload store)
     only to be cut by the workflow."""
     return prompt[:MAX_RECORDED_PROMPT_CHARS]
-
-
-def _returned_or_default(value: Any, expected: type[ResultT], method: str) -> ResultT:
-    """``value`` if it is an ``expected``, its default for ``None``; otherwise the hook broke its contract
-    (never retried)."""
-    try:
-        return returned(value, method, expected) or expected()
-    except ResultRejected as err:
-        raise ApplicationError(str(err), type=err.category, non_retryable=True) from None

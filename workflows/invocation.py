@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from .run_state import RunState
     from .scheduling import Scheduler
-    from .stages import Fold, StageSpec
+    from .stages import STAGES, Fold, StageSpec
     from .support import InvocationFailure
 
 __all__ = [
@@ -95,13 +95,20 @@ class HookRunner:
     """Runs a stage's hooks for the request workflow (see the module docstring)."""
 
     def __init__(self, state: RunState, scheduler: Scheduler, listing: StageListing) -> None:
-        self._state = state
+        self._state, self._listing = state, listing
         self.recorder = InvocationRecorder(state, scheduler, listing)
         self.dispatcher = HookDispatcher(state, scheduler, self.recorder)
 
     def unreached(self) -> None:
         """Record the hooks a local activity ran ahead for a stage the run never reached."""
         self.dispatcher.unreached()
+
+    async def stage(
+        self, stage: Stage, subject: Any = None, on_outcome: OnOutcome | None = None, **options: Any
+    ) -> Any:
+        """Enter ``stage`` (its listing) and run its hooks on ``subject``: what they made of it."""
+        self._listing.enter(stage)
+        return (await self.run(STAGES[stage], subject, on_outcome, **options)).subject
 
     async def run(
         self,

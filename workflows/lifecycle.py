@@ -7,7 +7,9 @@ composed of parts over one run state (``workflows.run_state``):
 - ``invocation.HookRunner`` runs any stage's hooks (each stage is declared in ``workflows.stages``);
 - ``steps.StepExecutor`` executes a plan's steps through the tool-call stages;
 - ``reviews.Reviews`` opens and decides checkpoints; ``records.RecordKeeper`` writes the record;
-- ``model_steps.ModelSteps`` plans and synthesizes; ``ending.RunEnding`` ends the request on every exit;
+- ``model_steps.ModelSteps`` plans and synthesizes; ``answer_stages.AnswerStages`` runs the stages from
+  the last plan to the answer; ``memory_stages.MemoryStages`` recalls and remembers the conversation;
+- ``ending.RunEnding`` ends the request on every exit;
 - ``listing.StageListing`` shows the stage (its names of the stages besides the hook stages are there);
 - ``scheduling.Scheduler`` schedules the framework's activities.
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
@@ -30,24 +32,23 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     from . import decisions, snapshots, stages, story
     from . import search_attributes as sa
+    from .answer_stages import AnswerStages
     from .callers import caller_identity
     from .detached import EFFECT_UPDATE_SIGNAL, accept_effect_update
     from .dispatch import LOST_ATTEMPT_SIGNAL
     from .ending import RunEnding, step_summaries
-    from .invocation import Ahead, HookRunner, RunStopped, StageRun, error_text, raise_if_cancelled
+    from .invocation import Ahead, HookRunner, RunStopped, StageRun, raise_if_cancelled
     from .leases import ManagedLeases
-    from .listing import LIST_STAGE_SIGNAL, RECALLING, REMEMBERING, RESOLVING_PIPELINE, StageListing
+    from .listing import LIST_STAGE_SIGNAL, RESOLVING_PIPELINE, StageListing
+    from .memory_stages import MemoryStages
     from .model_steps import ModelSteps, PlannedPhase
     from .models import (
         ANSWER_TOPIC,
-        ENRICHMENT_CONVERSATION_HISTORY,
         MAX_INBOUND_PAYLOAD_BYTES,
         AcceptedPlan,
         AnswerChunk,
-        AnswerView,
         ApproveSignal,
         Checkpoint,
-        Diagnostic,
         EffectStatus,
         EffectUpdateSignal,
         ExecutionRecord,
@@ -56,18 +57,10 @@ with workflow.unsafe.imports_passed_through():
         HookEntry,
         LifecycleBoundary,
         LostAttempt,
-        MemoryCandidate,
-        MemoryOutcome,
-        ModelDraft,
         PipelineHookEffect,
         PipelineManifest,
         Plan,
-        RecalledMemory,
-        RecallInput,
-        RecallOutcome,
-        RecallView,
         RejectSignal,
-        RememberInput,
         RequestError,
         RequestInput,
         RequestResult,
@@ -77,8 +70,6 @@ with workflow.unsafe.imports_passed_through():
         ReviewRequest,
         ShortCircuitInfo,
         ShortCircuitProposal,
-        StepResult,
-        StepSummary,
         TerminalEnd,
         bounded_value,
         conversation_id_problem,
@@ -90,16 +81,7 @@ with workflow.unsafe.imports_passed_through():
     from .scheduling import Scheduler
     from .stages import STAGES, Fold, Stage
     from .steps import StepExecutor
-    from .support import (
-        APPROVAL_METADATA_KEY,
-        activity_error_details,
-        approval_reasons,
-        cache_verdict,
-        decode_payload,
-        model_calls_in,
-        promote_metadata,
-        stage_failure,
-    )
+    from .support import APPROVAL_METADATA_KEY, approval_reasons, decode_payload, promote_metadata, stage_failure
     from .turns import WAITING_FOR_TURN, ConversationTurn, started_by_conversation
 
 WORKFLOW_TYPE = "RequestLifecycle"
@@ -148,6 +130,8 @@ class RequestLifecycleWorkflow:
             state, self._hooks, self._scheduler, self._listing, self._reviews, workflow_type=WORKFLOW_TYPE
         )
         self._models = ModelSteps(state, self._scheduler, self._listing, self._hooks)
+        self._memory = MemoryStages(state, self._scheduler, self._listing, self._hooks)
+        self._answers = AnswerStages(state, self._hooks, self._models)
         self._ending = RunEnding(state, self._hooks, self._scheduler, self._listing, self._records)
         self._turn = ConversationTurn(state, self._scheduler)
         # A request that asked to stream its answer has a durable stream (its handlers are registered
@@ -362,16 +346,16 @@ class RequestLifecycleWorkflow:
         await self._before_run(self._planning_ahead())
         state.enrichments = promote_metadata(state.input.metadata)
         state.record.promoted_enrichments = sorted(state.enrichments)
-        await self._recall()
+        await self._memory.recall()
         state.record.enrichments = dict(state.enrichments)
 
         result = await self._before_planning()
         if result is None:
             plan = await self._run_phases()
             execution = ExecutionResult(steps=list(state.record.steps))
-            await self._after_execution(execution, self._draft_stages(plan))
+            await self._answers.after_execution(execution, self._answers.draft_stages(plan))
             synthesis = await self._models.synthesize(plan, execution)
-            response = await self._after_synthesis(synthesis.response, synthesis.confidence)
+            response = await self._answers.after_synthesis(synthesis.response, synthesis.confidence)
             state.synthesized = response
             state.record.confidence = synthesis.confidence
             result = RequestResult(
@@ -384,9 +368,9 @@ class RequestLifecycleWorkflow:
             )
         handled_by = "short_circuit" if result.short_circuit else "pipeline"
         if result.response.strip():  # after_answer runs once a non-empty answer exists
-            result.response = await self._after_answer(result.response, handled_by, result.steps)
+            result.response = await self._answers.after_answer(result.response, handled_by, result.steps)
         state.record.final_response = result.response
-        await self._remember(result.response)
+        await self._memory.remember(result.response)
         return result
 
     async def _resolve_pipeline(self) -> None:
@@ -425,11 +409,6 @@ class RequestLifecycleWorkflow:
         self._listing.enter(WAITING_FOR_TURN, conversation)
         await self._turn.claim(conversation)
 
-    async def _stage(self, stage: Stage, subject: Any = None, on_outcome: Any = None, **options: Any) -> Any:
-        """Enter ``stage`` and run its hooks on ``subject``: what they made of it."""
-        self._listing.enter(stage)
-        return (await self._hooks.run(STAGES[stage], subject, on_outcome, **options)).subject
-
     async def _before_run(self, ahead: list[Ahead]) -> None:
         """Rewrite the ask, instructions or facts (facts merge, later values win), or stop the run."""
 
@@ -439,62 +418,15 @@ class RequestLifecycleWorkflow:
             if outcome.patch is not None:
                 self._state.apply_run(folded.subject)
 
-        await self._stage(Stage.BEFORE_RUN, self._state.run_view(), on_outcome, ahead=ahead)
+        await self._hooks.stage(Stage.BEFORE_RUN, self._state.run_view(), on_outcome, ahead=ahead)
 
     def _planning_ahead(self) -> list[Ahead]:
         """before_planning, on the enrichments the request's metadata promotes, where no memory is
         recalled after before_run: nothing else comes between the two stages. (Where memory is recalled,
         after_recall runs on into before_planning instead.)"""
-        if self._recalls() is not None:
+        if self._memory.recalls() is not None:
             return []
         return [Ahead(Stage.BEFORE_PLANNING, promote_metadata(self._state.input.metadata))]
-
-    def _recalls(self) -> str | None:
-        """The conversation whose memory this run loads before planning, if it loads one."""
-        state = self._state
-        conversation = state.conversation_id
-        if state.manifest.memory and conversation:
-            return conversation
-        return None
-
-    async def _recall(self) -> None:
-        """Load the conversation's memory, let after_recall hooks change the view of it this run plans with,
-        and put that view ahead of the conversation history the planner reads. Loading that fails is a
-        ``memory`` error the run recovers from: it plans without the memory."""
-        state = self._state
-        conversation = self._recalls()
-        if conversation is None:
-            return
-        self._listing.enter(RECALLING)
-        outcome = RecallOutcome(conversation_id=conversation)
-        state.record.recall = outcome
-        try:
-            memory = await self._scheduler.bookkeeping(
-                "recall_memory",
-                RecallInput(request_id=state.request_id, conversation_id=conversation),
-                result_type=RecalledMemory,
-                timeout=30,
-                retry_policy=RetryPolicy(maximum_attempts=3),
-                summary=f"recall · {conversation}",
-            )
-        except (ActivityError, ApplicationError) as err:
-            raise_if_cancelled(err)
-            outcome.error = error_text(err)
-            state.recover("memory", "MemoryError", outcome.error, {"conversation_id": conversation})
-            return
-        outcome.exchanges, outcome.summary_chars = len(memory.exchanges), len(memory.summary)
-
-        def on_outcome(hook: HookEntry, result: Any, before: RecallView, folded: Fold) -> None:
-            if folded.subject != before:
-                outcome.changed_by.append(hook.name)
-
-        view = await self._stage(
-            Stage.AFTER_RECALL,
-            RecallView(conversation_id=conversation, memory=memory),
-            on_outcome,
-            ahead=[Ahead(Stage.BEFORE_PLANNING, with_recalled_memory(state.enrichments, memory))],
-        )
-        state.enrichments = with_recalled_memory(state.enrichments, view.memory)
 
     async def _before_planning(self) -> RequestResult | None:
         """Enrich, and stop at the first accepted short-circuit."""
@@ -509,7 +441,7 @@ class RequestLifecycleWorkflow:
             if folded.ends and outcome.short_circuit is not None:
                 served.append(self._short_circuit_result(outcome.short_circuit, outcome.decision))
 
-        await self._stage(Stage.BEFORE_PLANNING, state.enrichments, on_outcome)
+        await self._hooks.stage(Stage.BEFORE_PLANNING, state.enrichments, on_outcome)
         return served[0] if served else None
 
     def _short_circuit_result(self, proposal: ShortCircuitProposal, decision: HookDecision) -> RequestResult:
@@ -535,9 +467,12 @@ class RequestLifecycleWorkflow:
             state.phase = phase
             planned = await self._models.plan(phase)
             # A plan without steps runs nothing: the next write (the terminal one) records it.
-            ahead = self._after_plan_accepted(planned.plan)
+            ahead = self._answers.after_plan_accepted(planned.plan)
             accepted = await self._after_planning(
-                planned, ahead, write=bool(planned.plan.steps), end=self._end_after(planned.plan) if ahead else None
+                planned,
+                ahead,
+                write=bool(planned.plan.steps),
+                end=self._answers.end_after(planned.plan) if ahead else None,
             )
             plan = accepted.subject
             if self._models.streamed_answer(planned.plan) and self._models.text_answer(plan) is None:
@@ -554,53 +489,6 @@ class RequestLifecycleWorkflow:
                 state.record.phase_cap_reached = True
                 return plan
             phase += 1
-
-    # -- the stages that follow one another with nothing between (see ``HookRunner.run``'s ``ahead``) --
-
-    def _after_plan_accepted(self, plan: Plan) -> list[Ahead]:
-        """After a plan that is the planner's text answer, if its after_planning hooks leave it as it is:
-        after_execution (on the steps so far), then the draft's stages — no tool, checkpoint, record write
-        or model call comes between them. None for any other plan."""
-        if plan.continue_after or self._models.text_answer(plan) is None:
-            return []
-        return [Ahead(Stage.AFTER_EXECUTION, _observed(self._state.record.steps)), *self._draft_stages(plan)]
-
-    def _end_after(self, plan: Plan) -> TerminalEnd | None:
-        """How the run ends after ``plan`` if it is the planner's text answer (see :meth:`_end`)."""
-        text = self._models.text_answer(plan)
-        if text is None:
-            return None
-        steps = list(self._state.record.steps)
-        return self._end(text, self._models.draft_of(plan, text), ExecutionResult(steps=steps).confidence)
-
-    def _end(self, answer: str, draft: ModelDraft | None, confidence: float | None) -> TerminalEnd | None:
-        """How the run ends with ``answer`` if the hooks about to run and those of the stages after them leave
-        it as it is, where nothing else comes between them and the end: no conversation memory to save, no
-        lease to release, no error the run recovered from for on_error, no on_finish hook. None otherwise
-        (the terminal snapshot is then the workflow's own write)."""
-        state = self._state
-        if state.manifest.memory or state.leases or state.recovered or state.manifest.participants(Stage.ON_FINISH):
-            return None
-        verdict = cache_verdict(state.record, state.manifest.tools, "completed", answer)
-        return TerminalEnd(
-            final_response=answer,
-            model_draft=draft,
-            confidence=confidence,
-            cache=verdict.model_copy(update={"response": None}),
-        )
-
-    def _draft_stages(self, plan: Plan) -> list[Ahead]:
-        """After after_execution, when the last plan's text answer is the draft (no synthesis call):
-        after_synthesis on it, then after_answer."""
-        text = self._models.text_answer(plan)
-        return [] if text is None else [Ahead(Stage.AFTER_SYNTHESIS, text), *self._answer_stage(text)]
-
-    def _answer_stage(self, response: str) -> list[Ahead]:
-        """after_answer on ``response``, where after_synthesis leaves it as it is (none for an empty answer:
-        after_answer runs only once there is one)."""
-        if not response.strip():
-            return []
-        return [Ahead(Stage.AFTER_ANSWER, self._answer_view(response, "pipeline", step_summaries(self._state)))]
 
     async def _after_planning(
         self, planned: PlannedPhase, ahead: list[Ahead], *, write: bool, end: TerminalEnd | None = None
@@ -645,106 +533,6 @@ class RequestLifecycleWorkflow:
         record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=at))
         return accepted
 
-    async def _after_execution(self, execution: ExecutionResult, ahead: list[Ahead]) -> None:
-        """Observers of every step's outcome: its status, result text (capped) and error, not each raw
-        output, so what every after_execution hook receives stays small however much the tools returned
-        (the record keeps the raw outputs)."""
-        await self._stage(Stage.AFTER_EXECUTION, _observed(execution.steps), ahead=ahead)
-
-    async def _after_synthesis(self, response: str, confidence: float | None) -> str:
-        """Rewrite the answer, chained; a hook that fails closed (redaction) ends the request rather than
-        let its unguarded input out. Its hooks and after_answer's may be the run's last (:meth:`_end`)."""
-        end = self._end(response, self._state.record.model_draft, confidence)
-        return await self._stage(Stage.AFTER_SYNTHESIS, response, ahead=self._answer_stage(response), end=end)
-
-    async def _after_answer(
-        self, text: str, handled_by: Literal["pipeline", "short_circuit"], steps: list[StepSummary]
-    ) -> str:
-        """Rewrite the final answer (chained) or stop."""
-
-        def on_outcome(hook: HookEntry, outcome: stages.answer.AfterAnswerOutcome, before: Any, folded: Fold) -> None:
-            if outcome.stop is not None:
-                raise RunStopped(hook.name, Stage.AFTER_ANSWER.value, outcome.stop.reason, outcome.stop.text)
-
-        return (await self._stage(Stage.AFTER_ANSWER, self._answer_view(text, handled_by, steps), on_outcome)).text
-
-    def _answer_view(
-        self, text: str, handled_by: Literal["pipeline", "short_circuit"], steps: list[StepSummary]
-    ) -> AnswerView:
-        record = self._state.record
-        return AnswerView(
-            text=text,
-            handled_by=handled_by,
-            steps=steps,
-            answered_by=record.handled_by,
-            best_effort=record.phase_cap_reached,
-        )
-
-    async def _remember(self, answer: str) -> None:
-        """Offer the exchange to before_remember hooks, then save it to conversation memory. A failed
-        save keeps the completed answer and is recorded as a diagnostic; a best-effort answer (the run hit
-        its phase cap) is not remembered."""
-        state = self._state
-        if not state.manifest.memory:
-            return
-        conversation = state.conversation_id or state.request_id
-        if state.record.phase_cap_reached:  # a best-effort answer is never remembered
-            state.record.memory = MemoryOutcome(
-                action="skipped", conversation_id=conversation, reason="a best-effort answer (the phase cap was hit)"
-            )
-            return
-        self._listing.enter(REMEMBERING)
-        candidate = MemoryCandidate(
-            conversation_id=conversation,
-            request=state.ask,
-            answer=answer,
-            facts=state.facts,
-        )
-        replaced_by: list[str] = []
-
-        def on_outcome(
-            hook: HookEntry, outcome: stages.answer.BeforeRememberOutcome, before: MemoryCandidate, folded: Fold
-        ) -> None:
-            if outcome.skip is not None:
-                state.record.memory = MemoryOutcome(
-                    action="skipped", conversation_id=before.conversation_id, by=hook.name, reason=outcome.skip.reason
-                )
-            elif folded.subject != before:
-                replaced_by.append(hook.name)
-
-        stage = await self._hooks.run(STAGES[Stage.BEFORE_REMEMBER], candidate, on_outcome)
-        if stage.ended:
-            return
-        candidate = stage.subject
-        try:
-            saved = await self._scheduler.activity(
-                "remember",
-                RememberInput(
-                    request_id=state.request_id,
-                    workflow_id=state.record.workflow_id,
-                    candidate=candidate,
-                    handled_by="fallback" if state.route == "fallback" else "primary",
-                    model_tokens_left=state.model_tokens_left(),
-                ),
-                result_type=MemoryOutcome,
-                timeout=30,
-                retry_policy=RetryPolicy(maximum_attempts=3),
-                summary=f"remember · {candidate.conversation_id}",
-            )
-        except (ActivityError, ApplicationError) as err:
-            raise_if_cancelled(err)
-            if isinstance(err, ActivityError):  # the summarizer's calls, made before the memory failed
-                state.record.model_calls.extend(model_calls_in(activity_error_details(err).get("model_calls")))
-            state.record.diagnostics.append(
-                Diagnostic(extension="(memory)", phase="remember", error=error_text(err), error_type="MemoryError")
-            )
-            state.recover("memory", "MemoryError", error_text(err), {"conversation_id": candidate.conversation_id})
-            return
-        state.record.model_calls.extend(saved.model_calls)
-        state.record.memory = saved.model_copy(
-            update={"by": replaced_by[-1] if replaced_by else None, "model_calls": []}
-        )
-
 
 def record_enrichment_changes(
     record: ExecutionRecord,
@@ -774,24 +562,6 @@ def record_enrichment_changes(
             )
         )
     record.enrichments = dict(enrichments)
-
-
-def _observed(steps: Sequence[StepResult]) -> ExecutionResult:
-    """What after_execution hooks observe of the steps: each one's status, result text (capped) and error."""
-    return ExecutionResult(steps=[s.observer_view() for s in steps])
-
-
-def with_recalled_memory(enrichments: dict[str, Any], memory: RecalledMemory) -> dict[str, Any]:
-    """``enrichments`` with the recalled memory ahead of any conversation history already there: the
-    summary of older exchanges first, then the latest exchanges, oldest first."""
-    if memory.empty:
-        return enrichments
-    lines = [f"(earlier in this conversation) {memory.summary}"] if memory.summary else []
-    lines += [f"user: {e.request}\nassistant: {e.answer}" for e in memory.exchanges]
-    existing = enrichments.get(ENRICHMENT_CONVERSATION_HISTORY)
-    if isinstance(existing, str) and existing:
-        lines.append(existing)
-    return {**enrichments, ENRICHMENT_CONVERSATION_HISTORY: "\n".join(lines)}
 
 
 def _review_request(args: Sequence[Any]) -> ReviewRequest:

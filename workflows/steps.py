@@ -9,29 +9,23 @@ exactly as it will run: prepared (resolved, validated, through before_tool) befo
 and executed with a copy of the approved values; a reviewer may decline one call of a checkpoint, which
 skips it (reason ``confirmation``) and lets the rest run.
 
-Identical calls are found before they run, writes included: a read-only call whose tool and resolved
-arguments equal an earlier successful step's is answered from that step (``cached``) once it has passed
-before_tool unchanged — a rewrite of its arguments makes it a call of its own; a write that repeats an
-earlier successful write is not run again (skipped, reason ``duplicate``). A call identical to one that is
-running (two equal steps of one phase) waits for it and is then answered the same way, so of identical
-calls only one runs. Failed and skipped steps are never reused. Workflow code only.
+Identical calls are found before they run, writes included (``identical_calls``); the hook stages of
+one call are ``tool_stages``. Workflow code only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import json
-from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from . import stages
     from .converter import Shown
-    from .invocation import HookRunner, OnOutcome, PreRun, RunStopped, StageRun
+    from .identical_calls import IdenticalCalls
+    from .invocation import HookRunner, PreRun
     from .listing import EXECUTING, StageListing
     from .models import (
         ApprovalCall,
@@ -39,15 +33,11 @@ with workflow.unsafe.imports_passed_through():
         Checkpoint,
         Diagnostic,
         ExecutionResult,
-        HookEntry,
         Plan,
         PlanStep,
-        RecoveredError,
         StepResult,
         StepStatus,
-        StepSummary,
         ToolCall,
-        ToolMetrics,
         ToolOutcomeView,
     )
     from .plan_validation import UnresolvedReference, resolve_references
@@ -55,36 +45,9 @@ with workflow.unsafe.imports_passed_through():
     from .run_state import RunState
     from .scheduling import Scheduler
     from .snapshots import spent
-    from .stages import Fold
     from .tool_calls import FusedCall, ToolCalls
-    from .tool_outcomes import outcome_view
-
-# Why a declared hook of a blocking event blocked when its handler could not decide (not its verdict).
-_EVENT_FAILURES = frozenset({"hook_error", "timeout", "chain_budget_exhausted"})
-
-
-@dataclass
-class PreparedCall:
-    """A step on its way to its tool: the call as it will run and the step's result so far. ``ready``: the
-    tool may run (its references resolved, its arguments valid, its before_tool chain let it through);
-    otherwise the result says why not — a missing input, invalid arguments (``invalid``), a denial."""
-
-    call: ToolCall
-    result: StepResult
-    ready: bool
-    invalid: bool = False
-    steps: list[StepSummary] = field(default_factory=list)  # the request's steps finished when it was prepared
-
-    def approval_call(self, step: PlanStep) -> ApprovalCall:
-        """The call as a reviewer approves it: the arguments it will run with."""
-        arguments = copy.deepcopy(self.call.arguments)
-        return ApprovalCall(
-            step_id=step.step_id,
-            tool=step.tool,
-            arguments=arguments,
-            planned_arguments=copy.deepcopy(step.arguments) if arguments != step.arguments else None,
-            modified_by=list(self.result.modified_by),
-        )
+    from .tool_outcomes import count_tool_metrics, outcome_view
+    from .tool_stages import PreparedCall, ToolStages
 
 
 class StepExecutor:
@@ -113,8 +76,8 @@ class StepExecutor:
         self._prepared: dict[str, PreparedCall] = {}
         self._approved: dict[str, Checkpoint] = {}
         self._declined: dict[str, Checkpoint] = {}
-        self._tool_keys: dict[str, str] = {}  # every step of the request so far -> its tool's key
-        self._running: dict[tuple[str, str], str] = {}  # (tool key, canonical arguments) -> the last step to run it
+        self._identical = IdenticalCalls(state)
+        self._stages = ToolStages(state, runner)
 
     def _can_start(self, step: PlanStep) -> bool:
         """Whether every step ``step`` depends on (in its phase or an earlier one) has already succeeded."""
@@ -161,7 +124,7 @@ class StepExecutor:
         every step that finished — or had an outcome before a hook ended the run — is kept in the record."""
         self._listing.enter(EXECUTING)
         self._executing = plan
-        self._tool_keys.update((step.step_id, step.tool_key) for step in plan.steps)
+        self._identical.planned(plan)
         results = self._state.results
         record = self._state.record
         waiting = list(plan.steps)
@@ -188,7 +151,7 @@ class StepExecutor:
                     running.pop(task)
                     result = task.result()
                     results[result.step_id] = result
-                    self._count_tool_metrics(result)
+                    count_tool_metrics(record, result)
         except BaseException:
             for task in running:
                 task.cancel()
@@ -234,7 +197,7 @@ class StepExecutor:
                     result.arguments, result.approved_in = call.arguments, checkpoint.checkpoint_id
                 await self._run_once(step, prepared)
             elif prepared.invalid:
-                await self._on_tool_error(step, call, result)
+                await self._stages.on_tool_error(step, call, result)
             if result.status is StepStatus.FAILED:
                 self._state.recover(
                     "tool",
@@ -242,7 +205,7 @@ class StepExecutor:
                     result.error or "",
                     {"step_id": step.step_id, "tool": step.tool_key},
                 )
-            await self._after_tool(step, call, result, prepared.steps, self._after_prerun(fused, call, result))
+            await self._stages.after_tool(step, call, result, prepared.steps, self._after_prerun(fused, call, result))
         except BaseException:
             # A step with an outcome — its tool ran, or it was skipped for a reason — stays in the record,
             # whatever ends the run after it (a hook that fails closed, a stop); one cut off mid-call does not.
@@ -257,15 +220,14 @@ class StepExecutor:
     async def _run_once(self, step: PlanStep, prepared: PreparedCall) -> None:
         """Run the tool unless an identical call is running: then wait for it, and answer this one as an
         identical call to a finished step is answered (a read from its result, a write not at all)."""
-        key = (step.tool_key, _canonical(prepared.call.arguments))
-        twin = self._running.get(key)
-        if twin is not None and twin not in self._state.results:
+        twin = self._identical.start(step, prepared.call)
+        if twin is not None:
             await workflow.wait_condition(lambda: twin in self._state.results)
             unchanged = not prepared.result.modified_by  # a rewritten read is a call of its own
-            self._answer_identical(step, prepared, self._cached_read(step, prepared.call) if unchanged else None)
-            if not prepared.ready:
+            read = self._identical.cached_read(step, prepared.call) if unchanged else None
+            if self._identical.answer(step, prepared.call, prepared.result, read):
+                prepared.ready = False
                 return
-        self._running[key] = step.step_id  # until its result is in: an identical call waits for it
         await self._call_tool(step, prepared.call, prepared.result)
 
     async def _prepare_step(self, step: PlanStep, *, missing: str | None = None) -> PreparedCall:
@@ -288,53 +250,14 @@ class StepExecutor:
             result.status, result.error_type = StepStatus.FAILED, "InvalidArguments"
             result.error = result.result = "invalid arguments: " + "; ".join(problems)
             return PreparedCall(call, result, ready=False, invalid=True)
-        read = self._cached_read(step, call)  # a candidate before before_tool; a rewrite invalidates it
+        read = self._identical.cached_read(step, call)  # a candidate before before_tool; a rewrite invalidates it
         asked = copy.deepcopy(call.arguments)
-        prepared = await self._before_tool(step, call, result)
+        prepared = await self._stages.before_tool(step, call, result, steps=self._state.steps_so_far())
         if prepared.ready:
-            self._answer_identical(step, prepared, read if prepared.call.arguments == asked else None)
+            unchanged = prepared.call.arguments == asked
+            if self._identical.answer(step, prepared.call, result, read if unchanged else None):
+                prepared.ready = False
         return prepared
-
-    def _read_only(self, step: PlanStep) -> bool:
-        return any(t.key == step.tool_key and t.read_only for t in self._state.manifest.tools)
-
-    def _earlier_success(self, step: PlanStep, arguments: dict[str, Any], *, cached: bool) -> StepResult | None:
-        """An earlier step of the request that succeeded calling ``step``'s tool with these arguments (never a
-        failed, skipped or recovered one; ``cached``: also one that was itself answered from another)."""
-        wanted = _canonical(arguments)
-        for earlier in self._state.results.values():
-            if (
-                earlier.status is StepStatus.SUCCEEDED
-                and earlier.recovered_from is None
-                and (cached or earlier.cached_from is None)
-                and self._tool_keys.get(earlier.step_id) == step.tool_key
-                and _canonical(earlier.arguments or {}) == wanted
-            ):
-                return earlier
-        return None
-
-    def _cached_read(self, step: PlanStep, call: ToolCall) -> StepResult | None:
-        return self._earlier_success(step, call.arguments, cached=True) if self._read_only(step) else None
-
-    def _answer_identical(self, step: PlanStep, prepared: PreparedCall, read: StepResult | None) -> None:
-        """Answer a call that repeats an earlier one without running it: a read (``read``: the earlier step it
-        repeats, when before_tool left its arguments as they were) from the earlier step's result; a write
-        not at all."""
-        result = prepared.result
-        if read is not None:
-            source = read.cached_from or read.step_id
-            result.status, result.cached_from = StepStatus.SUCCEEDED, source
-            result.output, result.result = copy.deepcopy(read.output), read.result
-            result.duration_ms = 0.0
-            prepared.ready = False
-            return
-        if self._read_only(step):
-            return
-        repeated = self._earlier_success(step, prepared.call.arguments, cached=False)
-        if repeated is not None:
-            result.skip_reason, result.skip_detail = "duplicate", f"same call as {repeated.step_id}"
-            result.result = f"{step.tool} was not run again: {repeated.step_id} already made this call"
-            prepared.ready = False
 
     async def _confirm_step(self, step: PlanStep, prepared: PreparedCall) -> None:
         """A call whose arguments existed only once steps of its own phase had run: its own checkpoint,
@@ -363,66 +286,6 @@ class StepExecutor:
             summary=Shown(f"validate arguments · {step.step_id}"),
         )
 
-    async def _tool_stage(
-        self,
-        spec: stages.StageSpec,
-        step: PlanStep,
-        tool_call: ToolCall,
-        subject: Any,
-        on_outcome: OnOutcome,
-        prerun: PreRun | None = None,
-        **extras: Any,
-    ) -> StageRun:
-        """A tool stage's chain for one step: only the hooks whose matcher and sub-agent filter admit it
-        (``prerun``: its leading hooks already ran in the step's activity)."""
-        hooks = self._state.manifest.tool_participants(spec.stage, tool_call)
-        return await self._runner.run(spec, subject, on_outcome, hooks=hooks, step=step, prerun=prerun, **extras)
-
-    async def _before_tool(
-        self,
-        step: PlanStep,
-        call: ToolCall,
-        result: StepResult,
-        *,
-        steps: list[StepSummary] | None = None,
-        prerun: PreRun | None = None,
-    ) -> PreparedCall:
-        """The before_tool chain: the call as it will run, or denied. A stop ends the run."""
-
-        def on_outcome(
-            hook: HookEntry, outcome: stages.execution.BeforeToolOutcome, before: ToolCall, folded: Fold
-        ) -> None:
-            verdict = outcome.verdict
-            if verdict.action == "modify":
-                result.arguments = folded.subject.arguments
-                result.modified_by.append(hook.name)
-            elif verdict.action == "deny":
-                result.skip_reason, result.skipped_by = "policy", hook.name
-                result.skip_detail = verdict.reason or None
-                result.result = verdict.message or f"{step.tool} was not run: denied by {hook.name}"
-                if hook.chain is not None and verdict.reason in _EVENT_FAILURES:
-                    # A declared hook of a blocking event that failed blocks (fail closed): the run goes on
-                    # without the call, and on_error observes the event's failure.
-                    self._state.recover(
-                        "event",
-                        "EventHookFailed",
-                        verdict.message,
-                        {
-                            "hook": hook.name,
-                            "event": hook.chain.event,
-                            "reason": verdict.reason,
-                            "step_id": step.step_id,
-                        },
-                    )
-            elif verdict.action == "stop":
-                raise RunStopped(hook.name, stages.Stage.BEFORE_TOOL.value, verdict.reason, verdict.message)
-
-        steps = self._state.steps_so_far() if steps is None else steps
-        chain = await self._tool_stage(
-            stages.STAGES[stages.Stage.BEFORE_TOOL], step, call, call, on_outcome, prerun, steps=steps
-        )
-        return PreparedCall(chain.subject, result, ready=not chain.ended, steps=steps)
-
     def _is_subagent(self, step: PlanStep) -> bool:
         return any(t.key == step.tool_key and t.kind == "subagent" for t in self._state.manifest.tools)
 
@@ -432,7 +295,7 @@ class StepExecutor:
         """Execute the tool; if it fails after its retries, offer the error to on_tool_error hooks."""
         await self._tools.call(step, call, result, attempts=attempts)
         if result.status is StepStatus.FAILED:
-            await self._on_tool_error(step, call, result)
+            await self._stages.on_tool_error(step, call, result)
 
     # -- a tool call with its in-process hooks, in one activity -------------------------------------
 
@@ -453,11 +316,9 @@ class StepExecutor:
         after = state.manifest.tool_participants(stages.Stage.AFTER_TOOL, call)
         if not (before or after) or not self._runner.dispatcher.local([*before, *after]):
             return None, None
-        repeats = self._cached_read(step, call) or self._earlier_success(step, call.arguments, cached=False)
-        key = (step.tool_key, _canonical(call.arguments))
-        if repeats is not None or self._running.get(key) not in (None, *state.results):
+        if self._identical.repeats(step, call):
             return None, None
-        self._running[key] = step.step_id  # until its result is in: an identical call waits for it
+        self._identical.start(step, call)  # until its result is in: an identical call waits for it
         steps = state.steps_so_far()
         view = state.view
         before_spec, after_spec = stages.STAGES[stages.Stage.BEFORE_TOOL], stages.STAGES[stages.Stage.AFTER_TOOL]
@@ -503,13 +364,13 @@ class StepExecutor:
             # before_tool sees only validated arguments; these fail like a call the tool refused.
             result.status, result.error_type = StepStatus.FAILED, "InvalidArguments"
             result.error = result.result = "invalid arguments: " + "; ".join(output.problems)
-            await self._on_tool_error(step, prepared.call, result)
+            await self._stages.on_tool_error(step, prepared.call, result)
             return PreparedCall(prepared.call, result, ready=False, invalid=True, steps=prepared.steps)
         prerun = None
         if output.before:
             calls = fused.before[: len(output.before)]
             prerun = PreRun(calls, output.before, fused.started, trusted=True)
-        ran = await self._before_tool(step, prepared.call, result, steps=prepared.steps, prerun=prerun)
+        ran = await self._stages.before_tool(step, prepared.call, result, steps=prepared.steps, prerun=prerun)
         ran.steps = prepared.steps
         if not ran.ready:
             return ran
@@ -526,7 +387,7 @@ class StepExecutor:
             await self._call_tool(step, ran.call, result, attempts=left)
         else:
             ToolCalls.failed(result, output.error.message, output.error.type)
-            await self._on_tool_error(step, ran.call, result)
+            await self._stages.on_tool_error(step, ran.call, result)
         return ran
 
     def _after_prerun(self, fused: FusedCall | None, call: ToolCall, result: StepResult) -> PreRun | None:
@@ -549,64 +410,8 @@ class StepExecutor:
             brief=_brief(step, self._executing),
         )
 
-    async def _on_tool_error(self, step: PlanStep, call: ToolCall, result: StepResult) -> None:
-        """Offer a failed step to on_tool_error hooks: the first that handles it substitutes the result."""
-        failed = ToolOutcomeView(status="failed", error=result.error, result=result.result or "")
-
-        def on_outcome(hook: HookEntry, outcome: stages.execution.ToolErrorOutcome, before: Any, folded: Fold) -> None:
-            if not folded.ends:
-                return
-            result.error_handled_by = hook.name
-            result.result = outcome.resolution.result
-            # Handled: the error is suppressed. The step succeeds with the substitute (its dependents run on
-            # it), and the record keeps what failed beside it.
-            result.recovered_from = RecoveredError(
-                error=result.error, error_type=result.error_type, handled_by=hook.name
-            )
-            result.status, result.output = StepStatus.SUCCEEDED, outcome.resolution.result
-            result.error = result.error_type = None
-
-        spec = stages.STAGES[stages.Stage.ON_TOOL_ERROR]
-        await self._tool_stage(spec, step, call, failed, on_outcome, call=call)
-
-    async def _after_tool(
-        self,
-        step: PlanStep,
-        call: ToolCall,
-        result: StepResult,
-        steps: list[StepSummary],
-        prerun: PreRun | None = None,
-    ) -> None:
-        """Chain result rewrites over every outcome; the execution status never changes here. ``steps``: the
-        request's steps finished when the call was prepared."""
-
-        def on_outcome(hook: HookEntry, outcome: stages.execution.AfterToolOutcome, before: Any, folded: Fold) -> None:
-            result.result = outcome.result
-
-        spec = stages.STAGES[stages.Stage.AFTER_TOOL]
-        outcome = outcome_view(result)
-        await self._tool_stage(spec, step, call, outcome, on_outcome, prerun, call=call, steps=steps)
-
-    def _count_tool_metrics(self, result: StepResult) -> None:
-        metrics = self._state.record.tool_metrics.setdefault(result.tool, ToolMetrics())
-        if result.status is StepStatus.SKIPPED:
-            metrics.skipped += 1
-            return
-        if result.cached_from is not None:
-            metrics.cached += 1
-            return
-        metrics.calls += 1
-        metrics.failures += result.status is StepStatus.FAILED or result.recovered_from is not None
-        duration = result.duration_ms or 0.0
-        metrics.total_duration_ms += duration
-        metrics.max_duration_ms = max(metrics.max_duration_ms, duration)
-
 
 def _brief(step: PlanStep, plan: Plan) -> str:
     """Why the planner made ``step``'s call: its own ``metadata["brief"]``, else its plan's rationale."""
     own = step.metadata.get("brief")
     return own if isinstance(own, str) and own else plan.rationale
-
-
-def _canonical(arguments: dict[str, Any]) -> str:
-    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from .models import StepResult, StepStatus, ToolOutcomeView, ToolStepOutput
+from .models import ExecutionRecord, StepResult, StepStatus, ToolMetrics, ToolOutcomeView, ToolStepOutput
 
 _OUTCOME_STATUS: dict[StepStatus, Literal["executed", "failed", "skipped"]] = {
     StepStatus.SUCCEEDED: "executed",
@@ -45,3 +45,19 @@ def outcome_view(result: StepResult) -> ToolOutcomeView:
             "from_step": result.cached_from,
         }
     )
+
+
+def count_tool_metrics(record: ExecutionRecord, result: StepResult) -> None:
+    """Count a finished step in its tool's metrics: a call, a failure, a cached answer or a skip."""
+    metrics = record.tool_metrics.setdefault(result.tool, ToolMetrics())
+    if result.status is StepStatus.SKIPPED:
+        metrics.skipped += 1
+        return
+    if result.cached_from is not None:
+        metrics.cached += 1
+        return
+    metrics.calls += 1
+    metrics.failures += result.status is StepStatus.FAILED or result.recovered_from is not None
+    duration = result.duration_ms or 0.0
+    metrics.total_duration_ms += duration
+    metrics.max_duration_ms = max(metrics.max_duration_ms, duration)

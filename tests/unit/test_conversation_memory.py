@@ -50,7 +50,7 @@ async def remember_all(activities, count: int, handled_by: str = "primary", star
     env = ActivityEnvironment()
     for n in range(start, start + count):
         await env.run(
-            activities.remember,
+            activities.memory_steps.remember,
             RememberInput(request_id=f"r{n}", workflow_id=f"w{n}", candidate=exchange(n), handled_by=handled_by),
         )
 
