@@ -762,7 +762,8 @@ class Settings(BaseModel):
         le=3600,
         validation_alias="AGENT_STAGE_LISTING_DELAY_SECONDS",
         description="how long a request waits in a stage before `AgentLifecycleStage` lists it (`0`: at once, "
-        "a visibility write per stage; its first stage, a checkpoint and its end are always listed at once)",
+        "a visibility write per stage; a checkpoint and its end are always listed at once, and a request started "
+        "by `AgentClient` is listed from its start)",
     )
     # One worker's capacity. Nothing holds a slot for a request's whole life (waiting is timers, signals and
     # updates), so requests beyond these numbers queue on the server and are served as slots free up.

@@ -17,7 +17,17 @@ with workflow.unsafe.imports_passed_through():
     from .ending import step_summaries
     from .invocation import Ahead, HookRunner, RunStopped
     from .model_steps import ModelSteps
-    from .models import AnswerView, ExecutionResult, HookEntry, ModelDraft, Plan, StepResult, StepSummary, TerminalEnd
+    from .models import (
+        AnswerView,
+        ExecutionResult,
+        HookEntry,
+        ModelDraft,
+        Plan,
+        RunOutcomeView,
+        StepResult,
+        StepSummary,
+        TerminalEnd,
+    )
     from .run_state import RunState
     from .stages import Fold, Stage
     from .support import cache_verdict
@@ -47,13 +57,18 @@ class AnswerStages:
         steps = list(self._state.record.steps)
         return self.end(text, self._models.draft_of(plan, text), ExecutionResult(steps=steps).confidence)
 
-    def end(self, answer: str, draft: ModelDraft | None, confidence: float | None) -> TerminalEnd | None:
-        """How the run ends with ``answer`` if the hooks about to run and those of the stages after them leave
-        it as it is, where nothing else comes between them and the end: no conversation memory to save, no
-        lease to release, no error the run recovered from for on_error, no on_finish hook. None otherwise
-        (the terminal snapshot is then the workflow's own write)."""
+    def _ends_with_hooks(self) -> bool:
+        """Whether nothing but hooks comes between the answer's stages and the end: no conversation memory
+        to save, no lease to release, no error the run recovered from for on_error."""
         state = self._state
-        if state.manifest.memory or state.leases or state.recovered or state.manifest.participants(Stage.ON_FINISH):
+        return not (state.manifest.memory or state.leases or state.recovered)
+
+    def end(self, answer: str, draft: ModelDraft | None, confidence: float | None) -> TerminalEnd | None:
+        """How the run ends with ``answer`` if the hooks about to run and those of the stages after them —
+        on_finish's included — leave it as it is, where nothing else comes between them and the end
+        (:meth:`_ends_with_hooks`). None otherwise (the terminal snapshot is then the workflow's own write)."""
+        state = self._state
+        if not self._ends_with_hooks():
             return None
         verdict = cache_verdict(state.record, state.manifest.tools, "completed", answer)
         return TerminalEnd(
@@ -74,7 +89,22 @@ class AnswerStages:
         after_answer runs only once there is one)."""
         if not response.strip():
             return []
-        return [Ahead(Stage.AFTER_ANSWER, self._view(response, "pipeline", step_summaries(self._state)))]
+        view = self._view(response, "pipeline", step_summaries(self._state))
+        return [Ahead(Stage.AFTER_ANSWER, view), *self._finish_stage(response)]
+
+    def _finish_stage(self, answer: str) -> list[Ahead]:
+        """on_finish on a run that completes with ``answer``, where nothing but hooks comes before the end:
+        what each of its hooks sees then (see ``ending.RunEnding.finish``)."""
+        if not self._ends_with_hooks():
+            return []
+        state = self._state
+        outcome = RunOutcomeView(
+            status="completed",
+            response=answer,
+            diagnostics=list(state.record.diagnostics),
+            cache=cache_verdict(state.record, state.manifest.tools, "completed", answer),
+        )
+        return [Ahead(Stage.ON_FINISH, outcome)]
 
     # -- the stages ----------------------------------------------------------------------------------
 

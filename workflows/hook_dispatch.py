@@ -115,10 +115,12 @@ class HookDispatcher:
 
     def unreached(self) -> None:
         """Record the hooks a local activity ran ahead for a stage the run never reached (it ended first)
-        as diagnostics: they ran, and the record says so."""
-        for stage, ran in self.ran_ahead.items():
-            self._stale(stage, ran, "ran ahead for a stage the run ended before reaching")
-        self.ran_ahead.clear()
+        as diagnostics: they ran, and the record says so. on_finish is reached on every exit: what ran ahead
+        for it is taken, or found stale, there."""
+        for stage, ran in list(self.ran_ahead.items()):
+            if stage is not Stage.ON_FINISH:
+                self._stale(stage, ran, "ran ahead for a stage the run ended before reaching")
+                del self.ran_ahead[stage]
 
     def _stale(self, stage: Stage, ran: PreRun, why: str) -> None:
         for entry in ran.entries:
@@ -148,15 +150,15 @@ class HookDispatcher:
 
     def segments(self, ahead: Sequence[Ahead]) -> Segments:
         """The later stages whose in-process hooks the local activity of a stage's last hooks may run on
-        into: each stage of ``ahead`` in order (one without hooks passed over), up to the first whose
-        hooks are not all in-process — that one's leading in-process hooks included. Their calls are
+        into: each stage of ``ahead`` in order (one without hooks passed over; on_finish, where the run's end
+        is all that follows), up to the first whose hooks are not all in-process — that one's leading in-process hooks included. Their calls are
         built now, as the workflow would build them on reaching the stage with the run unchanged."""
         state = self._state
         segments: Segments = []
         for later in ahead:
             spec = STAGES[later.stage]
             hooks = state.manifest.participants(later.stage)
-            if spec.finalizer or spec.tool_stage:
+            if spec.tool_stage or later.stage is Stage.ON_ERROR:
                 break
             if not hooks:
                 continue

@@ -49,15 +49,17 @@ class StageListing:
         self._timer: asyncio.Task[None] | None = None  # lists the stage once the listing delay has passed
         self._carried = False  # the activities being scheduled ask to list the stage once the delay has passed
         self._listings = 0  # upserts so far: which listing an activity's ask is for
+        self._mislisted = False  # started listed as another kind: its first listing corrects that at once
 
     def started(self) -> None:
         """Take the listing a client started the request with (its kind and first stage, see
         ``search_attributes.listed_at_start``) as its first: the request is already found, so its first
         wait is listed as any later stage is, without an upsert of its own."""
         at_start = workflow.info().typed_search_attributes
-        stage = at_start.get(sa.LIFECYCLE_STAGE)
-        if stage is not None and at_start.get(sa.WORKFLOW_KIND) == self._state.kind():
+        stage, kind = at_start.get(sa.LIFECYCLE_STAGE), at_start.get(sa.WORKFLOW_KIND)
+        if stage is not None and kind == self._state.kind():
             self._upserted_stage = stage
+        self._mislisted = kind is not None and kind != self._state.kind()
 
     def enter(self, stage: str, detail: str = "", *, outcome: str = "", more: Sequence[str] = ()) -> None:
         """Enter ``stage``: the record and the current details an operator reads (what was asked, the
@@ -88,9 +90,12 @@ class StageListing:
 
         Each upsert is a write to the server's visibility store, the largest part of what a request costs
         the server beyond its activities. So, with a listing delay (the manifest's
-        ``stage_listing_delay_seconds``), a request's first stage (with its kind), a change of
-        ``AgentAwaitingReview`` (what reviewers' inboxes read) and its end are listed at once, and any
-        other stage once the request has been waiting that long. A wait that is ``untimed`` costs nothing
+        ``stage_listing_delay_seconds``), a change of ``AgentAwaitingReview`` (what reviewers' inboxes
+        read), its end, and the kind of a request started listed as another are listed at once, and any
+        other stage — the first of a request started with no listing (by a plain Temporal client)
+        included, its kind with it — once the request has been waiting that long: a request started by
+        ``AgentClient`` is listed from its start, one started elsewhere once it has run for the delay, or
+        when it ends. A wait that is ``untimed`` costs nothing
         until then: a wait on activities, each of which carries the ask (``LISTING_HEADER``) and, still
         running (or only starting) once the delay has passed, signals the request (``LIST_STAGE_SIGNAL``)
         to list the stage it is in then (``activities.listing_watch``); or the server's start of a child,
@@ -104,12 +109,7 @@ class StageListing:
             return
         stage, terminal = self._unpublished
         delay = manifest.stage_listing_delay_seconds
-        at_once = (
-            terminal
-            or not delay
-            or self._upserted_stage is None
-            or (stage == AWAITING_REVIEW) != self._upserted_awaiting
-        )
+        at_once = terminal or not delay or self._mislisted or (stage == AWAITING_REVIEW) != self._upserted_awaiting
         if at_once:
             self._list()
         elif self._timer is not None:
@@ -143,6 +143,7 @@ class StageListing:
         stage, terminal = self._unpublished
         self._unpublished = None
         self._carried = False
+        self._mislisted = False
         if not self._state.manifest.search_attributes or stage == self._upserted_stage:
             return
         # One upsert per change of stage. AgentWorkflowKind goes with the first; AgentAwaitingReview when a
