@@ -574,6 +574,59 @@ async def test_the_last_hooks_write_the_terminal_snapshot_when_they_leave_the_te
     assert await outcome.stored() == record
 
 
+class Audit(PipelineHook):
+    """An on_finish observer: keeps each outcome it is shown."""
+
+    name = "audit-log"
+
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[str, str | None]] = []
+
+    async def on_finish(self, ctx, outcome):
+        self.outcomes.append((outcome.status, outcome.response))
+
+
+async def test_on_finish_runs_with_the_last_hooks_and_the_terminal_write_when_nothing_else_comes_before_the_end(
+    client, tmp_path, server
+):
+    """An on_finish observer joins the last hooks' local activity: it is shown the run completed with the
+    answer, once, and the terminal snapshot that activity writes holds its invocation — no marker of its
+    own, no write of the workflow's."""
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
+    audit = Audit()
+    async with model_harness(client, tmp_path, server, hooks=[Tail("tail"), audit], dedicated_synthesis=False) as h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.result is not None and outcome.result.response == "ACME is up.", outcome.failure
+    assert audit.outcomes == [("completed", "ACME is up.")]
+    assert persist_summaries(outcome) == []
+    assert end_attempt(outcome) == {"revision": 2, "written": True}
+    _, last = hook_markers(outcome)[-1]
+    assert last[-1] == "on_finish"  # the same marker as the answer's stages
+    record = outcome.record
+    assert record is not None and not record.diagnostics
+    assert [i.stage.value for i in record.pipeline_hooks].count("on_finish") == 1
+    assert await outcome.stored() == record
+
+
+async def test_on_finish_is_shown_the_outcome_once_where_the_answers_hooks_change_the_run(client, tmp_path, server):
+    """Where the answer's hooks change the run (here a redaction), on_finish does not run ahead: it is shown
+    the outcome as it is, once."""
+    answer = "ACME is up; key sk-live-0123456789abcdefghij."
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer(answer))
+    audit = Audit()
+    async with model_harness(
+        client, tmp_path, server, hooks=[SecretRedactionHook(), audit], dedicated_synthesis=False
+    ) as h:
+        outcome = await h.run("What is the price of ACME?")
+
+    assert outcome.result is not None, outcome.failure
+    [(status, response)] = audit.outcomes
+    assert status == "completed" and response == outcome.result.response and "sk-live-" not in response
+    assert persist_summaries(outcome)[-1] == "bookkeeping · persist record · terminal · revision 2"
+    assert outcome.record is not None and not outcome.record.diagnostics
+
+
 class RefusesFirstEnd:
     """The harness's store, refusing the first terminal snapshot it is asked to save (down for a moment)."""
 
