@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -136,31 +136,28 @@ class DetachedEffectWorkflow:
             outcome = effect.status.value
         workflow.set_current_details(f"{about}\n\n**stage:** reporting\n\n**outcome:** {story.excerpt(outcome)}")
 
-        await report_effect(
-            input.parent_workflow_id,
-            input.parent_run_id,
-            effect,
-            token=input.update_token,
-            heartbeat_ceiling=ceiling,
-            max_worker_losses=input.max_worker_losses,
-        )
+        await report_effect(input, effect)
         return effect
 
 
-async def report_effect(
-    parent_workflow_id: str,
-    parent_run_id: str,
-    effect: PipelineHookEffect,
-    *,
-    token: str,
-    heartbeat_ceiling: timedelta,
-    max_worker_losses: int,
-) -> None:
+class ReportsToParent(Protocol):
+    """What a child that reports an effect knows of its request: who it is, the token its updates carry,
+    and the heartbeat and worker-loss limits of its activities."""
+
+    parent_workflow_id: str
+    parent_run_id: str
+    update_token: str
+    heartbeat_timeout_seconds: float
+    max_worker_losses: int
+
+
+async def report_effect(input: ReportsToParent, effect: PipelineHookEffect) -> None:
     """Bring a terminal effect to its request: by signal while the request runs, and into the stored
     record either way (a request that has finished no longer takes signals)."""
+    parent_workflow_id, parent_run_id = input.parent_workflow_id, input.parent_run_id
     parent = workflow.get_external_workflow_handle(parent_workflow_id, run_id=parent_run_id)
     try:
-        await parent.signal(EFFECT_UPDATE_SIGNAL, EffectUpdateSignal(effect=effect, token=token))
+        await parent.signal(EFFECT_UPDATE_SIGNAL, EffectUpdateSignal(effect=effect, token=input.update_token))
     except FailureError:
         pass  # the request has finished; the store below is where its record lives now
     await dispatch.execute(
@@ -170,6 +167,6 @@ async def report_effect(
         start_to_close_timeout=timedelta(seconds=30),
         retry_policy=RetryPolicy(maximum_attempts=10),
         summary=Shown(f"merge effect · {effect.effect_id}"),
-        heartbeat_ceiling=heartbeat_ceiling,
-        max_worker_losses=max_worker_losses,
+        heartbeat_ceiling=timedelta(seconds=input.heartbeat_timeout_seconds),
+        max_worker_losses=input.max_worker_losses,
     )

@@ -219,20 +219,10 @@ def _stage_error(hook: HookEntry, stage: Stage, failure: InvocationFailure, plan
             type=decisions.HOOK_CONTRACT_ERROR,
             non_retryable=True,
         )
-    if failure.category == decisions.HOOK_PANIC:
-        return ApplicationError(
-            f"extension {hook.name!r} panicked at {stage.value}: {failure.message}",
-            {
-                "extension": hook.name,
-                "phase": stage.value,
-                "cause": failure.message,
-                "exception_type": failure.exception_type,
-                "failure_policy": failure.decision.failure_policy.value if failure.decision else None,
-            },
-            type=decisions.HOOK_PANIC,
-            non_retryable=True,
-        )
-    if hook.required and stage is Stage.AFTER_PLANNING:
+    # A panic (a BaseException the hook raised) ends the request as itself, the required gate's rejection
+    # as the gate's, any other failure that ends it as the hook's ExtensionError.
+    panicked = failure.category == decisions.HOOK_PANIC
+    if hook.required and stage is Stage.AFTER_PLANNING and not panicked:
         return ApplicationError(
             f"required after_planning hook {hook.name!r} rejected the plan: {failure.message}",
             {
@@ -245,17 +235,15 @@ def _stage_error(hook: HookEntry, stage: Stage, failure: InvocationFailure, plan
             type=decisions.REQUIRED_AFTER_PLANNING_ERROR,
             non_retryable=True,
         )
+    details: dict[str, Any] = {"extension": hook.name, "phase": stage.value, "cause": failure.message}
+    if not panicked:
+        details["cause_type"] = failure.category
+    details["exception_type"] = failure.exception_type
+    details["failure_policy"] = failure.decision.failure_policy.value if failure.decision else None
     return ApplicationError(
-        f"extension {hook.name!r} failed at {stage.value}: {failure.message}",
-        {
-            "extension": hook.name,
-            "phase": stage.value,
-            "cause": failure.message,
-            "cause_type": failure.category,
-            "exception_type": failure.exception_type,
-            "failure_policy": failure.decision.failure_policy.value if failure.decision else None,
-        },
-        type=decisions.EXTENSION_ERROR,
+        f"extension {hook.name!r} {'panicked' if panicked else 'failed'} at {stage.value}: {failure.message}",
+        details,
+        type=decisions.HOOK_PANIC if panicked else decisions.EXTENSION_ERROR,
         non_retryable=True,
     )
 

@@ -135,14 +135,7 @@ class ReviewNotificationWorkflow:
             effect.summary = f"the reviewers' webhook answered {result.http_status}"
         if effect.started_at is not None:
             effect.duration_ms = elapsed_ms(effect.started_at)
-        await report_effect(
-            input.parent_workflow_id,
-            input.parent_run_id,
-            effect,
-            token=input.update_token,
-            heartbeat_ceiling=ceiling,
-            max_worker_losses=input.max_worker_losses,
-        )
+        await report_effect(input, effect)
         if failure is not None:
             raise failure
         return effect

@@ -365,18 +365,8 @@ def hands_on(spec: StageSpec, ran: Sequence[tuple[HookCall, HookOutcome]]) -> bo
     back to the workflow, which then runs the next stage's hooks on what this one made of the run."""
     if not ran:
         return False
-    start = spec.subject(ran[0][0])
-    subject = start
-    for call, outcome in ran:
-        if outcome.leases or outcome.detached or outcome.model_calls or outcome.decision.action in _HANDED_BACK:
-            return False
-        if outcome.state is not None and outcome.state != call.view.state:
-            return False
-        folded = spec.fold(subject, outcome)
-        if folded.ends or not folded.carries:
-            return False
-        subject = folded.subject
-    return subject == start
+    through = let_through(spec, ran)
+    return through is not None and through == spec.subject(ran[0][0])
 
 
 def let_through(spec: StageSpec, ran: Sequence[tuple[HookCall, HookOutcome]]) -> Any:
