@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -284,30 +285,6 @@ async def _print_answer(agents: AgentClient, key: str) -> None:
         streamed += chunk.text
         print(chunk.text, end="", flush=True)
     print(flush=True)
-
-
-async def _warn_without_pollers(agents: AgentClient) -> None:
-    """Say so when no worker polls the task queue: the request waits until one does."""
-    from temporalio.api.enums.v1 import TaskQueueType
-    from temporalio.api.taskqueue.v1 import TaskQueue
-    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-
-    settings = agents.settings
-    request = DescribeTaskQueueRequest(
-        namespace=settings.temporal_namespace,
-        task_queue=TaskQueue(name=settings.task_queue),
-        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-    )
-    try:
-        description = await agents.temporal.workflow_service.describe_task_queue(request)
-    except Exception:  # noqa: BLE001 - an older server, or no permission: nothing to say
-        return
-    if not description.pollers:
-        print(
-            f"warning: no worker polls task queue {settings.task_queue!r} at {settings.temporal_address}; "
-            "the request waits until one does (start one: python worker.py)",
-            file=sys.stderr,
-        )
 
 
 async def _stored(args: argparse.Namespace, settings: Settings) -> int:
@@ -559,7 +536,6 @@ async def _command(agents: AgentClient, args: argparse.Namespace) -> int:
         return 0
     if args.command in ("run", "start"):
         metadata = json.loads(args.metadata) if args.metadata else {}
-        await _warn_without_pollers(agents)
         handle = await agents.start(
             args.text,
             metadata=metadata,
@@ -715,8 +691,18 @@ def _add_hooks_parser(commands: Any) -> None:
     p.add_argument("--total", type=int)
 
 
+class _OneLine(logging.Formatter):
+    """What the library logs, as the CLI says it: ``warning: <message>``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(_OneLine())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     if args.command == "encryption-key":  # needs no settings: a fresh key is the same anywhere
         from .encryption import EncryptionKeyError, new_key_line
 
