@@ -446,10 +446,11 @@ class AgentClient:
         )
 
     async def reject(
-        self, request: str, *, reviewer: str, reason: str = "", checkpoint_id: str | None = None, proof: str = ""
+        self, request: str, *, reviewer: str, comment: str = "", checkpoint_id: str | None = None, proof: str = ""
     ) -> ReviewAck:
+        """Reject a checkpoint; ``comment`` says why (the record keeps it)."""
         return await self.review(
-            request, "reject", reviewer=reviewer, comment=reason, checkpoint_id=checkpoint_id, proof=proof
+            request, "reject", reviewer=reviewer, comment=comment, checkpoint_id=checkpoint_id, proof=proof
         )
 
     def signing_key(self) -> SigningKey | None:
