@@ -97,7 +97,7 @@ def decide_commands(workflow_id: str, checkpoint_id: str) -> dict[str, str]:
     target = f'{shlex.quote(workflow_id)} --checkpoint {shlex.quote(checkpoint_id)} --reviewer "$USER"'
     return {
         "approve": f"agent-lifecycle approve {target} --comment 'checked'",
-        "reject": f"agent-lifecycle reject {target} --reason 'why not'",
+        "reject": f"agent-lifecycle reject {target} --comment 'why not'",
     }
 
 

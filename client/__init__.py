@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from .settings import Settings
 
-__all__ = ["Settings", "connect", "connect_options", "connect_when_reachable", "exit_process"]
+__all__ = ["Settings", "TemporalUnreachable", "connect", "connect_options", "connect_when_reachable", "exit_process"]
 
 
 def __getattr__(name: str) -> Any:
@@ -32,6 +32,25 @@ def __getattr__(name: str) -> Any:
 
         return Settings
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class TemporalUnreachable(RuntimeError):
+    """No Temporal server answers at the address the settings name; the message says how to start one."""
+
+    def __init__(self, address: str, detail: str = "") -> None:
+        self.address, self.detail = address, detail
+        super().__init__(
+            f"no Temporal server at {address}; start one with `python worker.py --dev` (or set TEMPORAL_ADDRESS)"
+        )
+
+
+def unreachable(err: BaseException) -> bool:
+    """Whether a connection error says nothing answered (refused, unresolvable, timed out), as the SDK
+    raises it (a ``RuntimeError`` with the transport's text)."""
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(
+        sign in text for sign in ("tcp connect error", "dns error", "ConnectionRefused", "timed out")
+    )
 
 
 def exit_process(code: int) -> NoReturn:
@@ -105,20 +124,29 @@ def connect_options(settings: Settings) -> dict[str, Any]:
 async def connect(settings: Settings, *, tracing: bool = True) -> Client:
     """A client with the project's data converter (payload store, encryption) on the connection the
     settings describe (TLS, API key: :func:`connect_options`); with ``tracing`` the OTel interceptor.
-    Workers built from this client inherit all of it."""
+    Workers built from this client inherit all of it.
+
+    Raises:
+        TemporalUnreachable: nothing answers at the settings' address.
+    """
     from temporalio.client import Client
 
     from workflows.tracing import RequestTracing
 
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=process_data_converter(settings),
-        identity=settings.temporal_identity,
-        # Every request one trace, even one started without a client span (the Temporal CLI, a schedule).
-        interceptors=[RequestTracing()] if tracing else [],
-        **connect_options(settings),
-    )
+    try:
+        return await Client.connect(
+            settings.temporal_address,
+            namespace=settings.temporal_namespace,
+            data_converter=process_data_converter(settings),
+            identity=settings.temporal_identity,
+            # Every request one trace, even one started without a client span (the Temporal CLI, a schedule).
+            interceptors=[RequestTracing()] if tracing else [],
+            **connect_options(settings),
+        )
+    except RuntimeError as err:
+        if not unreachable(err):
+            raise
+        raise TemporalUnreachable(settings.temporal_address, str(err)) from None
 
 
 async def connect_when_reachable(settings: Settings, *, tracing: bool = True) -> Client:
@@ -147,6 +175,13 @@ def database(settings: Settings) -> Database | None:
     if url not in _databases:
         _databases[url] = Database(url, pool_size=settings.database_pool_size)
     return _databases[url]
+
+
+async def close_databases() -> None:
+    """Close this process's database pools (their threads and connections) and forget them."""
+    while _databases:
+        _, db = _databases.popitem()
+        await db.close()
 
 
 def response_cache_store(settings: Settings) -> ResponseCacheStore:

@@ -21,16 +21,22 @@ Every method that names a request takes its request id or its workflow id (``req
 from __future__ import annotations
 
 import asyncio
+import atexit
+import gc
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+import weakref
+from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from google.protobuf.field_mask_pb2 import FieldMask
 from temporalio.api.common.v1 import Priority, WorkflowExecution
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflow.v1 import WorkflowExecutionOptions
-from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionOptionsRequest
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, UpdateWorkflowExecutionOptionsRequest
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
@@ -73,10 +79,13 @@ from workflows.models import (
     conversation_workflow_id,
 )
 
+from . import TemporalUnreachable
 from .reviewer_keys import SigningKey, load_signing_key, sign_decision
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["AgentClient", "TemporalUnreachable"]
 
 REQUEST_PREFIX = "request-"
 _OPTIONAL_CHECKPOINT: Any = Checkpoint | None  # a query result that may be null
@@ -147,6 +156,48 @@ class ReviewRefused(Exception):
     decided or expired, no pending checkpoint): nothing changed."""
 
 
+# Clients not closed when the interpreter exits are let go of before it finalizes (an ``atexit`` hook
+# runs while threads may still take the interpreter's lock), so a script that never closes its client
+# does not abort at exit either.
+_SETTLE_SECONDS = 0.05
+_open_clients: weakref.WeakSet[AgentClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _let_go_at_exit() -> None:
+    left = [client for client in list(_open_clients) if not client._closed]
+    for client in left:
+        client._let_go()
+    if left:
+        time.sleep(_SETTLE_SECONDS)
+
+
+class _Connecting:
+    """What :meth:`AgentClient.connect` returns: awaited, the client; entered with ``async with``, the
+    client, closed when the block ends."""
+
+    def __init__(self, cls: type[AgentClient], settings: Settings | None, tracing: bool) -> None:
+        self._cls, self._settings, self._tracing = cls, settings, tracing
+        self._client: AgentClient | None = None
+
+    async def _connect(self) -> AgentClient:
+        from . import connect
+
+        settings = self._settings or Settings.from_env()
+        return self._cls(await connect(settings, tracing=self._tracing), settings)
+
+    def __await__(self) -> Generator[Any, None, AgentClient]:
+        return self._connect().__await__()
+
+    async def __aenter__(self) -> AgentClient:
+        self._client = await self._connect()
+        return self._client
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
 @dataclass(frozen=True)
 class PendingReview:
     """A checkpoint waiting for a reviewer, and the request it belongs to."""
@@ -162,15 +213,47 @@ class AgentClient:
         self.temporal = client  # the underlying Temporal client, for anything not wrapped here
         self.settings = settings
         self._signing_key: SigningKey | None = None
+        self._closed = False
+        _open_clients.add(self)
 
     @classmethod
-    async def connect(cls, settings: Settings | None = None, *, tracing: bool = True) -> AgentClient:
+    def connect(cls, settings: Settings | None = None, *, tracing: bool = True) -> _Connecting:
         """Connect with the project's data converter and payload store (settings from the environment
-        unless given)."""
-        from . import connect
+        unless given): ``agents = await AgentClient.connect()`` (then ``await agents.close()``), or
+        ``async with AgentClient.connect() as agents:``, which closes it when the block ends.
 
-        settings = settings or Settings.from_env()
-        return cls(await connect(settings, tracing=tracing), settings)
+        Raises:
+            SettingsError: the environment holds a bad or unknown variable (each named).
+            TemporalUnreachable: no Temporal server answers at the settings' address.
+        """
+        return _Connecting(cls, settings, tracing)
+
+    async def close(self) -> None:
+        """Let go of what the client holds: the database pools its stores opened and the connection to
+        Temporal. Call it (or use ``async with``) before the process ends: a connection left to the
+        interpreter's shutdown can be released by the SDK's native threads while Python finalizes, which
+        aborts the process. Closing twice does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        from . import close_databases
+
+        await close_databases()
+        self._let_go()
+        await asyncio.sleep(_SETTLE_SECONDS)
+
+    def _let_go(self) -> None:
+        # Drop the connection while the interpreter still runs; the SDK's threads release what they hold
+        # of it in the moment the caller then waits.
+        self._closed = True
+        self.__dict__.pop("temporal", None)
+        gc.collect()
+
+    async def __aenter__(self) -> AgentClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     # -- requests ------------------------------------------------------------------------------------
 
@@ -189,8 +272,11 @@ class AgentClient:
         attaches to that execution (a retried call never runs the request twice); with a different input
         it raises :class:`RequestIdConflict`. With ``stream`` the answer is also published while it is
         written (read it with :meth:`stream`). ``requested_by`` (default: ``AGENT_PRINCIPAL``) is who the
-        request is for: they may not approve its checkpoints themselves."""
-        return await start_request(
+        request is for: they may not approve its checkpoints themselves.
+
+        When no worker polls the task queue the request waits until one does: a warning is logged
+        (``client.api``) naming the queue."""
+        handle = await start_request(
             self.temporal,
             self.settings,
             text,
@@ -199,6 +285,28 @@ class AgentClient:
             stream_answer=stream,
             requested_by=requested_by,
         )
+        if await self.workers_polling() == 0:
+            logger.warning(
+                "no worker polls task queue %r at %s; request %s waits until one does (start one: python worker.py)",
+                self.settings.task_queue,
+                self.settings.temporal_address,
+                handle.id,
+            )
+        return handle
+
+    async def workers_polling(self) -> int | None:
+        """How many workers poll the task queue for requests now (the server's recent pollers); None when
+        the server does not say (an older server, or no permission)."""
+        request = DescribeTaskQueueRequest(
+            namespace=self.settings.temporal_namespace,
+            task_queue=TaskQueue(name=self.settings.task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+        try:
+            description = await self.temporal.workflow_service.describe_task_queue(request)
+        except RPCError:
+            return None
+        return len(description.pollers)
 
     async def execute(
         self, text: str, *, metadata: dict[str, Any] | None = None, request_id: str | None = None
@@ -338,10 +446,11 @@ class AgentClient:
         )
 
     async def reject(
-        self, request: str, *, reviewer: str, reason: str = "", checkpoint_id: str | None = None, proof: str = ""
+        self, request: str, *, reviewer: str, comment: str = "", checkpoint_id: str | None = None, proof: str = ""
     ) -> ReviewAck:
+        """Reject a checkpoint; ``comment`` says why (the record keeps it)."""
         return await self.review(
-            request, "reject", reviewer=reviewer, comment=reason, checkpoint_id=checkpoint_id, proof=proof
+            request, "reject", reviewer=reviewer, comment=comment, checkpoint_id=checkpoint_id, proof=proof
         )
 
     def signing_key(self) -> SigningKey | None:

@@ -17,7 +17,7 @@ A reviewer's inbox:
     agent-lifecycle approve 1a2b3c --reviewer alice --comment "ok"
     agent-lifecycle approve 1a2b3c --reviewer alice --decline send_message-2   # run the rest, skip this call
     agent-lifecycle approve 1a2b3c --reviewer alice --calls-digest sha256:...   # only the calls `show` showed
-    agent-lifecycle reject 1a2b3c --reviewer alice --reason "wrong recipient"
+    agent-lifecycle reject 1a2b3c --reviewer alice --comment "wrong recipient"
     agent-lifecycle reviewer-key --reviewer alice --trust-file reviewers.json   # a key to sign decisions with
 
 With AGENT_REVIEWER_KEY set, approve and reject sign the decision with that key (see docs/review.md).
@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -286,42 +287,18 @@ async def _print_answer(agents: AgentClient, key: str) -> None:
     print(flush=True)
 
 
-async def _warn_without_pollers(agents: AgentClient) -> None:
-    """Say so when no worker polls the task queue: the request waits until one does."""
-    from temporalio.api.enums.v1 import TaskQueueType
-    from temporalio.api.taskqueue.v1 import TaskQueue
-    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-
-    settings = agents.settings
-    request = DescribeTaskQueueRequest(
-        namespace=settings.temporal_namespace,
-        task_queue=TaskQueue(name=settings.task_queue),
-        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-    )
-    try:
-        description = await agents.temporal.workflow_service.describe_task_queue(request)
-    except Exception:  # noqa: BLE001 - an older server, or no permission: nothing to say
-        return
-    if not description.pollers:
-        print(
-            f"warning: no worker polls task queue {settings.task_queue!r} at {settings.temporal_address}; "
-            "the request waits until one does (start one: python worker.py)",
-            file=sys.stderr,
-        )
-
-
 async def _stored(args: argparse.Namespace, settings: Settings) -> int:
     from . import execution_store
 
     store = execution_store(settings)
     if args.command == "record":
-        key = args.key.removeprefix("request-")
-        records = [r for r in (await store.get(args.key), await store.get(key)) if r is not None][:1]
+        key = args.request.removeprefix("request-")
+        records = [r for r in (await store.get(args.request), await store.get(key)) if r is not None][:1]
     else:
         records = await store.recent(args.limit)
     if not records:
         where = "the database" if settings.database_url else settings.execution_store_path
-        what = f"no stored record for {args.key!r}" if args.command == "record" else "no stored records"
+        what = f"no stored record for {args.request!r}" if args.command == "record" else "no stored records"
         print(f"{what} in {where}", file=sys.stderr)
         return 1
     for record in records:
@@ -532,7 +509,6 @@ async def _command(agents: AgentClient, args: argparse.Namespace) -> int:
             print(f"{workflow_id} has no pending checkpoint")
         return 0 if pending else 1
     if args.command in ("approve", "reject"):
-        text = args.comment if args.command == "approve" else args.reason
         reviewer = args.reviewer or settings.principal
         if not reviewer:
             print("error: name the reviewer: --reviewer, or AGENT_PRINCIPAL", file=sys.stderr)
@@ -541,7 +517,7 @@ async def _command(agents: AgentClient, args: argparse.Namespace) -> int:
             args.request,
             args.command,
             reviewer=reviewer,
-            comment=text,
+            comment=args.comment,
             checkpoint_id=args.checkpoint,
             declined=getattr(args, "decline", None) or (),
             proof=_proof(args.proof),
@@ -554,12 +530,11 @@ async def _command(agents: AgentClient, args: argparse.Namespace) -> int:
         print(f"cancel requested for {await agents.workflow_id(args.request)}")
         return 0
     if args.command == "record":
-        record = await agents.record(args.key)
+        record = await agents.record(args.request)
         print(record.model_dump_json(indent=2) if args.json else format_record(record))
         return 0
     if args.command in ("run", "start"):
         metadata = json.loads(args.metadata) if args.metadata else {}
-        await _warn_without_pollers(agents)
         handle = await agents.start(
             args.text,
             metadata=metadata,
@@ -606,7 +581,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = commands.add_parser("cancel", help="cancel a request (its finalizers run; its record says cancelled)")
     sub.add_argument("request", help=request)
     sub = commands.add_parser("record", help="print an execution record")
-    sub.add_argument("key", help=request)
+    sub.add_argument("request", help=request)
     sub.add_argument("--live", action="store_true", help="query the workflow instead of the store")
     sub.add_argument("--json", action="store_true")
     sub = commands.add_parser("chat", help="an interactive conversation: a line a turn, checkpoints asked y/n")
@@ -615,11 +590,11 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("inbox", help="requests awaiting review")
     sub = commands.add_parser("show", help="the pending checkpoints of a request: the calls and reasons")
     sub.add_argument("request", help=request)
-    for name, text_flag in (("approve", "--comment"), ("reject", "--reason")):
+    for name in ("approve", "reject"):
         sub = commands.add_parser(name, help=f"{name} a request's pending checkpoint")
         sub.add_argument("request", help=request)
         sub.add_argument("--reviewer", help="who decides (default: AGENT_PRINCIPAL)")
-        sub.add_argument(text_flag, default="")
+        sub.add_argument("--comment", default="", help="why, as the record keeps it")
         sub.add_argument("--checkpoint", help="checkpoint id (default: the oldest pending one)")
         sub.add_argument(
             "--calls-digest", help="decide only if the checkpoint still runs the calls `show` printed with this digest"
@@ -715,8 +690,18 @@ def _add_hooks_parser(commands: Any) -> None:
     p.add_argument("--total", type=int)
 
 
+class _OneLine(logging.Formatter):
+    """What the library logs, as the CLI says it: ``warning: <message>``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(_OneLine())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     if args.command == "encryption-key":  # needs no settings: a fresh key is the same anywhere
         from .encryption import EncryptionKeyError, new_key_line
 

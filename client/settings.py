@@ -22,6 +22,7 @@ and the CLI print it on one line and exit 2.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import types
@@ -574,6 +575,13 @@ class Settings(BaseModel):
         description="the execution records' SQLite file",
         json_schema_extra={"default": "`$AGENT_STATE_DIR/executions.sqlite3`"},
     )
+    other_variables: CommaList = Field(
+        default_factory=list,
+        validation_alias="AGENT_OTHER_VARIABLES",
+        description="`AGENT_*` variables the environment holds for another program (a CI agent's, say), which the "
+        "settings leave alone; any other unknown `AGENT_*` variable is an error naming the closest setting",
+        json_schema_extra={"default": "none"},
+    )
     pipeline_factory: str | None = Field(
         default=None,
         validation_alias="AGENT_PIPELINE",
@@ -881,6 +889,9 @@ class Settings(BaseModel):
         """
         env = os.environ if env is None else env
         values = environment_values(cls, env)
+        unknown = unknown_variables(cls, env)
+        if unknown:
+            raise SettingsError(unknown)
         if "AGENT_STATE_DIR" not in values and "state_dir" not in overrides:
             values["state_dir"] = default_state_dir(env)
         for name in overrides:  # an override replaces what the environment says of its field
@@ -964,6 +975,41 @@ class SettingsError(ValueError):
                 message += f" (got {value.strip()!r})"
             problems.append((variable, message))
         return cls(problems)
+
+
+# ``AGENT_*`` variables read by something other than the settings: docker-compose.yml's substitution of the
+# codec server's public URL, the fault-injection benchmark pipeline, and the test suite's worker pipelines.
+READ_ELSEWHERE = frozenset(
+    {
+        "AGENT_CODEC_PUBLIC_URL",
+        "AGENT_FAULT_DIR",
+        "AGENT_FAULT_DELAY_SECONDS",
+        "AGENT_TEST_CRASHES",
+        "AGENT_TEST_FULL_SCALE",
+        "AGENT_TEST_GATE_ATTEMPTS",
+        "AGENT_TEST_GATE_FAILURES",
+        "AGENT_TEST_GATE_OPTION",
+        "AGENT_TEST_PLAN",
+        "AGENT_TEST_TOOL_SECONDS",
+        "AGENT_TEST_WORKER_LOSSES",
+    }
+)
+
+
+def unknown_variables(model: type[BaseModel], env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Each ``AGENT_*`` variable of ``env`` that no setting declares, with the fix: a misspelt setting is
+    otherwise silently ignored (a reviewer list that allows anyone, a model endpoint left at its default).
+    ``AGENT_OTHER_VARIABLES`` names those that belong to another program."""
+    known = {variable for variable, _ in declared(model)} | READ_ELSEWHERE
+    others = set(_comma_separated(env.get("AGENT_OTHER_VARIABLES", "")))
+    problems = []
+    for name in sorted(env):
+        if not name.startswith("AGENT_") or name in known or name in others:
+            continue
+        closest = difflib.get_close_matches(name, sorted(known - READ_ELSEWHERE), n=1, cutoff=0.75)
+        fix = f"did you mean {closest[0]}?" if closest else "docs/configuration.md lists the settings"
+        problems.append((name, f"not a setting; {fix} (another program's variable: list it in AGENT_OTHER_VARIABLES)"))
+    return problems
 
 
 def _variable_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[str, bool]:

@@ -795,7 +795,7 @@ async def test_the_reviewer_cli_lists_shows_approves_and_rejects(client, dev_env
         )
 
         code, stdout, stderr = await _cli(
-            env, "reject", to_reject.id, "--reviewer", "alice", "--reason", "wrong person"
+            env, "reject", to_reject.id, "--reviewer", "alice", "--comment", "wrong person"
         )
         assert code == 0, stderr
         ack = json.loads(stdout)

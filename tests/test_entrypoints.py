@@ -349,3 +349,15 @@ def test_a_negative_stage_listing_delay_is_a_startup_error(tmp_path):
     )
     assert run.returncode == 2, run.stdout + run.stderr
     assert "AGENT_STAGE_LISTING_DELAY_SECONDS: Input should be greater than or equal to 0" in run.stderr
+
+
+@pytest.mark.parametrize("misspelt", [{"AGENT_REVIEWER": "carol"}, {"AGENT_MODEL_BASEURL": "http://127.0.0.1:9/v1"}])
+def test_a_misspelt_variable_stops_the_worker_the_check_and_the_cli_naming_the_fix(tmp_path, misspelt):
+    env = {**os.environ, "AGENT_STATE_DIR": str(tmp_path / "state"), **misspelt}
+    [variable] = misspelt
+    closest = {"AGENT_REVIEWER": "AGENT_REVIEWERS", "AGENT_MODEL_BASEURL": "AGENT_MODEL_BASE_URL"}[variable]
+    for command in (["worker.py", "--check"], ["worker.py"], ["-m", "client.cli", "list"]):
+        run = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2, (command, run.stdout + run.stderr)
+        [line] = run.stderr.strip().splitlines()
+        assert f"{variable}: not a setting; did you mean {closest}?" in line, (command, line)

@@ -115,7 +115,7 @@ async def test_a_waiting_request_says_what_waits_why_for_whom_and_how_to_decide(
     assert f"{tool}: messages to bob are reviewed (required by hook reviewer-gate)" in waiting
     assert "**reviewers:** alice, bob" in waiting
     assert f'`agent-lifecycle approve {handle.id} --reviewer alice --checkpoint {cp} --comment "ok"`' in waiting
-    assert f'`agent-lifecycle reject {handle.id} --reviewer alice --checkpoint {cp} --reason "why"`' in waiting
+    assert f'`agent-lifecycle reject {handle.id} --reviewer alice --checkpoint {cp} --comment "why"`' in waiting
     assert (ack.checkpoint_id, ack.reviewer) == (checkpoint.checkpoint_id, "alice") and out.result is not None
     assert "**outcome:** succeeded" in ended
     assert ended.endswith(f"**checkpoint** {cp} approved by alice")  # the finished request keeps its review

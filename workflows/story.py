@@ -195,7 +195,7 @@ def checkpoint_lines(
         f"**reviewers:** {excerpt(_reviewers_text(reviewers), 300)} · **expires:** "
         f"{checkpoint.expires_at.strftime('%Y-%m-%d %H:%M:%S')} UTC",
         f'**approve:** `agent-lifecycle approve {wid} --reviewer {who} --checkpoint {cp} --comment "ok"`',
-        f'**reject:** `agent-lifecycle reject {wid} --reviewer {who} --checkpoint {cp} --reason "why"`',
+        f'**reject:** `agent-lifecycle reject {wid} --reviewer {who} --checkpoint {cp} --comment "why"`',
         f"**or the update:** `temporal workflow update execute --workflow-id {wid} --name review --input "
         f"'{excerpt(update, 300)}'` (decision approve or reject)",
     ]

@@ -230,3 +230,68 @@ def test_no_part_of_the_framework_reads_the_environment_for_a_setting_of_its_own
                     if isinstance(node.value, ast.Name) and node.value.id == "os":
                         readers.add(str(path.relative_to(ROOT)))
     assert readers <= _ENVIRONMENT_READERS, sorted(readers - _ENVIRONMENT_READERS)
+
+
+# --------------------------------------------------------------------------------------------------
+# Unknown variables
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "closest"),
+    [
+        ({"AGENT_REVIEWER": "carol"}, "AGENT_REVIEWERS"),
+        ({"AGENT_MODEL_BASEURL": "http://127.0.0.1:9/v1"}, "AGENT_MODEL_BASE_URL"),
+        ({"AGENT_STATEDIR": "/tmp/x"}, "AGENT_STATE_DIR"),
+    ],
+)
+def test_a_misspelt_variable_is_an_error_naming_the_closest_setting(env, closest):
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env(env)
+    [variable] = env
+    message = str(caught.value)
+    assert caught.value.variables == [variable] and "\n" not in message
+    assert message.startswith(f"{variable}: not a setting; did you mean {closest}?")
+
+
+def test_an_unknown_variable_far_from_every_setting_points_to_the_reference():
+    with pytest.raises(SettingsError, match="AGENT_JOBSTATUS: not a setting; docs/configuration.md lists"):
+        Settings.from_env({"AGENT_JOBSTATUS": "Succeeded"})
+
+
+def test_a_correct_environment_and_another_programs_named_variables_are_accepted():
+    env = {
+        "AGENT_REVIEWERS": "carol",
+        "AGENT_MODEL": "m",
+        "AGENT_MODEL_API_KEY": "k",
+        "AGENT_MODEL_BASE_URL": "http://127.0.0.1:9/v1",
+        "AGENT_JOBSTATUS": "Succeeded",
+        "AGENT_OTHER_VARIABLES": "AGENT_JOBSTATUS",
+        "AGENT_TEST_PLAN": "[]",
+        "OTHER_REVIEWER": "x",
+    }
+    settings = Settings.from_env(env)
+    assert settings.reviewers == ["carol"] and settings.model.base_url == "http://127.0.0.1:9/v1"
+    with pytest.raises(SettingsError, match="AGENT_REVIEWER: not a setting"):
+        Settings.from_env({**env, "AGENT_REVIEWER": "carol"})  # naming one other variable does not open the rest
+
+
+# Where the project reads an ``AGENT_*`` variable outside the settings: it must be known, or the loader
+# would refuse the environment that sets it.
+_READS = re.compile(
+    r"""(?:environ(?:\.get)?\s*[\[(]\s*|getenv\(\s*|_ENV\s*=\s*|\$\{)["']?(AGENT_[A-Z0-9_]+)""",
+)
+
+
+def test_every_agent_variable_the_project_reads_is_known():
+    from client.settings import READ_ELSEWHERE
+
+    known = {variable for variable, _ in declared(Settings)} | READ_ELSEWHERE
+    read = set()
+    for pattern in ("**/*.py", "**/*.sh", "**/*.yml", "**/*.yaml", "**/Dockerfile"):
+        for path in ROOT.glob(pattern):
+            if ".venv" in path.parts or "node_modules" in path.parts:
+                continue
+            read |= set(_READS.findall(path.read_text(errors="replace")))
+    assert read, "the pattern finds the project's reads"
+    assert read <= known, sorted(read - known)
