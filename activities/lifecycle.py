@@ -123,6 +123,7 @@ class LifecycleActivities(HookStageActivities):
         search_attributes: Whether the lifecycle search attributes exist on the namespace (the worker
             checks and sets this; without them the workflow does not upsert them).
         memory: Conversation memory: completed runs are remembered (after before_remember hooks).
+        instructions: The pipeline's instructions, recorded in each request's manifest (its system prompt).
         review_webhook: Where each checkpoint that opens is announced (``AGENT_REVIEW_WEBHOOK``); None:
             nobody is told, and a checkpoint starts no notification.
     """
@@ -143,6 +144,7 @@ class LifecycleActivities(HookStageActivities):
         search_attributes: bool = False,
         memory: ConversationMemory | None = None,
         review_webhook: ReviewWebhook | None = None,
+        instructions: str = "",
     ) -> None:
         self.registry = registry
         self.tools = tools
@@ -169,6 +171,7 @@ class LifecycleActivities(HookStageActivities):
             review=review,
             search_attributes=search_attributes,
             reserved_metadata_dimensions=list(reserved_metadata_dimensions),
+            instructions=instructions,
         )
         self.rebuild()
 

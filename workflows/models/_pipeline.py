@@ -180,6 +180,9 @@ class PipelineManifest(ByReference):
     # The fallback model of each model stage that has one (``planning``, ``synthesis``: its name): called
     # when the primary model is unavailable after its retries.
     fallback: dict[str, str] = Field(default_factory=dict)
+    # The pipeline's instructions (its system prompt): a request's own follow them, and before_run hooks
+    # see both and may rewrite them. Empty is what a manifest recorded without this field replays with.
+    instructions: str = ""
 
     def participants(self, stage: Stage) -> list[HookEntry]:
         return [h for h in self.hooks if h.implements(stage)]

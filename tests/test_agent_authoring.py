@@ -1,0 +1,155 @@
+"""The agent as an agent developer writes it, through Temporal and a real model endpoint: instructions per
+pipeline and per request, the model chosen in code, tools from typed functions, several pipelines on one
+worker, and a reviewer's rejection told to the model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from activities.models import ModelSettings, function_name
+from client import Settings
+from client.pipeline import PipelineSettingsError, build_pipeline
+from demo.tools import demo_tools
+from hooks import RunPatch
+from workflows.models import RequestInput, StageSettings
+
+from . import openai_server as ai
+from .harness import Harness
+
+QUOTE = function_name("demo-tools/stock-service/stock_quote")
+
+
+def settings_for(tmp_path, server: ai.OpenAIServer | None = None, **env: str) -> Settings:
+    values = {"AGENT_STATE_DIR": str(tmp_path / "state"), **env}
+    if server is not None:
+        values |= {"AGENT_MODEL_BASE_URL": server.base_url, "AGENT_MODEL_API_KEY": "sk-test"}
+    return Settings.from_env(values)
+
+
+def model_settings(server: ai.OpenAIServer, name: str = "m") -> ModelSettings:
+    return ModelSettings(base_url=server.base_url, api_key=SecretStr("sk-test"), model=name, timeout_seconds=5)
+
+
+def pipeline_harness(client, tmp_path, **pipeline: Any) -> Harness:
+    """A harness whose worker serves the pipeline ``build_pipeline`` makes of ``pipeline``."""
+    h = Harness(client, tmp_path)
+    settings = pipeline.pop("settings", None) or settings_for(tmp_path)
+    pipeline.setdefault("tools", demo_tools(tmp_path))
+    pipeline.setdefault("store", h.store)
+    h.activities = build_pipeline(settings, **pipeline)
+    return h
+
+
+def system_and_user(received: ai.Received) -> tuple[str, str]:
+    system, user, *_ = received.messages
+    assert (system["role"], user["role"]) == ("system", "user")
+    return system["content"], user["content"]
+
+
+class Formal:
+    """A before_run hook that sees the instructions it is given and adds one of its own."""
+
+    name = "formal"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def before_run(self, ctx, run):
+        self.seen.append(run.instructions)
+        return RunPatch(instructions=run.instructions + "\nBe formal.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Instructions
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_the_pipelines_instructions_then_the_requests_reach_the_planner_and_the_synthesizer(
+    client, tmp_path, server
+):
+    server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("Done."), ai.answer("ACME is at 42.5."))
+    formal = Formal()
+    async with pipeline_harness(
+        client,
+        tmp_path,
+        model=model_settings(server),
+        instructions="You are the desk's quote assistant.",
+        hooks=[formal],
+        stage_settings=StageSettings(dedicated_synthesis=True),
+    ) as h:
+        request = RequestInput(request="Price of ACME?", instructions="Answer in euros.")
+        outcome = await h.finish(await h.start(request.model_dump(mode="json")))
+
+    assert outcome.result is not None, outcome.failure
+    assert outcome.result.response == "ACME is at 42.5."
+    # before_run saw the pipeline's instructions, then the request's, and rewrote them
+    assert formal.seen == ["You are the desk's quote assistant.\n\nAnswer in euros."]
+    told = "You are the desk's quote assistant.\n\nAnswer in euros.\nBe formal."
+    planning, _, synthesis = server.requests
+    for received in (planning, synthesis):
+        _, user = system_and_user(received)
+        assert user.startswith(f"<instructions>\n{told}\n</instructions>\n\n")
+        assert user.endswith("Price of ACME?")
+    assert outcome.record is not None and outcome.record.instructions == told
+    stored = await outcome.stored()
+    assert stored is not None and stored.instructions == told
+
+
+async def test_a_request_without_instructions_runs_with_the_pipelines_and_one_without_any_sends_none(
+    client, tmp_path, server
+):
+    server.push(ai.answer("Hello."), ai.answer("Hello again."))
+    async with pipeline_harness(client, tmp_path, model=model_settings(server), instructions="Be brief.") as h:
+        first = await h.run("Say hello")
+    async with pipeline_harness(client, tmp_path, model=model_settings(server)) as h:
+        second = await h.run("Say hello")
+
+    assert first.result is not None and second.result is not None
+    assert (
+        system_and_user(server.requests[0])[1]
+        == "<instructions>\nBe brief.\n</instructions>\n\nUser request:\nSay hello"
+    )
+    assert system_and_user(server.requests[1])[1] == "User request:\nSay hello"
+    assert first.record is not None and first.record.instructions == "Be brief."
+    assert second.record is not None and second.record.instructions == ""
+
+
+def test_a_requests_instructions_are_bounded_text():
+    with pytest.raises(ValueError, match="instructions"):
+        RequestInput(request="hi", instructions="x" * 8_001)
+    with pytest.raises(ValueError, match="instructions"):
+        RequestInput.model_validate({"request": "hi", "instructions": {"role": "system"}})
+
+
+# --------------------------------------------------------------------------------------------------
+# The model chosen in code
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_the_model_named_in_code_is_the_one_called_on_the_settings_endpoint(client, tmp_path, server):
+    server.push(ai.answer("Hello."))
+    settings = settings_for(tmp_path, server)
+    async with pipeline_harness(client, tmp_path, settings=settings, model="desk-model") as h:
+        outcome = await h.run("Say hello")
+
+    assert outcome.result is not None and outcome.result.response == "Hello."
+    [sent] = server.requests
+    assert sent.body["model"] == "desk-model"
+    assert outcome.record is not None and outcome.record.planner == "openai:desk-model"
+
+
+def test_a_model_variable_naming_another_model_than_the_code_stops_the_pipeline(tmp_path, server):
+    for variable in ("AGENT_MODEL", "AGENT_PLANNER_MODEL", "AGENT_SYNTHESIZER_MODEL"):
+        settings = settings_for(tmp_path, server, **{variable: "env-model"})
+        with pytest.raises(PipelineSettingsError, match=f"^{variable}: .*'desk-model'.*'env-model'"):
+            build_pipeline(settings, model="desk-model")
+        with pytest.raises(PipelineSettingsError, match=f"^{variable}: "):
+            build_pipeline(settings, model=model_settings(server, "desk-model"))
+    # the same model in both places is one choice, not a conflict
+    same = build_pipeline(settings_for(tmp_path, server, AGENT_MODEL="desk-model"), model="desk-model")
+    assert same.planner.name == "openai:desk-model"
+    with pytest.raises(ValueError, match="names no model"):
+        build_pipeline(settings_for(tmp_path, server), model=" ")
