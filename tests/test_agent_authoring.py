@@ -4,11 +4,12 @@ worker, and a reviewer's rejection told to the model."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 
+from activities import ToolContext, tool
 from activities.models import ModelSettings, function_name
 from client import Settings
 from client.pipeline import PipelineSettingsError, build_pipeline
@@ -153,3 +154,52 @@ def test_a_model_variable_naming_another_model_than_the_code_stops_the_pipeline(
     assert same.planner.name == "openai:desk-model"
     with pytest.raises(ValueError, match="names no model"):
         build_pipeline(settings_for(tmp_path, server), model=" ")
+
+
+# --------------------------------------------------------------------------------------------------
+# Tools from typed functions
+# --------------------------------------------------------------------------------------------------
+
+calls: list[tuple[str, str, str]] = []
+
+
+@tool(agent="desk", read_only=True)
+async def desk_quote(
+    symbol: Annotated[str, Field(pattern=r"^[A-Z]{1,5}$")], currency: str = "USD", ctx: ToolContext | None = None
+) -> dict:
+    """The desk's price of a stock.
+
+    Args:
+        symbol: The ticker, in upper case.
+        currency: The price's currency.
+    """
+    assert ctx is not None
+    calls.append((symbol, currency, ctx.idempotency_key))
+    return {"symbol": symbol, "price": 42.5, "currency": currency}
+
+
+async def test_the_model_is_offered_a_function_tool_its_bad_call_is_refused_and_its_good_call_runs(
+    client, tmp_path, server
+):
+    name = function_name(desk_quote.spec().key)
+    server.push(
+        ai.tool_calls((name, {"symbol": "acme"})),
+        ai.tool_calls((name, {"symbol": "ACME", "currency": "EUR"})),
+        ai.answer("ACME is at 42.5 EUR."),
+    )
+    calls.clear()
+    async with pipeline_harness(client, tmp_path, model=model_settings(server), tools=[desk_quote]) as h:
+        outcome = await h.run("Price of ACME in euros?")
+
+    assert outcome.result is not None, outcome.failure
+    assert outcome.result.response == "ACME is at 42.5 EUR."
+    offered = server.requests[0].tool(name)
+    assert offered["description"] == "The desk's price of a stock."
+    assert offered["parameters"]["properties"]["symbol"]["description"] == "The ticker, in upper case."
+    assert set(offered["parameters"]["properties"]) == {"symbol", "currency"}
+    # the malformed call never ran: the model was told why and called again
+    repair = server.requests[1].messages[-1]
+    assert repair["role"] == "tool" and "symbol" in repair["content"] and repair["content"].startswith("Not run")
+    assert [(symbol, currency) for symbol, currency, _ in calls] == [("ACME", "EUR")]
+    assert [(s.tool, s.status) for s in outcome.result.steps] == [("desk/desk_quote", "succeeded")]
+    assert '"price": 42.5' in server.requests[2].messages[-1]["content"]
