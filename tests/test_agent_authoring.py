@@ -15,6 +15,7 @@ from client import Settings
 from client.pipeline import PipelineSettingsError, build_pipeline
 from demo.tools import demo_tools
 from hooks import RunPatch
+from worker import build_workers
 from workflows.models import RequestInput, StageSettings
 
 from . import openai_server as ai
@@ -203,3 +204,60 @@ async def test_the_model_is_offered_a_function_tool_its_bad_call_is_refused_and_
     assert [(symbol, currency) for symbol, currency, _ in calls] == [("ACME", "EUR")]
     assert [(s.tool, s.status) for s in outcome.result.steps] == [("desk/desk_quote", "succeeded")]
     assert '"price": 42.5' in server.requests[2].messages[-1]["content"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Several pipelines on one worker process
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_two_pipelines_in_one_process_each_serve_their_task_queue_with_their_own_parts(client, tmp_path, server):
+    formal = Formal()
+    desk, helpdesk = Harness(client, tmp_path), Harness(client, tmp_path)
+    desk.activities = build_pipeline(
+        settings_for(tmp_path),
+        name="desk",
+        model=model_settings(server, "desk-model"),
+        instructions="You quote prices.",
+        tools=[desk_quote],
+        store=desk.store,
+    )
+    helpdesk.activities = build_pipeline(
+        settings_for(tmp_path),
+        name="helpdesk",
+        model=model_settings(server, "help-model"),
+        instructions="You answer questions.",
+        hooks=[formal],
+        tools=demo_tools(tmp_path),
+        store=helpdesk.store,
+    )
+    workers = build_workers(client, {desk.task_queue: desk.activities, helpdesk.task_queue: helpdesk.activities})
+    server.push(ai.answer("Desk here."), ai.answer("Helpdesk here."))
+    async with workers[0], workers[1]:
+        first = await desk.run("Who are you?")
+        second = await helpdesk.run("Who are you?")
+    await desk.replay()
+    await helpdesk.replay()
+
+    assert first.result is not None and first.result.response == "Desk here."
+    assert second.result is not None and second.result.response == "Helpdesk here."
+    to_desk, to_helpdesk = server.requests
+    assert (to_desk.body["model"], to_helpdesk.body["model"]) == ("desk-model", "help-model")
+    assert to_desk.tool_names == [function_name(desk_quote.spec().key)]
+    assert QUOTE in to_helpdesk.tool_names and function_name(desk_quote.spec().key) not in to_helpdesk.tool_names
+    assert system_and_user(to_desk)[1].startswith("<instructions>\nYou quote prices.\n</instructions>")
+    assert system_and_user(to_helpdesk)[1].startswith("<instructions>\nYou answer questions.\nBe formal.\n")
+    assert formal.seen == ["You answer questions."]  # the desk's requests never reached the helpdesk's hook
+    assert first.record is not None and second.record is not None
+    assert (first.record.pipeline, second.record.pipeline) == ("desk", "helpdesk")
+
+
+def test_one_worker_process_refuses_an_ambiguous_set_of_pipelines(client, tmp_path):
+    one = build_pipeline(settings_for(tmp_path), name="one", tools=demo_tools(tmp_path))
+    other = build_pipeline(settings_for(tmp_path), name="one", tools=demo_tools(tmp_path))
+    with pytest.raises(ValueError, match="needs at least one"):
+        build_workers(client, {})
+    with pytest.raises(ValueError, match="one pipeline is given for task queues 'a' and 'b'"):
+        build_workers(client, {"a": one, "b": one})
+    with pytest.raises(ValueError, match="'a' and 'b' are both named 'one'"):
+        build_workers(client, {"a": one, "b": other})
