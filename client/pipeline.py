@@ -97,6 +97,7 @@ def build_pipeline(
     store: ExecutionStore | None = None,
     model: ModelSettings | str | None = None,
     instructions: str = "",
+    on_reject: Literal["fail", "tell_model"] = "fail",
 ) -> LifecycleActivities:
     """The activities of a pipeline: the application's parts, with every setting applied.
 
@@ -122,6 +123,9 @@ def build_pipeline(
             (:class:`PipelineSettingsError`): the model is chosen in one place.
         instructions: What the model is told on every request of this pipeline (its system prompt). A
             request's own instructions follow them; before_run hooks see both and may rewrite them.
+        on_reject: What a reviewer's rejection of a checkpoint does: ``fail`` ends the request with
+            ``CheckpointRejected``; ``tell_model`` runs none of its calls, gives each a result saying who
+            rejected it and why, and lets the planner go on (a model may answer from that).
 
     Raises:
         DeclaredHookConfigError, McpStartupError, InvalidPipelineConfigError, ValueError: a part or a
@@ -149,7 +153,7 @@ def build_pipeline(
         cache_variation=cache_variation,
         reserved_metadata_dimensions=reserved_metadata_dimensions,
         prompt_builder=prompt_builder,
-        review=review_settings(settings),
+        review=review_settings(settings).model_copy(update={"on_reject": on_reject}),
         memory=memory,
         review_webhook=review_webhook(settings),
         instructions=instructions,

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import pytest
 from pydantic import Field, SecretStr
+from temporalio.exceptions import ApplicationError
 
 from activities import ToolContext, tool
 from activities.models import ModelSettings, function_name
@@ -261,3 +262,79 @@ def test_one_worker_process_refuses_an_ambiguous_set_of_pipelines(client, tmp_pa
         build_workers(client, {"a": one, "b": one})
     with pytest.raises(ValueError, match="'a' and 'b' are both named 'one'"):
         build_workers(client, {"a": one, "b": other})
+
+
+# --------------------------------------------------------------------------------------------------
+# A reviewer's rejection told to the model
+# --------------------------------------------------------------------------------------------------
+
+transfers: list[tuple[str, int]] = []
+
+
+@tool(agent="bank", approval_required=True)
+async def transfer(to: str, amount: Annotated[int, Field(gt=0)]) -> dict:
+    """Transfer money to someone.
+
+    Args:
+        to: Who receives it.
+        amount: How much, in whole euros.
+    """
+    transfers.append((to, amount))
+    return {"to": to, "amount": amount, "done": True}
+
+
+async def reject_first_checkpoint(h: Harness, text: str) -> tuple[Any, str]:
+    handle = await h.start(text)
+    checkpoint = await h.wait_for_checkpoint(handle)
+    await handle.signal(
+        "reject", {"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "carol", "reason": "over the daily limit"}
+    )
+    return await h.finish(handle), checkpoint.checkpoint_id
+
+
+async def test_a_rejection_told_to_the_model_skips_the_calls_and_the_model_answers_from_it(client, tmp_path, server):
+    name = function_name(transfer.spec().key)
+    server.push(
+        ai.tool_calls((name, {"to": "bob", "amount": 5000})),
+        ai.answer("I could not send the money: carol rejected the transfer as over the daily limit."),
+    )
+    transfers.clear()
+    async with pipeline_harness(
+        client, tmp_path, model=model_settings(server), tools=[transfer], on_reject="tell_model"
+    ) as h:
+        outcome, checkpoint_id = await reject_first_checkpoint(h, "Send bob 5000 euros")
+
+    assert outcome.result is not None, outcome.failure
+    assert outcome.result.response.startswith("I could not send the money")
+    assert transfers == []
+    assert "execute_tool_step" not in outcome.activity_types()
+    # the model's next turn read the rejection as the call's result
+    told = server.requests[1].messages[-1]
+    assert told["role"] == "tool"
+    assert told["content"] == "[skipped] bank/transfer was not run: carol rejected it: over the daily limit"
+    record = outcome.record
+    assert record is not None
+    [step] = record.steps
+    assert (step.status.value, step.skip_reason, step.skip_detail) == ("skipped", "confirmation", "rejected by carol")
+    [decided] = record.checkpoints
+    assert (decided.checkpoint_id, decided.status.value, decided.reviewer, decided.comment) == (
+        checkpoint_id,
+        "rejected",
+        "carol",
+        "over the daily limit",
+    )
+    stored = await outcome.stored()
+    assert stored is not None and stored.status.value == "succeeded"
+    assert stored.checkpoints[0].status.value == "rejected" and stored.steps[0].skip_detail == "rejected by carol"
+
+
+async def test_by_default_a_rejection_still_fails_the_request_before_any_call_runs(client, tmp_path, server):
+    server.push(ai.tool_calls((function_name(transfer.spec().key), {"to": "bob", "amount": 5000})))
+    transfers.clear()
+    async with pipeline_harness(client, tmp_path, model=model_settings(server), tools=[transfer]) as h:
+        outcome, _ = await reject_first_checkpoint(h, "Send bob 5000 euros")
+
+    assert isinstance(outcome.failure, ApplicationError)
+    assert outcome.failure.type == "CheckpointRejected" and outcome.failure.non_retryable
+    assert transfers == [] and len(server.requests) == 1
+    assert outcome.record is not None and outcome.record.steps == []

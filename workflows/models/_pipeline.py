@@ -150,6 +150,10 @@ class ReviewSettings(BaseModel):
     # A reviewers' webhook is configured: each checkpoint that opens is announced to it by a
     # ``ReviewNotification`` child. Without one a checkpoint starts nothing.
     notify: bool = False
+    # What a rejection does: ``fail`` ends the request (``CheckpointRejected``); ``tell_model`` skips the
+    # checkpoint's calls, each with a result saying who rejected it and why, and the request goes on (the
+    # planner reads those results and may answer).
+    on_reject: Literal["fail", "tell_model"] = "fail"
 
 
 class PipelineManifest(ByReference):
