@@ -381,7 +381,7 @@ class LifecycleActivities(HookStageActivities):
                 enrichments=copy.deepcopy(input.enrichments),
                 tools=tools,
                 phase=input.phase,
-                instructions=input.instructions,
+                instructions="" if getattr(self.planner, "instructions_in_system", False) else input.instructions,
                 facts=copy.deepcopy(input.facts),
                 context_text=input.context_text,
                 tools_as_functions=bool(getattr(self.planner, "tools_as_functions", False)),

@@ -12,6 +12,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import ToolContext, tool
 from activities.models import ModelSettings, function_name
+from activities.models.planner import PLANNER_SYSTEM_PROMPT
 from client import Settings
 from client.pipeline import PipelineSettingsError, build_pipeline
 from demo.tools import demo_tools
@@ -91,11 +92,13 @@ async def test_the_pipelines_instructions_then_the_requests_reach_the_planner_an
     # before_run saw the pipeline's instructions, then the request's, and rewrote them
     assert formal.seen == ["You are the desk's quote assistant.\n\nAnswer in euros."]
     told = "You are the desk's quote assistant.\n\nAnswer in euros.\nBe formal."
-    planning, _, synthesis = server.requests
-    for received in (planning, synthesis):
-        _, user = system_and_user(received)
-        assert user.startswith(f"<instructions>\n{told}\n</instructions>\n\n")
-        assert user.endswith("Price of ACME?")
+    planning, replanning, synthesis = server.requests
+    for received in (planning, replanning, synthesis):
+        system, user = system_and_user(received)
+        # the model's system message: the planner's or synthesizer's own prompt, then the instructions
+        assert system.endswith(f"\n\n<instructions>\n{told}\n</instructions>")
+        assert "<instructions>" not in user and user.endswith("Price of ACME?")
+    assert system_and_user(planning) == system_and_user(replanning)  # the same in every phase
     assert outcome.record is not None and outcome.record.instructions == told
     stored = await outcome.stored()
     assert stored is not None and stored.instructions == told
@@ -111,11 +114,12 @@ async def test_a_request_without_instructions_runs_with_the_pipelines_and_one_wi
         second = await h.run("Say hello")
 
     assert first.result is not None and second.result is not None
-    assert (
-        system_and_user(server.requests[0])[1]
-        == "<instructions>\nBe brief.\n</instructions>\n\nUser request:\nSay hello"
+    briefed, plain = system_and_user(server.requests[0]), system_and_user(server.requests[1])
+    assert briefed == (
+        f"{PLANNER_SYSTEM_PROMPT}\n\n<instructions>\nBe brief.\n</instructions>",
+        "User request:\nSay hello",
     )
-    assert system_and_user(server.requests[1])[1] == "User request:\nSay hello"
+    assert plain == (PLANNER_SYSTEM_PROMPT, "User request:\nSay hello")
     assert first.record is not None and first.record.instructions == "Be brief."
     assert second.record is not None and second.record.instructions == ""
 
@@ -246,8 +250,10 @@ async def test_two_pipelines_in_one_process_each_serve_their_task_queue_with_the
     assert (to_desk.body["model"], to_helpdesk.body["model"]) == ("desk-model", "help-model")
     assert to_desk.tool_names == [function_name(desk_quote.spec().key)]
     assert QUOTE in to_helpdesk.tool_names and function_name(desk_quote.spec().key) not in to_helpdesk.tool_names
-    assert system_and_user(to_desk)[1].startswith("<instructions>\nYou quote prices.\n</instructions>")
-    assert system_and_user(to_helpdesk)[1].startswith("<instructions>\nYou answer questions.\nBe formal.\n")
+    assert system_and_user(to_desk)[0].endswith("<instructions>\nYou quote prices.\n</instructions>")
+    assert system_and_user(to_helpdesk)[0].endswith(
+        "<instructions>\nYou answer questions.\nBe formal.\n</instructions>"
+    )
     assert formal.seen == ["You answer questions."]  # the desk's requests never reached the helpdesk's hook
     assert first.record is not None and second.record is not None
     assert (first.record.pipeline, second.record.pipeline) == ("desk", "helpdesk")
