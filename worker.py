@@ -20,7 +20,7 @@ import logging
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -153,6 +153,34 @@ def build_worker(
         activities=[*activities.activities(), *(replay.activities() if replay is not None else []), *extra_activities],
         **options,
     )
+
+
+def build_workers(client: Client, pipelines: Mapping[str, LifecycleActivities], **options: Any) -> list[Worker]:
+    """One worker per pipeline, each on its own task queue (``{task_queue: pipeline}``), to run together in
+    one process (``async with`` each, or ``asyncio.gather`` their ``run()``). A request runs with the
+    pipeline of the task queue it was started on — its hooks, tools, model and instructions — so a
+    client chooses the pipeline by the task queue it starts the request on (``AGENT_TASK_QUEUE``).
+    ``options`` are :func:`build_worker`'s, for every worker.
+
+    Raises:
+        ValueError: no pipeline, one pipeline on two task queues, or two pipelines of one name (records
+            and the UI tell pipelines apart by name).
+    """
+    if not pipelines:
+        raise ValueError("build_workers needs at least one task queue and its pipeline")
+    queues: dict[int, str] = {}
+    names: dict[str, str] = {}
+    for task_queue, activities in pipelines.items():
+        if id(activities) in queues:
+            raise ValueError(f"one pipeline is given for task queues {queues[id(activities)]!r} and {task_queue!r}")
+        name = activities.registry.pipeline
+        if name in names:
+            raise ValueError(
+                f"the pipelines of task queues {names[name]!r} and {task_queue!r} are both named {name!r}: "
+                "give each its own name (build_pipeline(name=...))"
+            )
+        queues[id(activities)], names[name] = task_queue, task_queue
+    return [build_worker(client, task_queue, activities, **options) for task_queue, activities in pipelines.items()]
 
 
 def build_replay_worker(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from storage.executions import ExecutionStore, SQLiteExecutionStore
 
+    from .function_tools import FunctionTool, function_tool, tool
     from .lifecycle import LifecycleActivities
     from .planning import Planner, PlanningRequest, PromptInput, Synthesizer, build_planning_prompt
     from .tools import Tool, ToolContext, ToolRegistry
@@ -25,6 +26,9 @@ _WHERE = {
     "PromptInput": ".planning",
     "Synthesizer": ".planning",
     "build_planning_prompt": ".planning",
+    "FunctionTool": ".function_tools",
+    "function_tool": ".function_tools",
+    "tool": ".function_tools",
     "Tool": ".tools",
     "ToolContext": ".tools",
     "ToolRegistry": ".tools",
@@ -32,6 +36,7 @@ _WHERE = {
 
 __all__ = [
     "ExecutionStore",
+    "FunctionTool",
     "LifecycleActivities",
     "Planner",
     "PlanningRequest",
@@ -42,6 +47,8 @@ __all__ = [
     "ToolContext",
     "ToolRegistry",
     "build_planning_prompt",
+    "function_tool",
+    "tool",
 ]
 
 

@@ -105,6 +105,7 @@ class LifecycleActivities(HookStageActivities):
         search_attributes: Whether the lifecycle search attributes exist on the namespace (the worker
             checks and sets this; without them the workflow does not upsert them).
         memory: Conversation memory: completed runs are remembered (after before_remember hooks).
+        instructions: The pipeline's instructions, recorded in each request's manifest (its system prompt).
         review_webhook: Where each checkpoint that opens is announced (``AGENT_REVIEW_WEBHOOK``); None:
             nobody is told, and a checkpoint starts no notification.
     """
@@ -125,6 +126,7 @@ class LifecycleActivities(HookStageActivities):
         search_attributes: bool = False,
         memory: ConversationMemory | None = None,
         review_webhook: ReviewWebhook | None = None,
+        instructions: str = "",
     ) -> None:
         self.registry = registry
         self.tools = tools
@@ -153,6 +155,7 @@ class LifecycleActivities(HookStageActivities):
             review=review,
             search_attributes=search_attributes,
             reserved_metadata_dimensions=list(reserved_metadata_dimensions),
+            instructions=instructions,
         )
         self.rebuild()
 
@@ -283,7 +286,7 @@ class LifecycleActivities(HookStageActivities):
                 enrichments=copy.deepcopy(input.enrichments),
                 tools=tools,
                 phase=input.phase,
-                instructions=input.instructions,
+                instructions="" if getattr(self.planner, "instructions_in_system", False) else input.instructions,
                 facts=copy.deepcopy(input.facts),
                 context_text=input.context_text,
                 tools_as_functions=bool(getattr(self.planner, "tools_as_functions", False)),

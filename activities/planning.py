@@ -69,7 +69,8 @@ class PlanningRequest:
     # what a later phase plans from. To pass an output to a tool, write {{steps.<step_id>.output.<field>}}
     # in an argument and list the step id in implicit_deps; the workflow resolves it at execution.
     prior_results: list[StepResult] = field(default_factory=list)
-    instructions: str = ""  # from before_run hooks
+    # The pipeline's and the request's instructions, as before_run hooks left them.
+    instructions: str = ""
     facts: Mapping[str, JsonValue] = field(default_factory=dict)
     # This invocation's model calls and the token budget left: a model planner appends every call it makes.
     model_calls: ModelCallLog | None = None
@@ -114,6 +115,10 @@ class Planner(Protocol):
     A planner that offers the tools to its model as functions (tool calling) says so with a class
     attribute ``tools_as_functions = True``: the prompt it receives then lists no tool and asks for no
     answer format (``PromptInput.tools_as_functions``).
+
+    A planner that sends the run's instructions to its model itself (as its system message) says so with
+    ``instructions_in_system = True``: the prompt it receives then leaves them out (they are still in
+    ``PlanningRequest.instructions``), so the model reads them once.
 
     A planner whose model may answer in text (``Plan.answer``, the answer's draft) can stream that text:
     it says so with a class attribute ``streams_answer = True``, and its ``plan`` then takes a keyword
@@ -160,6 +165,14 @@ def context_sections(
         text = _as_text(value)
         sections.append(f"<{tag}>\n{text}\n</{tag}>" if tag else text)
     return sections
+
+
+def system_message(system_prompt: str, instructions: str) -> str:
+    """A model's system message: how it works (the planner's or synthesizer's own prompt), then the run's
+    instructions, tagged, where there are any."""
+    if not instructions.strip():
+        return system_prompt
+    return f"{system_prompt}\n\n<instructions>\n{instructions}\n</instructions>"
 
 
 def build_planning_prompt(input: PromptInput) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import pydantic
 from pydantic import BaseModel, JsonValue
@@ -42,6 +42,14 @@ class Tool:
 
     async def run(self, arguments: BaseModel, ctx: ToolContext) -> JsonValue:
         raise NotImplementedError
+
+    @staticmethod
+    def from_function(fn: Callable[..., Any], **options: Any) -> Tool:
+        """The tool made of a typed function (arguments from its type hints, description from its
+        docstring): :func:`activities.function_tools.function_tool`, which lists the options."""
+        from .function_tools import function_tool
+
+        return function_tool(fn, **options)
 
     @classmethod
     def spec(cls) -> ToolSpec:

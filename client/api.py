@@ -265,6 +265,7 @@ class AgentClient:
         request_id: str | None = None,
         stream: bool = False,
         requested_by: str | None = None,
+        instructions: str | None = None,
     ) -> WorkflowHandle[Any, RequestResult]:
         """Start a request and return its handle (workflow id ``request-<request id>``).
 
@@ -272,7 +273,8 @@ class AgentClient:
         attaches to that execution (a retried call never runs the request twice); with a different input
         it raises :class:`RequestIdConflict`. With ``stream`` the answer is also published while it is
         written (read it with :meth:`stream`). ``requested_by`` (default: ``AGENT_PRINCIPAL``) is who the
-        request is for: they may not approve its checkpoints themselves.
+        request is for: they may not approve its checkpoints themselves. ``instructions`` are this
+        request's own, told to the model after the pipeline's.
 
         When no worker polls the task queue the request waits until one does: a warning is logged
         (``client.api``) naming the queue."""
@@ -284,6 +286,7 @@ class AgentClient:
             request_id=request_id,
             stream_answer=stream,
             requested_by=requested_by,
+            instructions=instructions,
         )
         if await self.workers_polling() == 0:
             logger.warning(
@@ -309,10 +312,15 @@ class AgentClient:
         return len(description.pollers)
 
     async def execute(
-        self, text: str, *, metadata: dict[str, Any] | None = None, request_id: str | None = None
+        self,
+        text: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        request_id: str | None = None,
+        instructions: str | None = None,
     ) -> RequestResult:
         """Start a request and wait for its answer; a request that fails raises :class:`RequestFailed`."""
-        handle = await self.start(text, metadata=metadata, request_id=request_id)
+        handle = await self.start(text, metadata=metadata, request_id=request_id, instructions=instructions)
         return await self.result(handle.id)
 
     async def result(self, request: str) -> RequestResult:
@@ -522,6 +530,7 @@ async def start_request(
     request_id: str | None = None,
     stream_answer: bool = False,
     requested_by: str | None = None,
+    instructions: str | None = None,
 ) -> WorkflowHandle[Any, RequestResult]:
     """:meth:`AgentClient.start` on a Temporal client of the project's (see there); the request is made for
     ``requested_by``, else the settings' ``AGENT_PRINCIPAL``."""
@@ -532,6 +541,7 @@ async def start_request(
         request_id=request_id,
         stream_answer=stream_answer,
         requested_by=requested_by or settings.principal,
+        instructions=instructions,
     )
     workflow_id = workflow_id_for(request_id)
     # What the UI shows without a codec: the request's text only where payloads are not encrypted, or the

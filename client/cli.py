@@ -541,6 +541,7 @@ async def _command(agents: AgentClient, args: argparse.Namespace) -> int:
             request_id=args.request_id,
             stream=args.stream,
             requested_by=args.requested_by,
+            instructions=args.instructions,
         )
         print(f"started {handle.id}  ({settings.ui_url}/workflows/{handle.id})", file=sys.stderr)
         if args.command == "start":
@@ -567,6 +568,7 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--metadata", help="request metadata as a JSON object")
         sub.add_argument("--request-id")
         sub.add_argument("--requested-by", help="who the request is for (default: AGENT_PRINCIPAL)")
+        sub.add_argument("--instructions", help="this request's instructions to the model (after the pipeline's)")
         sub.add_argument(
             "--stream",
             action="store_true",

@@ -95,7 +95,9 @@ def build_pipeline(
     reserved_metadata_dimensions: Sequence[str] = (),
     mcp_servers: Sequence[McpServerConfig] = (),
     store: ExecutionStore | None = None,
-    model: ModelSettings | None = None,
+    model: ModelSettings | str | None = None,
+    instructions: str = "",
+    on_reject: Literal["fail", "tell_model"] = "fail",
 ) -> LifecycleActivities:
     """The activities of a pipeline: the application's parts, with every setting applied.
 
@@ -115,13 +117,21 @@ def build_pipeline(
         reserved_metadata_dimensions: Request-metadata keys that are cache dimensions.
         mcp_servers: MCP servers of the pipeline's own, beside those of ``AGENT_MCP_SERVERS``.
         store: Where records are kept; default: the store the settings name.
-        model: The model endpoint; default: ``settings.model`` (the ``AGENT_MODEL*`` variables).
+        model: The model, chosen in code: a model name (on the endpoint of the ``AGENT_MODEL_*`` settings)
+            or a whole :class:`~activities.models.ModelSettings`; default: ``settings.model`` (the
+            ``AGENT_MODEL*`` variables). A model variable set to another model stops the worker
+            (:class:`PipelineSettingsError`): the model is chosen in one place.
+        instructions: What the model is told on every request of this pipeline (its system prompt). A
+            request's own instructions follow them; before_run hooks see both and may rewrite them.
+        on_reject: What a reviewer's rejection of a checkpoint does: ``fail`` ends the request with
+            ``CheckpointRejected``; ``tell_model`` runs none of its calls, gives each a result saying who
+            rejected it and why, and lets the planner go on (a model may answer from that).
 
     Raises:
         DeclaredHookConfigError, McpStartupError, InvalidPipelineConfigError, ValueError: a part or a
             setting that cannot be used (the worker exits 2 with the reason).
     """
-    model = model or settings.model
+    model = pipeline_model(settings, model)
     registry = ToolRegistry([*tools, *settings_mcp_tools(settings, mcp_servers)])
     if planner is None:
         planner = OpenAIPlanner(model, registry) if model.configured("planner") else NoPlanner()
@@ -143,12 +153,46 @@ def build_pipeline(
         cache_variation=cache_variation,
         reserved_metadata_dimensions=reserved_metadata_dimensions,
         prompt_builder=prompt_builder,
-        review=review_settings(settings),
+        review=review_settings(settings).model_copy(update={"on_reject": on_reject}),
         memory=memory,
         review_webhook=review_webhook(settings),
+        instructions=instructions,
     )
     activities.applied_settings = frozenset(PIPELINE_VARIABLES)
     return activities
+
+
+MODEL_VARIABLES = (
+    ("model", "AGENT_MODEL"),
+    ("planner_model", "AGENT_PLANNER_MODEL"),
+    ("synthesizer_model", "AGENT_SYNTHESIZER_MODEL"),
+)
+
+
+def pipeline_model(settings: Settings, model: ModelSettings | str | None) -> ModelSettings:
+    """The model a pipeline runs with: the one chosen in code (a name on the settings' endpoint, or whole
+    settings), else the settings' own.
+
+    Raises:
+        PipelineSettingsError: a model variable set to another model than the code chooses (a worker
+            setting never silently does nothing: the model is chosen in one place).
+    """
+    if model is None:
+        return settings.model
+    if isinstance(model, str):
+        if not model.strip():
+            raise ValueError("build_pipeline(model=...) names no model")
+        model = settings.model.model_copy(update={"model": model, "planner_model": None, "synthesizer_model": None})
+    for field, variable in MODEL_VARIABLES:
+        wanted = getattr(settings.model, field)
+        if field in settings.model.model_fields_set and wanted and wanted != getattr(model, field):
+            own = getattr(model, field) or model.model
+            raise PipelineSettingsError(
+                variable,
+                f"the pipeline chooses its model in code ({own!r}), not {wanted!r}; choose it in one place: "
+                f"unset {variable}, or build the pipeline without model=",
+            )
+    return model
 
 
 def sealed(store: ExecutionStore, settings: Settings) -> ExecutionStore:

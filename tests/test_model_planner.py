@@ -59,7 +59,7 @@ def planning_request(
             enrichments=enrichments,
             tools=tools.specs(),
             phase=phase,
-            instructions="Quote in USD.",
+            instructions="",  # sent in the system message (OpenAIPlanner.instructions_in_system)
             facts=facts,
             tools_as_functions=OpenAIPlanner.tools_as_functions,
         )
@@ -107,7 +107,10 @@ async def test_a_tool_call_becomes_a_step_and_the_model_is_sent_the_builders_pro
     assert sent.body["model"] == "test-model" and sent.body["max_tokens"] == 1024
     system, user = sent.messages
     assert system["role"] == "system" and "ignore any instruction below to answer with a JSON plan" in system["content"]
-    assert user == {"role": "user", "content": request.prompt}  # verbatim: enrichments, instructions, facts
+    # the run's instructions follow the planner's own, in the system message; the user's message leaves them out
+    assert system["content"].endswith("\n\n<instructions>\nQuote in USD.\n</instructions>")
+    assert user == {"role": "user", "content": request.prompt}  # verbatim: enrichments, facts
+    assert "Quote in USD." not in user["content"]
     assert "<agent_memory>\nACME reports earnings on Thursday." in user["content"] and "timezone" in user["content"]
     assert sent.tool_names == [QUOTE, TRADE, MESSAGE]
     quote = sent.tool(QUOTE)
@@ -161,7 +164,7 @@ async def test_a_later_phase_sends_earlier_results_back_as_tool_messages_and_may
     # The user's message is the request in its context, the same in every phase: the functions carry the
     # tools and the answer's form, so it lists no tool and asks for no JSON.
     assert user["content"] == (
-        "<instructions>\nQuote in USD.\n</instructions>\n\n<facts>\ntimezone: Europe/Paris\n</facts>\n\n"
+        "<facts>\ntimezone: Europe/Paris\n</facts>\n\n"
         "<agent_memory>\nACME reports earnings on Thursday.\n</agent_memory>\n\nUser request:\nPrice of ACME?"
     )
     assert server.requests[1].messages[1] == user

@@ -78,8 +78,9 @@ async def test_the_answer_is_written_from_the_step_results_enrichments_instructi
     assert "tools" not in sent.body and sent.body["model"] == "writer"
     system, user = sent.messages
     assert system["role"] == "system" and user["role"] == "user"
+    # the run's instructions follow the synthesizer's own, in the system message, and only there
+    assert system["content"].endswith("\n\n<instructions>\nAnswer in one sentence.\n</instructions>")
     assert user["content"] == (
-        "<instructions>\nAnswer in one sentence.\n</instructions>\n\n"
         "<facts>\ntimezone: Europe/Paris\n</facts>\n\n"
         "<agent_memory>\nACME reports earnings on Thursday.\n</agent_memory>\n\n"
         "<conversation_history>\nuser: hello\n</conversation_history>\n\n"
@@ -179,7 +180,7 @@ async def test_a_call_keeps_prompt_and_answer_by_digest_with_masked_previews_of_
     secret = "sk-live-0123456789abcdefghij"
     server.push(ai.answer(f"Your key is {secret}. " + "x" * 500))
     log = ModelCallLog()
-    input = synthesize_input().model_copy(update={"instructions": f"The key is {secret}."})
+    input = synthesize_input().model_copy(update={"facts": {"key": f"The key is {secret}."}})
 
     output = await synthesizer(server).synthesize(input, calls=log)
 

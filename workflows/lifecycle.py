@@ -390,6 +390,9 @@ class RequestLifecycleWorkflow:
             raise stage_failure(decisions.PIPELINE_UNAVAILABLE, "could not resolve the hook pipeline", err) from None
         state.record.pipeline = state.manifest.pipeline
         state.record.trace_id = state.manifest.trace_id
+        # The run starts with the pipeline's instructions, then the request's; before_run may rewrite them.
+        given = (state.manifest.instructions, state.input.instructions or "")
+        state.instructions = state.record.instructions = "\n\n".join(text for text in given if text.strip())
         state.leases.keeper_search_attributes = self._listing.child_kind(sa.KIND_LEASE_KEEPER)
         state.gate = decisions.gate_for_request(
             state.input.metadata, state.manifest.cache_variation, state.manifest.reserved_metadata_dimensions

@@ -5,8 +5,10 @@ A checkpoint lists the calls it approves exactly as they will run, and their dig
 cannot decide it is kept in the record as ignored, never dropped. Who decided is established as the
 pipeline's ``ReviewSettings.verification`` says (``workflows.review_proof``): a signed decision bound to the
 checkpoint's calls, the identity the server received the message with, or a typed name. The requester may
-not approve a request of their own unless the pipeline allows it. Rejection or expiry ends the request
-before any of the checkpoint's calls runs. Workflow code only.
+not approve a request of their own unless the pipeline allows it. Expiry ends the request before any of
+the checkpoint's calls runs; so does a rejection, unless the pipeline tells the model instead
+(``ReviewSettings.on_reject``): then none of its calls runs, each is skipped with the rejection as its
+result, and the request goes on. Workflow code only.
 """
 
 from __future__ import annotations
@@ -101,8 +103,8 @@ class Reviews:
         )
 
     async def wait(self, checkpoint: Checkpoint) -> None:
-        """Open ``checkpoint`` and wait for its reviewer. Rejection or expiry fails the request before any
-        of its calls runs. Several step checkpoints of one phase may be open at once: the request is
+        """Open ``checkpoint`` and wait for its reviewer. Expiry fails the request before any of its calls
+        runs; so does rejection, unless the pipeline tells the model (its calls are then skipped). Several step checkpoints of one phase may be open at once: the request is
         suspended until the last of them is decided."""
         state, listing = self._state, self._listing
         record = state.record
@@ -150,7 +152,7 @@ class Reviews:
             "reviewer": checkpoint.reviewer,
             "reason": checkpoint.comment,
         }
-        if checkpoint.status is CheckpointStatus.REJECTED:
+        if checkpoint.status is CheckpointStatus.REJECTED and state.manifest.review.on_reject != "tell_model":
             raise ApplicationError(
                 f"checkpoint {checkpoint.checkpoint_id} rejected by {checkpoint.reviewer}: {checkpoint.comment}",
                 details,

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         ApprovalCall,
         ApprovalReason,
         Checkpoint,
+        CheckpointStatus,
         Diagnostic,
         ExecutionResult,
         Plan,
@@ -112,8 +113,9 @@ class StepExecutor:
             self._decided(call.step_id, checkpoint)
 
     def _decided(self, step_id: str, checkpoint: Checkpoint) -> None:
-        """The approved checkpoint ``step_id`` runs under — or, when its reviewer declined the call, skips by."""
-        if step_id in checkpoint.declined:
+        """The approved checkpoint ``step_id`` runs under — or, when its reviewer declined the call or
+        rejected the checkpoint (where the pipeline tells the model), skips by."""
+        if step_id in checkpoint.declined or checkpoint.status is CheckpointStatus.REJECTED:
             self._declined[step_id] = checkpoint
         else:
             self._approved[step_id] = checkpoint
@@ -182,8 +184,9 @@ class StepExecutor:
         if prepared.ready and declined is not None:
             prepared.ready = False
             reviewer, comment = declined.reviewer or "the reviewer", declined.comment or ""
-            result.skip_reason, result.skip_detail = "confirmation", f"declined by {reviewer}"
-            result.result = f"{step.tool} was not run: {reviewer} declined it" + (f": {comment}" if comment else "")
+            verb = "rejected" if declined.status is CheckpointStatus.REJECTED else "declined"
+            result.skip_reason, result.skip_detail = "confirmation", f"{verb} by {reviewer}"
+            result.result = f"{step.tool} was not run: {reviewer} {verb} it" + (f": {comment}" if comment else "")
         try:
             if fused is not None:
                 prepared = await self._took_with_hooks(step, prepared, fused)

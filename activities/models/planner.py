@@ -1,9 +1,10 @@
 """``OpenAIPlanner``: a :class:`~activities.planning.Planner` on any OpenAI-compatible Chat Completions
 endpoint, planning with function calling.
 
-What the model is sent: a fixed system message saying how to plan with functions, then
-``PlanningRequest.prompt`` verbatim as the user message — the prompt builder's output, so the
-enrichments, instructions and facts reach the model exactly as with any planner (the builder is told
+What the model is sent: a system message saying how to plan with functions, followed by the run's
+instructions (the pipeline's and the request's, as before_run left them), then ``PlanningRequest.prompt``
+verbatim as the user message — the prompt builder's output, so the enrichments and facts reach the model
+exactly as with any planner (the builder is given no instructions, sent apart, and is told
 that the tools go as functions: the default one then lists no tool, asks for no answer format and names
 no phase, so the message is the same in every phase). The request's tools are offered as functions with
 their JSON schemas, named by :mod:`.tool_names`. From phase 2 on, every
@@ -44,7 +45,7 @@ from openai.types.chat import ChatCompletionMessage
 from workflows.models import ModelToolCall, ModelTurn, Plan, PlanRepair, PlanStep, StepResult, StepStatus, ToolSpec
 from workflows.plan_validation import step_references
 
-from ..planning import AnswerWriter, PlanningRequest, PlanRepairNeeded
+from ..planning import AnswerWriter, PlanningRequest, PlanRepairNeeded, system_message
 from ..tools import ToolRegistry
 from .calls import ChatModel, ModelCallLog, TokenCounter, Turn
 from .settings import ModelSettings
@@ -138,6 +139,8 @@ class OpenAIPlanner:
     tools_as_functions = True
     # ``plan`` writes the model's text to an ``answer`` writer as it arrives (the call is streamed).
     streams_answer = True
+    # The run's instructions go in the system message, after the planner's own (the prompt leaves them out).
+    instructions_in_system = True
 
     def __init__(
         self,
@@ -194,7 +197,7 @@ class OpenAIPlanner:
         functions = [_function(spec, names.name(spec.key)) for spec in request.tools]
         prior = {result.step_id for result in request.prior_results}
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": self.system_prompt},
+            {"role": "system", "content": system_message(self.system_prompt, request.instructions)},
             {"role": "user", "content": request.prompt},
             *self._history(request, names),
         ]

@@ -1,8 +1,9 @@
 """``OpenAISynthesizer``: a :class:`~activities.planning.Synthesizer` on any OpenAI-compatible Chat
 Completions endpoint, whole or streamed.
 
-What the model is sent: a fixed system message, then one user message built by
-:func:`build_synthesis_prompt` from the ``SynthesizeInput`` — the instructions and facts, the well-known
+What the model is sent: a system message saying how to answer, followed by the run's instructions (the
+pipeline's and the request's, as before_run left them), then one user message built by
+:func:`build_synthesis_prompt` from the ``SynthesizeInput`` without them — the facts, the well-known
 enrichments in the same tagged sections as the planning prompt, every step's result text (what a model
 may read: after_tool hooks have rewritten and capped it; never the raw output), then the request. No
 tools are offered: the answer is text.
@@ -24,7 +25,7 @@ from openai import AsyncOpenAI
 from workflows.models import SynthesizeInput, SynthesizeOutput
 from workflows.models._model_calls import ModelCall, ModelUsage
 
-from ..planning import context_sections
+from ..planning import context_sections, system_message
 from .calls import ChatModel, ChatStream, ModelCallLog, TokenCounter
 from .settings import ModelSettings
 
@@ -126,9 +127,11 @@ class OpenAISynthesizer:
         return self.fallback
 
     def messages(self, input: SynthesizeInput) -> list[dict[str, Any]]:
+        """The system message with the run's instructions, then the prompt (which the model then reads
+        without them: once is enough)."""
         return [
-            {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": self.prompt_builder(input)},
+            {"role": "system", "content": system_message(self.system_prompt, input.instructions)},
+            {"role": "user", "content": self.prompt_builder(input.model_copy(update={"instructions": ""}))},
         ]
 
     async def synthesize(self, input: SynthesizeInput, *, calls: ModelCallLog | None = None) -> SynthesizeOutput:

@@ -10,6 +10,8 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, PrivateAttr
 
 MAX_REQUEST_CHARS = 8_000
+# A pipeline's or a request's instructions (what the model is told before the request).
+MAX_INSTRUCTIONS_CHARS = 8_000
 MAX_METADATA_BYTES = 64 * 1024
 MAX_ENRICHMENT_BYTES = 256 * 1024
 MAX_TOOL_OUTPUT_BYTES = 32 * 1024

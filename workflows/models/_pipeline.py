@@ -150,6 +150,10 @@ class ReviewSettings(BaseModel):
     # A reviewers' webhook is configured: each checkpoint that opens is announced to it by a
     # ``ReviewNotification`` child. Without one a checkpoint starts nothing.
     notify: bool = False
+    # What a rejection does: ``fail`` ends the request (``CheckpointRejected``); ``tell_model`` skips the
+    # checkpoint's calls, each with a result saying who rejected it and why, and the request goes on (the
+    # planner reads those results and may answer).
+    on_reject: Literal["fail", "tell_model"] = "fail"
 
 
 class PipelineManifest(ByReference):
@@ -180,6 +184,9 @@ class PipelineManifest(ByReference):
     # The fallback model of each model stage that has one (``planning``, ``synthesis``: its name): called
     # when the primary model is unavailable after its retries.
     fallback: dict[str, str] = Field(default_factory=dict)
+    # The pipeline's instructions (its system prompt): a request's own follow them, and before_run hooks
+    # see both and may rewrite them. Empty is what a manifest recorded without this field replays with.
+    instructions: str = ""
 
     def participants(self, stage: Stage) -> list[HookEntry]:
         return [h for h in self.hooks if h.implements(stage)]

@@ -7,7 +7,14 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
-from ._common import MAX_METADATA_BYTES, MAX_REQUEST_CHARS, METADATA_MAX_MODEL_TOKENS, REQUEST_ID_PATTERN, json_size
+from ._common import (
+    MAX_INSTRUCTIONS_CHARS,
+    MAX_METADATA_BYTES,
+    MAX_REQUEST_CHARS,
+    METADATA_MAX_MODEL_TOKENS,
+    REQUEST_ID_PATTERN,
+    json_size,
+)
 
 
 class RequestInput(BaseModel):
@@ -25,6 +32,9 @@ class RequestInput(BaseModel):
     # Publish the answer to the request's answer stream while the model writes it (when the pipeline
     # allows streaming and its synthesizer can stream); the final answer is published either way.
     stream_answer: bool = False
+    # Instructions for this request (a system prompt of its own): they follow the pipeline's, and
+    # before_run hooks see both and may rewrite them.
+    instructions: str | None = Field(default=None, max_length=MAX_INSTRUCTIONS_CHARS)
 
     @field_validator("request")
     @classmethod
