@@ -80,7 +80,7 @@ from .memory import (
     summary_cap_tokens,
     summary_prompt,
 )
-from .models.calls import ModelCallLog
+from .models.call_log import ModelCallLog
 from .planning import (
     Planner,
     PlanningRequest,

@@ -40,7 +40,7 @@ _WHERE = {
     "MODEL_UNAVAILABLE": ".calls",
     "TOKEN_BUDGET_EXCEEDED": ".calls",
     "ChatModel": ".calls",
-    "ModelCallLog": ".calls",
+    "ModelCallLog": ".call_log",
     "OpenAIMemoryModel": ".memory",
     "PLANNER_SYSTEM_PROMPT": ".planner",
     "OpenAIPlanner": ".planner",
