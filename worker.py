@@ -30,7 +30,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities import LifecycleActivities
 from activities.listing_watch import StageListingWatch
-from activities.mcp import McpStartupError, McpTool
+from activities.mcp import McpStartupError, is_mcp_tool
 from activities.policy_replay import PolicyReplayActivities
 from client import Settings, connect_when_reachable, database, exit_process
 from client.devserver import start_dev_server
@@ -42,6 +42,7 @@ from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
 from storage.replays import ReplayReportStore
 from workflows import WORKFLOWS, callers
+from workflows.extras import MissingExtraError
 from workflows.local_payloads import LocalPayloadsInline
 from workflows.policy_replay import replay_batch_queue
 
@@ -64,6 +65,8 @@ def load_activities(settings: Settings) -> LifecycleActivities:
     module_name, _, function_name = where.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except MissingExtraError:  # the factory's module uses an optional part whose packages are missing
+        raise
     except ImportError as err:
         raise PipelineLoadError(
             f"AGENT_PIPELINE={where}: cannot import {module_name!r} ({err}); is its folder on PYTHONPATH?"
@@ -220,7 +223,7 @@ async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool)
             loop.add_signal_handler(sig, stop.set)
         hooks = ", ".join(e.name for e in activities.registry.entries) or "(none)"
         specs = activities.tools.specs()
-        from_mcp = sum(isinstance(activities.tools.get(spec.key), McpTool) for spec in specs)
+        from_mcp = sum(is_mcp_tool(activities.tools.get(spec.key)) for spec in specs)
         print(
             f"worker polling task queue {settings.task_queue!r} on {settings.temporal_address}; hooks: {hooks}; "
             f"tools: {len(specs)} ({from_mcp} from MCP servers)"
@@ -272,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         for spec in activities.tools.specs():
             flags = "".join(f" {flag}" for flag in ("read_only", "approval_required") if getattr(spec, flag))
-            kind = "mcp tool" if isinstance(activities.tools.get(spec.key), McpTool) else f"{spec.kind}"
+            kind = "mcp tool" if is_mcp_tool(activities.tools.get(spec.key)) else f"{spec.kind}"
             print(f"{kind}: {spec.key}{flags}")
         review = activities.manifest.review
         print(

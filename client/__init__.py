@@ -203,7 +203,9 @@ def execution_store(settings: Settings) -> ExecutionStore:
 
         store = PostgresExecutionStore(db, retention=retention, error_retention=error_retention)
     else:
-        store = SQLiteExecutionStore(settings.execution_store_path, retention=retention, error_retention=error_retention)
+        store = SQLiteExecutionStore(
+            settings.execution_store_path, retention=retention, error_retention=error_retention
+        )
     keyring = settings.protection.keyring()
     if keyring is not None:
         from .sealed_stores import SealedExecutionStore

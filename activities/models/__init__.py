@@ -23,10 +23,9 @@ if TYPE_CHECKING:
         MODEL_REFUSAL,
         MODEL_REQUEST_ERROR,
         MODEL_UNAVAILABLE,
-        TOKEN_BUDGET_EXCEEDED,
         ChatModel,
-        ModelCallLog,
     )
+    from .call_log import TOKEN_BUDGET_EXCEEDED, ModelCallLog
     from .memory import OpenAIMemoryModel
     from .planner import PLANNER_SYSTEM_PROMPT, OpenAIPlanner
     from .settings import ModelSettings
@@ -38,7 +37,7 @@ _WHERE = {
     "MODEL_REFUSAL": ".calls",
     "MODEL_REQUEST_ERROR": ".calls",
     "MODEL_UNAVAILABLE": ".calls",
-    "TOKEN_BUDGET_EXCEEDED": ".calls",
+    "TOKEN_BUDGET_EXCEEDED": ".call_log",
     "ChatModel": ".calls",
     "ModelCallLog": ".call_log",
     "OpenAIMemoryModel": ".memory",

@@ -30,23 +30,27 @@ import email.utils
 import json
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-import openai
-from openai import AsyncOpenAI
-from openai.types.chat import (
-    ChatCompletion,
-    ChatCompletionMessage,
-    ChatCompletionMessageFunctionToolCall,
-    ChatCompletionMessageToolCallUnion,
-)
-from openai.types.chat.chat_completion_chunk import ChoiceDelta
-from openai.types.chat.chat_completion_message_function_tool_call import Function
+from workflows.extras import missing_extra
+
+try:
+    import openai
+    from openai import AsyncOpenAI
+    from openai.types.chat import (
+        ChatCompletion,
+        ChatCompletionMessage,
+        ChatCompletionMessageFunctionToolCall,
+        ChatCompletionMessageToolCallUnion,
+    )
+    from openai.types.chat.chat_completion_chunk import ChoiceDelta
+    from openai.types.chat.chat_completion_message_function_tool_call import Function
+except ImportError as err:
+    raise missing_extra("openai", "a model (AGENT_MODEL)", err) from err
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from hooks.builtin.secret_redaction import masked_preview
@@ -56,14 +60,11 @@ from workflows.decisions import (
     MODEL_REQUEST_ERROR,
     MODEL_UNAVAILABLE,
     PROMPT_BUDGET_EXCEEDED,
-    TOKEN_BUDGET_EXCEEDED,
 )
 from workflows.models import estimate_tokens
-from workflows.models._model_calls import MAX_MODEL_PREVIEW_CHARS, ModelCall, ModelText, ModelUsage
-from workflows.models._plans import ModelTurn
+from workflows.models._model_calls import MAX_MODEL_PREVIEW_CHARS, ModelCall, ModelText
 
 from .. import telemetry
-from ..heartbeat import report_progress
 from .call_log import ModelCallLog, Stage
 from .settings import ModelSettings
 
