@@ -21,6 +21,7 @@ COPY activities ./activities
 COPY hooks ./hooks
 COPY client ./client
 COPY storage ./storage
+COPY agent_lifecycle ./agent_lifecycle
 COPY demo ./demo
 COPY benchmarks ./benchmarks
 # compileall: the workflow sandbox re-imports the workflow modules for every workflow run, so they

@@ -10,15 +10,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from storage.executions import ExecutionStore, SQLiteExecutionStore
-
     from .lifecycle import LifecycleActivities
     from .planning import Planner, PlanningRequest, PromptInput, Synthesizer, build_planning_prompt
     from .tools import Tool, ToolContext, ToolRegistry
 
 _WHERE = {
-    "ExecutionStore": "storage.executions",
-    "SQLiteExecutionStore": "storage.executions",
     "LifecycleActivities": ".lifecycle",
     "Planner": ".planning",
     "PlanningRequest": ".planning",
@@ -31,12 +27,10 @@ _WHERE = {
 }
 
 __all__ = [
-    "ExecutionStore",
     "LifecycleActivities",
     "Planner",
     "PlanningRequest",
     "PromptInput",
-    "SQLiteExecutionStore",
     "Synthesizer",
     "Tool",
     "ToolContext",

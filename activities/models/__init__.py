@@ -18,14 +18,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .calls import (
-        EMPTY_COMPLETION,
-        MODEL_REFUSAL,
-        MODEL_REQUEST_ERROR,
-        MODEL_UNAVAILABLE,
-        ChatModel,
-    )
     from .call_log import TOKEN_BUDGET_EXCEEDED, ModelCallLog
+    from .calls import EMPTY_COMPLETION, MODEL_REFUSAL, MODEL_REQUEST_ERROR, MODEL_UNAVAILABLE, ChatModel
     from .memory import OpenAIMemoryModel
     from .planner import PLANNER_SYSTEM_PROMPT, OpenAIPlanner
     from .settings import ModelSettings
