@@ -10,10 +10,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Runtime dependencies and the otel extra (OTLP exporters): no dev extra, and no server extra (the worker
-# connects to the cluster's Temporal; the embedded dev server is for `worker.py --dev` on a laptop). The
-# wheel is the framework; the demo pipeline the compose file runs is copied beside it and imported from
-# the working directory.
+# Runtime dependencies, every optional part (all: PostgreSQL, MCP, CEL filters, OpenAI models) and the
+# otel extra (OTLP exporters): no dev extra, and no server extra (the worker connects to the cluster's
+# Temporal; the embedded dev server is for `worker.py --dev` on a laptop). The wheel is the framework; the
+# demo pipeline the compose file runs is copied beside it and imported from the working directory.
 COPY pyproject.toml README.md* ./
 COPY worker.py ./
 COPY workflows ./workflows
@@ -21,12 +21,13 @@ COPY activities ./activities
 COPY hooks ./hooks
 COPY client ./client
 COPY storage ./storage
+COPY agent_lifecycle ./agent_lifecycle
 COPY demo ./demo
 COPY benchmarks ./benchmarks
 # compileall: the workflow sandbox re-imports the workflow modules for every workflow run, so they
 # must not be recompiled from source each time (PYTHONDONTWRITEBYTECODE only stops writing .pyc files,
 # and the non-root user could not write them here anyway).
-RUN pip install ".[otel]" \
+RUN pip install ".[all,otel]" \
     && rm -rf build ./*.egg-info \
     && python -m compileall -q /app \
     && useradd --system --uid 10001 --user-group --create-home --home-dir /home/agent agent \

@@ -22,27 +22,24 @@ import sys
 import traceback
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Worker
 
 from activities import LifecycleActivities
-from activities.listing_watch import StageListingWatch
-from activities.mcp import McpStartupError, McpTool
+from activities.mcp import McpStartupError, is_mcp_tool
 from activities.policy_replay import PolicyReplayActivities
+from agent_lifecycle.plugin import HEARTBEAT_THROTTLE, AgentPlugin, prepare
 from client import Settings, connect_when_reachable, database, exit_process
 from client.devserver import start_dev_server
 from client.pipeline import PipelineSettingsError, apply_settings
-from client.search import ensure_search_attributes
 from client.settings import SettingsError
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
 from storage.replays import ReplayReportStore
-from workflows import WORKFLOWS, callers
-from workflows.local_payloads import LocalPayloadsInline
+from workflows.extras import MissingExtraError
 from workflows.policy_replay import replay_batch_queue
 
 logger = logging.getLogger("worker")
@@ -64,6 +61,8 @@ def load_activities(settings: Settings) -> LifecycleActivities:
     module_name, _, function_name = where.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except MissingExtraError:  # the factory's module uses an optional part whose packages are missing
+        raise
     except ImportError as err:
         raise PipelineLoadError(
             f"AGENT_PIPELINE={where}: cannot import {module_name!r} ({err}); is its folder on PYTHONPATH?"
@@ -87,15 +86,6 @@ def load_activities(settings: Settings) -> LifecycleActivities:
         )
     apply_settings(activities, settings)
     return activities
-
-
-# After a worker dies, the next workflow task of each of its requests first waits this long on the dead
-# worker's sticky queue before any worker may take it (Temporal's default is 10 s): the setting's default.
-STICKY_SCHEDULE_TO_START = timedelta(seconds=Settings.model_fields["worker_sticky_timeout_seconds"].default)
-# Heartbeats reach the server at most this often; a cancellation reaches a heartbeating activity only in
-# a heartbeat's reply, so this bounds how long stopping a lease keeper takes (the SDK's default: 80 % of
-# the heartbeat timeout, i.e. 4 s).
-HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 
 def policy_replay_activities(settings: Settings, activities: LifecycleActivities) -> PolicyReplayActivities:
@@ -139,18 +129,22 @@ def build_worker(
     Where the client encrypts payloads, the requests this worker runs show the Temporal UI no request text
     in their summaries and details (each records that in its manifest), unless ``ui_shows_text``
     (``AGENT_UI_SHOWS_TEXT``)."""
-    activities.manifest.ui_shows_text = client.data_converter.payload_codec is None or ui_shows_text
-    options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_SCHEDULE_TO_START)
-    options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
-    if not sandboxed:
-        options.setdefault("workflow_runner", UnsandboxedWorkflowRunner())
-    callers.install()  # handlers can read who sent a signal or update (a reviewer, by the server's identity)
-    options["interceptors"] = [LocalPayloadsInline(), StageListingWatch(client), *options.get("interceptors", ())]
+    plugin = AgentPlugin(
+        activities,
+        data_converter=False,  # the client's (``client.connect``)
+        tracing=False,  # the client's interceptor, which its workers inherit
+        # a runner of the caller's own is kept
+        sandboxed=sandboxed or "workflow_runner" in options,
+        ui_shows_text=ui_shows_text,
+        replay=replay,
+        _manage=False,  # worker.run prepares the namespace and closes the pipeline itself
+    )
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[*WORKFLOWS, *extra_workflows],
-        activities=[*activities.activities(), *(replay.activities() if replay is not None else []), *extra_activities],
+        workflows=list(extra_workflows),
+        activities=list(extra_activities),
+        plugins=[plugin],
         **options,
     )
 
@@ -201,19 +195,6 @@ def build_replay_worker(
     )
 
 
-async def prepare(client: Client, settings: Settings, activities: LifecycleActivities) -> None:
-    """What a process does before it serves requests: register the lifecycle search attributes (or
-    learn they cannot be), so requests set them and a reviewer's inbox can find waiting requests."""
-    activities.manifest.search_attributes = await ensure_search_attributes(
-        client, settings.temporal_namespace, wait_seconds=settings.temporal_wait_seconds
-    )
-    activities.manifest.stage_listing_delay_seconds = settings.stage_listing_delay_seconds
-    activities.manifest.payload_store = client.data_converter.external_storage is not None
-    db = database(settings)
-    if db is not None:  # every store's schema on it, before any request
-        await db.migrate()
-
-
 @contextlib.asynccontextmanager
 async def temporal_client(settings: Settings, *, dev: bool) -> AsyncIterator[Client]:
     """A connected client; with ``dev`` the embedded dev server runs for the duration."""
@@ -248,7 +229,7 @@ async def run(settings: Settings, activities: LifecycleActivities, *, dev: bool)
             loop.add_signal_handler(sig, stop.set)
         hooks = ", ".join(e.name for e in activities.registry.entries) or "(none)"
         specs = activities.tools.specs()
-        from_mcp = sum(isinstance(activities.tools.get(spec.key), McpTool) for spec in specs)
+        from_mcp = sum(is_mcp_tool(activities.tools.get(spec.key)) for spec in specs)
         print(
             f"worker polling task queue {settings.task_queue!r} on {settings.temporal_address}; hooks: {hooks}; "
             f"tools: {len(specs)} ({from_mcp} from MCP servers)"
@@ -300,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         for spec in activities.tools.specs():
             flags = "".join(f" {flag}" for flag in ("read_only", "approval_required") if getattr(spec, flag))
-            kind = "mcp tool" if isinstance(activities.tools.get(spec.key), McpTool) else f"{spec.kind}"
+            kind = "mcp tool" if is_mcp_tool(activities.tools.get(spec.key)) else f"{spec.kind}"
             print(f"{kind}: {spec.key}{flags}")
         review = activities.manifest.review
         print(

@@ -10,16 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from storage.executions import ExecutionStore, SQLiteExecutionStore
-
     from .function_tools import FunctionTool, function_tool, tool
     from .lifecycle import LifecycleActivities
     from .planning import Planner, PlanningRequest, PromptInput, Synthesizer, build_planning_prompt
     from .tools import Tool, ToolContext, ToolRegistry
 
 _WHERE = {
-    "ExecutionStore": "storage.executions",
-    "SQLiteExecutionStore": "storage.executions",
     "LifecycleActivities": ".lifecycle",
     "Planner": ".planning",
     "PlanningRequest": ".planning",
@@ -35,13 +31,11 @@ _WHERE = {
 }
 
 __all__ = [
-    "ExecutionStore",
     "FunctionTool",
     "LifecycleActivities",
     "Planner",
     "PlanningRequest",
     "PromptInput",
-    "SQLiteExecutionStore",
     "Synthesizer",
     "Tool",
     "ToolContext",

@@ -63,7 +63,7 @@ from .hook_stages import HookStageActivities, call_hook, returned_or_default
 from .lease_steps import LeaseSteps
 from .memory import ConversationMemory
 from .memory_steps import MemorySteps
-from .models.calls import ModelCallLog
+from .models.call_log import ModelCallLog
 from .planning import (
     Planner,
     PlanningRequest,

@@ -15,18 +15,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from hooks.memory import ActivitySignal, EpisodicEvent, KnowledgeFragment, ReadResult, UserFact, WriteResult
 from storage import sqlite
-from storage.postgres import STORE_ERRORS, Database, Migration, from_sqlite_schema
+from storage.schema import Migration, from_sqlite_schema, store_errors
 from storage.text import EscapedStatements, escape_existing
 from workflows.models import CHARS_PER_TOKEN, MemoryCandidate, MemoryExchange, RecalledMemory, estimate_tokens
+
+if TYPE_CHECKING:
+    from storage.postgres import Database
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -205,8 +209,9 @@ class ConversationMemoryStore:
     """
 
     def __init__(self, location: str | Path | Database, *, busy_timeout_seconds: float = 5.0) -> None:
-        self.database = location if isinstance(location, Database) else None
-        self.path = None if isinstance(location, Database) else Path(location)
+        # a file path, or a PostgreSQL Database (whose driver a SQLite deployment never imports)
+        self.database = None if isinstance(location, (str, os.PathLike)) else location
+        self.path = Path(location) if isinstance(location, (str, os.PathLike)) else None
         self.busy_timeout_seconds = busy_timeout_seconds
         if self.database is not None:
             self.database.require(self._migrations())
@@ -360,14 +365,14 @@ class MemoryStore(ConversationMemoryStore):
     async def _read(self, what: str, fn: Callable[[], list[T]]) -> ReadResult[T]:
         try:
             return ReadResult("read_succeeded", await asyncio.to_thread(fn))
-        except (*STORE_ERRORS, ValueError) as err:
+        except (*store_errors(), ValueError) as err:
             logger.warning("memory %s failed (continuing without it): %s", what, err)
             return ReadResult("read_failed", error=f"{type(err).__name__}: {err}")
 
     async def _write(self, what: str, fn: Callable[[], dict]) -> WriteResult:
         try:
             return WriteResult("returned", detail=await asyncio.to_thread(fn))
-        except (*STORE_ERRORS, ValueError) as err:
+        except (*store_errors(), ValueError) as err:
             logger.warning("memory %s failed (continuing without it): %s", what, err)
             return WriteResult("error", error=f"{type(err).__name__}: {err}")
 

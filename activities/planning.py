@@ -26,7 +26,7 @@ from workflows.models import (
 )
 
 if TYPE_CHECKING:  # activities.models imports this module
-    from .models.calls import ModelCallLog
+    from .models.call_log import ModelCallLog
 
 # The well-known keys the default builder renders, in prompt order, and the tag each is wrapped in.
 # user_profile has no tag: it is inserted verbatim, so its writer supplies its own <user_profile> block.

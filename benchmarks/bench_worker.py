@@ -18,13 +18,14 @@ import signal
 from contextlib import AsyncExitStack
 from typing import Any
 
-from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from activities import LifecycleActivities, ToolRegistry
 from benchmarks import FloorWorkflow, InlinePeerWorkflow, floor_noop
 from client import Settings, connect, exit_process
 from client.telemetry import configure_telemetry, shutdown_telemetry
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry, PipelineHook, RunMode
+from storage.executions import SQLiteExecutionStore
 from worker import build_worker, prepare
 from workflows.models import ExecutionResult, Plan, Stage
 

@@ -24,13 +24,14 @@ from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from activities import LifecycleActivities, ToolRegistry
 from activities.memory import ConversationMemoryStore
 from client.api import AgentClient
 from client.devserver import temporal_cli_path
 from client.settings import Settings
 from demo.agent import RulePlanner, TemplateSynthesizer
 from hooks import HookRegistry
+from storage.executions import SQLiteExecutionStore
 from worker import build_worker
 from workflows import data_converter, search_attributes
 from workflows.models import conversation_workflow_id

@@ -57,11 +57,11 @@ import temporalio
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from activities import SQLiteExecutionStore
 from benchmarks import FLOOR_WORKFLOW_TYPE, PEER_WORKFLOW_TYPE, FloorBatch, FloorInput, PeerInput
 from benchmarks.bench_worker import BASELINES, STANDARD, TWENTY, queue_name
 from benchmarks.processes import SERVER_DYNAMIC_CONFIG, Server, cpu_seconds, spawn, stop_all
 from client import Settings, connect
+from storage.executions import SQLiteExecutionStore
 from workflows import WORKFLOW_TYPE
 from workflows.models import RequestInput, RequestResult, Stage, StepStatus
 

@@ -27,11 +27,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from activities import SQLiteExecutionStore
 from benchmarks.bench_worker import STANDARD
 from benchmarks.lifecycle_bench import STANDARD_REQUEST, Bench, log, ratio, settle, start_worker
 from benchmarks.processes import Server, cpu_seconds, stop_all
 from client import Settings, connect
+from storage.executions import SQLiteExecutionStore
 
 PEER = "inline peer"
 

@@ -67,7 +67,7 @@ def process_data_converter(settings: Settings) -> DataConverter:
     SQLite file; none with ``AGENT_PAYLOAD_STORE=off``. With ``AGENT_ENCRYPTION_KEYS_FILE`` (or
     ``AGENT_ENCRYPTION_KEYS``) every payload is encrypted before it leaves the process — the ones kept in
     the payload store too — and failures keep their messages encrypted (``client.encryption``)."""
-    from storage.payloads import PostgresPayloadStore, SQLitePayloadStore, external_storage
+    from storage.payloads import PayloadStore, SQLitePayloadStore, external_storage
     from workflows.converter import EncryptingFailureConverter, data_converter
 
     converter = data_converter
@@ -82,7 +82,13 @@ def process_data_converter(settings: Settings) -> DataConverter:
     if path is None:
         return converter
     db = database(settings)
-    driver = PostgresPayloadStore(db) if db is not None else SQLitePayloadStore(path)
+    driver: PayloadStore
+    if db is not None:
+        from storage.payloads.postgres import PostgresPayloadStore
+
+        driver = PostgresPayloadStore(db)
+    else:
+        driver = SQLitePayloadStore(path)
     return dataclasses.replace(converter, external_storage=external_storage(driver))
 
 
@@ -169,6 +175,9 @@ def database(settings: Settings) -> Database | None:
     """This process's pool to ``AGENT_DATABASE_URL`` (one per URL, shared by every store), or None."""
     if settings.database_url is None:
         return None
+    from workflows.extras import require
+
+    require("postgres", "AGENT_DATABASE_URL")
     from storage.postgres import Database
 
     url = settings.database_url.get_secret_value()
@@ -187,14 +196,16 @@ async def close_databases() -> None:
 def response_cache_store(settings: Settings) -> ResponseCacheStore:
     """The response cache the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else a SQLite file
     in the state directory; its answers sealed where payloads are encrypted."""
-    from storage.responses import PostgresResponseCacheStore, SQLiteResponseCacheStore
+    from storage.responses import SQLiteResponseCacheStore
 
     db = database(settings)
-    store: ResponseCacheStore = (
-        PostgresResponseCacheStore(db)
-        if db is not None
-        else SQLiteResponseCacheStore(settings.state_dir / "response-cache.sqlite3")
-    )
+    store: ResponseCacheStore
+    if db is not None:
+        from storage.responses.postgres import PostgresResponseCacheStore
+
+        store = PostgresResponseCacheStore(db)
+    else:
+        store = SQLiteResponseCacheStore(settings.state_dir / "response-cache.sqlite3")
     keyring = settings.protection.keyring()
     if keyring is not None:
         from .sealed_stores import SealedResponseCache
@@ -216,16 +227,20 @@ def review_webhook(settings: Settings) -> ReviewWebhook | None:
 def execution_store(settings: Settings) -> ExecutionStore:
     """The execution store the settings name: PostgreSQL with ``AGENT_DATABASE_URL``, else the SQLite file;
     its records sealed where payloads are encrypted (``client.sealed_stores``)."""
-    from storage.executions import PostgresExecutionStore, SQLiteExecutionStore
+    from storage.executions import SQLiteExecutionStore
 
     retention = timedelta(days=settings.record_retention_days)
     error_retention = timedelta(days=settings.error_retention_days)
     db = database(settings)
-    store: ExecutionStore = (
-        PostgresExecutionStore(db, retention=retention, error_retention=error_retention)
-        if db is not None
-        else SQLiteExecutionStore(settings.execution_store_path, retention=retention, error_retention=error_retention)
-    )
+    store: ExecutionStore
+    if db is not None:
+        from storage.executions.postgres import PostgresExecutionStore
+
+        store = PostgresExecutionStore(db, retention=retention, error_retention=error_retention)
+    else:
+        store = SQLiteExecutionStore(
+            settings.execution_store_path, retention=retention, error_retention=error_retention
+        )
     keyring = settings.protection.keyring()
     if keyring is not None:
         from .sealed_stores import SealedExecutionStore

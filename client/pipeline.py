@@ -15,21 +15,22 @@ setting never silently does nothing.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from temporalio.exceptions import ApplicationError
 
 from activities import LifecycleActivities, Tool, ToolRegistry
 from activities.conversations import ConversationOptions
-from activities.mcp import McpServerConfig, McpTool
+from activities.mcp import McpServerConfig, is_mcp_tool
 from activities.memory import ConversationMemory
-from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer
 from activities.planning import Planner, PromptBuilder, ReadableSynthesizer, Synthesizer, build_planning_prompt
 from hooks import HookRegistry
 from hooks.declarative import DeclaredHook, check_edition
-from storage.executions import ExecutionStore, PostgresExecutionStore, SQLiteExecutionStore
+from storage.executions import ExecutionStore, SQLiteExecutionStore
 from workflows import callers
+from workflows.extras import require
 from workflows.models import ReviewSettings, StageSettings
 
 from . import database, execution_store, review_webhook
@@ -37,6 +38,9 @@ from .declared_hooks import settings_declared_hooks
 from .mcp_servers import settings_mcp_tools
 from .reviewer_keys import ReviewerKeyError, load_trust_file
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from activities.models import ModelSettings
 
 # The variables that shape a pipeline (the rest shape the process: where Temporal is, the task queue, the
 # payload store, ...). ``build_pipeline`` applies all of them; ``apply_settings`` applies or refuses each.
@@ -134,9 +138,9 @@ def build_pipeline(
     model = pipeline_model(settings, model)
     registry = ToolRegistry([*tools, *settings_mcp_tools(settings, mcp_servers)])
     if planner is None:
-        planner = OpenAIPlanner(model, registry) if model.configured("planner") else NoPlanner()
+        planner = _model_planner(model, registry) if model.configured("planner") else NoPlanner()
     if synthesizer is None:
-        synthesizer = OpenAISynthesizer(model) if model.configured("synthesizer") else ReadableSynthesizer()
+        synthesizer = _model_synthesizer(model) if model.configured("synthesizer") else ReadableSynthesizer()
     stage_settings = stage_settings or StageSettings()
     if stage_settings.max_model_tokens_per_request is None and model.max_tokens_per_request is not None:
         stage_settings = stage_settings.model_copy(
@@ -230,7 +234,7 @@ def apply_settings(activities: LifecycleActivities, settings: Settings, model: M
     if settings.hooks_file is not None and not any(isinstance(h, DeclaredHook) for h in hooks):
         hooks += settings_declared_hooks(settings)
     if settings.mcp_servers_file is not None and not any(
-        isinstance(activities.tools.get(spec.key), McpTool) for spec in activities.tools.specs()
+        is_mcp_tool(activities.tools.get(spec.key)) for spec in activities.tools.specs()
     ):
         tools = settings_mcp_tools(settings)
     _check_model(activities, model)
@@ -351,15 +355,31 @@ def _apply_review(activities: LifecycleActivities, settings: Settings, given: se
     activities.manifest.review = review
 
 
+def _model_planner(model: ModelSettings, registry: ToolRegistry) -> Planner:
+    require("openai", "a model planner (AGENT_MODEL)")
+    from activities.models import OpenAIPlanner
+
+    return OpenAIPlanner(model, registry)
+
+
+def _model_synthesizer(model: ModelSettings) -> Synthesizer:
+    require("openai", "a model synthesizer (AGENT_MODEL)")
+    from activities.models import OpenAISynthesizer
+
+    return OpenAISynthesizer(model)
+
+
 def _check_model(activities: LifecycleActivities, model: ModelSettings) -> None:
     """A configured model applies to a pipeline whose planner and synthesizer call one; any other is the
     pipeline's own choice, which the worker cannot override."""
-    roles: tuple[tuple[Literal["planner", "synthesizer"], Any, type, str | None], ...] = (
-        ("planner", activities.planner, OpenAIPlanner, model.planner_model),
-        ("synthesizer", activities.synthesizer, OpenAISynthesizer, model.synthesizer_model),
+    roles: tuple[tuple[Literal["planner", "synthesizer"], Any, str, str | None], ...] = (
+        ("planner", activities.planner, "OpenAIPlanner", model.planner_model),
+        ("synthesizer", activities.synthesizer, "OpenAISynthesizer", model.synthesizer_model),
     )
     for role, part, kind, own_model in roles:
-        if model.configured(role) and not isinstance(part, kind):
+        # a part that calls the model is an instance of a class loaded only where a model is used
+        models = sys.modules.get(f"activities.models.{role}")
+        if model.configured(role) and not (models is not None and isinstance(part, getattr(models, kind))):
             variable = f"AGENT_{role.upper()}_MODEL" if own_model else "AGENT_MODEL"
             name = getattr(part, "name", type(part).__name__)
             raise PipelineSettingsError(
@@ -383,7 +403,7 @@ def _check_store(store: ExecutionStore, settings: Settings, given: set[str]) -> 
     store = store.inner if isinstance(store, SealedExecutionStore) else store
     db = database(settings)
     if db is not None:
-        if not (isinstance(store, PostgresExecutionStore) and store.database is db):
+        if getattr(store, "database", None) is not db:
             raise PipelineSettingsError(
                 "AGENT_DATABASE_URL", f"the pipeline keeps its records in {type(store).__name__}, not in the database"
             )

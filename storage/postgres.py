@@ -22,20 +22,23 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
-import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from psycopg import AsyncConnection, Connection, Cursor
-from psycopg import Error as PostgresError
-from psycopg.conninfo import conninfo_to_dict
-from psycopg.errors import DeadlockDetected, SerializationFailure
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from workflows.extras import missing_extra
+
+from .schema import DatabaseUnavailable, Migration
+
+try:
+    from psycopg import AsyncConnection, Connection, Cursor
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.errors import DeadlockDetected, SerializationFailure
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+except ImportError as err:
+    raise missing_extra("postgres", "stores on PostgreSQL (AGENT_DATABASE_URL)", err) from err
 
 T = TypeVar("T")
 
@@ -43,24 +46,6 @@ DEFAULT_POOL_SIZE = 10
 OPEN_TIMEOUT_SECONDS = 15.0
 # The advisory lock every migrating worker takes (an arbitrary constant: "agent-lifecycle schema").
 MIGRATION_LOCK = 0x6167656E74
-
-
-class DatabaseUnavailable(RuntimeError):
-    """The database could not be reached (a wrong URL, a server down, refused credentials)."""
-
-
-# What a store call may raise when its database fails, on either backend (for stores that fail open).
-STORE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, PostgresError, DatabaseUnavailable)
-
-
-@dataclass(frozen=True)
-class Migration:
-    """One step of a store's schema: applied once per database, in ``version`` order."""
-
-    component: str
-    version: int
-    sql: str
-
 
 _LEDGER = """
 CREATE TABLE IF NOT EXISTS agent_schema_migrations (
@@ -73,18 +58,6 @@ CREATE TABLE IF NOT EXISTS agent_schema_migrations (
 _RECORD_MIGRATION = "INSERT INTO agent_schema_migrations (component, version) VALUES (%s, %s)"
 # Attempts of a serializable transaction that keeps conflicting with concurrent ones.
 SERIALIZATION_RETRIES = 20
-
-
-def from_sqlite_schema(schema: str) -> str:
-    """A store's SQLite schema in PostgreSQL's types, for a store whose statements serve both backends:
-    REAL → DOUBLE PRECISION, BLOB → BYTEA, an autoincrement key → an identity column; every table and index
-    created once (the migration ledger, not ``IF NOT EXISTS``, says whether it exists)."""
-    return (
-        re.sub(r"\bREAL\b", "DOUBLE PRECISION", schema)
-        .replace("BLOB", "BYTEA")
-        .replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY")
-        .replace("IF NOT EXISTS ", "")
-    )
 
 
 def _where(url: str) -> str:

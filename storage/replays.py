@@ -9,14 +9,19 @@ replay never counts a request twice.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from workflows.models import RequestReplay
 
 from . import sqlite
-from .postgres import Database, Migration, from_sqlite_schema
+from .schema import Migration, from_sqlite_schema
 from .text import EscapedStatements, escape_existing
+
+if TYPE_CHECKING:
+    from .postgres import Database
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS policy_replay_batches (
@@ -46,8 +51,9 @@ class ReplayReportStore:
     """
 
     def __init__(self, location: str | Path | Database, *, clock=time.time) -> None:
-        self.database = location if isinstance(location, Database) else None
-        self.path = None if isinstance(location, Database) else Path(location)
+        # a file path, or a PostgreSQL Database (whose driver a SQLite deployment never imports)
+        self.database = None if isinstance(location, (str, os.PathLike)) else location
+        self.path = Path(location) if isinstance(location, (str, os.PathLike)) else None
         self._clock = clock
         if self.database is not None:
             self.database.require(MIGRATIONS)

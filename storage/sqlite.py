@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .postgres import Migration
+from .schema import Migration
 
 DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
 PRIVATE_DIRECTORY_MODE = 0o700

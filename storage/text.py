@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from .postgres import Migration
+from .schema import Migration
 
 ESCAPE = "\u241b"
 # The top-level key of a document whose strings are escaped (an escaped key is never ``␛`` alone: a key

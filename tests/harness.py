@@ -22,10 +22,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from activities import LifecycleActivities, ToolRegistry
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry
+from storage.executions import SQLiteExecutionStore
 from worker import build_worker
 from workflows import WORKFLOWS, data_converter, idempotency_key
 from workflows.local_payloads import LocalPayloadsInline

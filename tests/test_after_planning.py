@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from hooks import HookRejection, Plan, PlanStep, RequiredAfterPlanningHook, RunMode, Stage
-from workflows.models import RequestStatus
+from hooks import HookRejection, PlanStep, RequiredAfterPlanningHook, RunMode, Stage
+from workflows.models import Plan, RequestStatus
 
 from .doubles import FixedPlanner, decision, quote, started_attempts
 from .harness import Harness, Outcome

@@ -19,10 +19,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from demo.tools import quote_price
-from hooks import HookRejection, Plan, PlanStep, RequiredAfterPlanningHook, RunMode
+from hooks import HookRejection, PlanStep, RequiredAfterPlanningHook, RunMode
 from workflows import data_converter
 from workflows import search_attributes as sa
-from workflows.models import ApprovalReason, Checkpoint, ExecutionRecord, ReviewAck, ReviewRequest, ReviewSettings
+from workflows.models import ApprovalReason, Checkpoint, ExecutionRecord, Plan, ReviewAck, ReviewRequest, ReviewSettings
 
 from .doubles import FixedPlanner, eventually, quote
 from .harness import Harness, Outcome, marker_activity_type, marker_stage_activity

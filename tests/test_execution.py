@@ -12,13 +12,14 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import LifecycleActivities, SQLiteExecutionStore, Tool, ToolRegistry
+from activities import LifecycleActivities, Tool, ToolRegistry
 from activities.tools import ToolContext
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import ExecuteTrade, StockQuote, TradeArguments, demo_tools, quote_price
-from hooks import HookRegistry, Plan, PlanStep, Stage
+from hooks import HookRegistry, PlanStep, Stage
+from storage.executions import SQLiteExecutionStore
 from workflows import data_converter
-from workflows.models import RequestStatus, StageSettings, ToolStepInput, ToolStepOutput
+from workflows.models import Plan, RequestStatus, StageSettings, ToolStepInput, ToolStepOutput
 
 from .doubles import FixedPlanner, NoArguments, quote, started_attempts
 from .harness import Harness, Outcome

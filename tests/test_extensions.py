@@ -14,7 +14,6 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from activities import SQLiteExecutionStore
 from activities.memory import ConversationMemoryStore
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import quote_price
@@ -26,7 +25,6 @@ from hooks import (
     MemoryCandidate,
     PipelineHook,
     PipelineShortCircuit,
-    Plan,
     PlanStep,
     Plugin,
     RequiredAfterPlanningHook,
@@ -38,7 +36,8 @@ from hooks import (
     Stage,
     Stop,
 )
-from workflows.models import Diagnostic, MemoryOutcome, RequestStatus, StageSettings, StopInfo
+from storage.executions import SQLiteExecutionStore
+from workflows.models import Diagnostic, MemoryOutcome, Plan, RequestStatus, StageSettings, StopInfo
 
 from .doubles import BlockingTool, FixedPlanner, decision, quote, started_attempts
 from .harness import Harness, Outcome

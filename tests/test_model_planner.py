@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import LifecycleActivities, SQLiteExecutionStore
+from activities import LifecycleActivities
 from activities.models import ModelCallLog, ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
 from activities.planning import PlanningRequest, PlanRepairNeeded, PromptInput, build_planning_prompt
 from activities.tools import Tool, ToolContext, ToolRegistry
@@ -26,6 +26,7 @@ from demo.agent import TemplateSynthesizer
 from demo.pipeline import demo_hooks
 from demo.tools import demo_tools, quote_price
 from hooks import HookRegistry
+from storage.executions import SQLiteExecutionStore
 from workflows.models import ENRICHMENT_RAG_CONTEXT, PlanInput, RequestStatus, StepResult, StepStatus
 
 from . import openai_server as ai

@@ -17,8 +17,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities import PlanningRequest, Tool
 from demo.tools import quote_price
-from hooks import HookRejection, PipelineHook, Plan, PlanStep, RequiredAfterPlanningHook, Stage
-from workflows.models import RequestStatus, StageSettings, StepStatus
+from hooks import HookRejection, PipelineHook, PlanStep, RequiredAfterPlanningHook, Stage
+from workflows.models import Plan, RequestStatus, StageSettings, StepStatus
 
 from .doubles import decision
 from .harness import Harness, Outcome

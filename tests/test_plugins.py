@@ -18,7 +18,6 @@ from demo.tools import quote_price
 from hooks import (
     HookRegistry,
     InvalidPipelineConfigError,
-    Plan,
     PlanStep,
     Plugin,
     RunMode,
@@ -29,7 +28,7 @@ from hooks import (
     retry_on_error,
     truncate_results,
 )
-from workflows.models import EffectStatus, RequestStatus, StageSettings, StepStatus
+from workflows.models import EffectStatus, Plan, RequestStatus, StageSettings, StepStatus
 
 from .doubles import FixedPlanner, NoArguments, decision, quote
 from .harness import Harness, Outcome

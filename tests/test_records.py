@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from temporalio.exceptions import CancelledError
 
-from activities import SQLiteExecutionStore, Tool
+from activities import Tool
 from hooks import PipelineHook, PlanStep
+from storage.executions import SQLiteExecutionStore
 from workflows.models import (
     ApproveSignal,
     EffectStatus,

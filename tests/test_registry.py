@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from activities import LifecycleActivities, ToolRegistry
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import (
@@ -23,6 +23,7 @@ from hooks import (
     RunMode,
     Stage,
 )
+from storage.executions import SQLiteExecutionStore
 from workflows.models import ToolCall
 
 from .worker_pipelines import Enrich, Governed, Reviewer

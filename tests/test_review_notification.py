@@ -19,13 +19,14 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, Work
 from temporalio.exceptions import ApplicationError
 
 from activities.review_webhook import REQUEST_EXCERPT_CHARS, ReviewWebhook
-from hooks import Plan, PlanStep
+from hooks import PlanStep
 from workflows import search_attributes as sa
 from workflows.models import (
     ApprovalReason,
     Checkpoint,
     EffectStatus,
     PipelineHookEffect,
+    Plan,
     ReviewAck,
     ReviewNotificationInput,
     ReviewRequest,

@@ -14,9 +14,9 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 
-from activities import SQLiteExecutionStore
 from client.settings import Settings
 from demo.pipeline import demo_hooks, demo_memory
+from storage.executions import SQLiteExecutionStore
 from workflows.models import Checkpoint, RequestInput, RequestResult
 
 from .conftest import with_payload_store

@@ -15,12 +15,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from activities import LifecycleActivities, SQLiteExecutionStore, Tool, ToolRegistry
+from activities import LifecycleActivities, Tool, ToolRegistry
 from activities.planning import ReadableSynthesizer
 from client.settings import Settings
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry, PipelineHook, RequiredAfterPlanningHook
+from storage.executions import SQLiteExecutionStore
 from workflows.models import Plan, PlanStep, ReviewSettings, RunMode, StageSettings, ToolDecision
 
 

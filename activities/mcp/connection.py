@@ -20,13 +20,18 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
-import httpx2
-import mcp_types
-from mcp import Client, StdioServerParameters
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
+from workflows.extras import missing_extra
+
+try:
+    import anyio
+    import httpx2
+    import mcp_types
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+except ImportError as err:
+    raise missing_extra("mcp", "tools from MCP servers (AGENT_MCP_SERVERS)", err) from err
 
 from hooks.declarative.security import BlockedAddress, ResolvedTarget, SecretBox, decrypted_values, resolve_target
 

@@ -17,16 +17,21 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
-import mcp_types
 import pydantic
-from jsonschema.exceptions import SchemaError
-from jsonschema.validators import validator_for
-from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, JsonValue, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 from temporalio.exceptions import ApplicationError
 
 from hooks.declarative.security import SecretBox
+from workflows.extras import missing_extra
+
+try:
+    import mcp_types
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+    from mcp.shared.exceptions import MCPError
+except ImportError as err:
+    raise missing_extra("mcp", "tools from MCP servers (AGENT_MCP_SERVERS)", err) from err
 
 from ..tools import Tool, ToolContext
 from .config import McpServerConfig, McpStartupError

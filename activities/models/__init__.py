@@ -18,15 +18,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .calls import (
-        EMPTY_COMPLETION,
-        MODEL_REFUSAL,
-        MODEL_REQUEST_ERROR,
-        MODEL_UNAVAILABLE,
-        TOKEN_BUDGET_EXCEEDED,
-        ChatModel,
-        ModelCallLog,
-    )
+    from .call_log import TOKEN_BUDGET_EXCEEDED, ModelCallLog
+    from .calls import EMPTY_COMPLETION, MODEL_REFUSAL, MODEL_REQUEST_ERROR, MODEL_UNAVAILABLE, ChatModel
     from .memory import OpenAIMemoryModel
     from .planner import PLANNER_SYSTEM_PROMPT, OpenAIPlanner
     from .settings import ModelSettings
@@ -38,9 +31,9 @@ _WHERE = {
     "MODEL_REFUSAL": ".calls",
     "MODEL_REQUEST_ERROR": ".calls",
     "MODEL_UNAVAILABLE": ".calls",
-    "TOKEN_BUDGET_EXCEEDED": ".calls",
+    "TOKEN_BUDGET_EXCEEDED": ".call_log",
     "ChatModel": ".calls",
-    "ModelCallLog": ".calls",
+    "ModelCallLog": ".call_log",
     "OpenAIMemoryModel": ".memory",
     "PLANNER_SYSTEM_PROMPT": ".planner",
     "OpenAIPlanner": ".planner",

@@ -30,23 +30,27 @@ import email.utils
 import json
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-import openai
-from openai import AsyncOpenAI
-from openai.types.chat import (
-    ChatCompletion,
-    ChatCompletionMessage,
-    ChatCompletionMessageFunctionToolCall,
-    ChatCompletionMessageToolCallUnion,
-)
-from openai.types.chat.chat_completion_chunk import ChoiceDelta
-from openai.types.chat.chat_completion_message_function_tool_call import Function
+from workflows.extras import missing_extra
+
+try:
+    import openai
+    from openai import AsyncOpenAI
+    from openai.types.chat import (
+        ChatCompletion,
+        ChatCompletionMessage,
+        ChatCompletionMessageFunctionToolCall,
+        ChatCompletionMessageToolCallUnion,
+    )
+    from openai.types.chat.chat_completion_chunk import ChoiceDelta
+    from openai.types.chat.chat_completion_message_function_tool_call import Function
+except ImportError as err:
+    raise missing_extra("openai", "a model (AGENT_MODEL)", err) from err
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from hooks.builtin.secret_redaction import masked_preview
@@ -56,14 +60,12 @@ from workflows.decisions import (
     MODEL_REQUEST_ERROR,
     MODEL_UNAVAILABLE,
     PROMPT_BUDGET_EXCEEDED,
-    TOKEN_BUDGET_EXCEEDED,
 )
 from workflows.models import estimate_tokens
-from workflows.models._model_calls import MAX_MODEL_PREVIEW_CHARS, ModelCall, ModelText, ModelUsage
-from workflows.models._plans import ModelTurn
+from workflows.models._model_calls import MAX_MODEL_PREVIEW_CHARS, ModelCall, ModelText
 
 from .. import telemetry
-from ..heartbeat import report_progress
+from .call_log import ModelCallLog, Stage
 from .settings import ModelSettings
 
 CANCELLED = "Cancelled"
@@ -73,17 +75,12 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429})
 # A provider's Retry-After is obeyed up to this bound: a wrong header must not park a request for hours.
 MAX_RETRY_DELAY = timedelta(minutes=10)
 
-# The heartbeat detail under which an activity attempt reports its model calls to the next attempt.
-PROGRESS_KEY = "model_calls"
-
 TOKEN_USAGE_METRIC = "gen_ai.client.token.usage"
 OPERATION_DURATION_METRIC = "gen_ai.client.operation.duration"
 # The bucket boundaries the semantic conventions advise for each histogram.
 _TOKEN_BUCKETS = [4.0**n for n in range(14)]
 _DURATION_BUCKETS = [0.01 * 2**n for n in range(14)]
 
-# Who calls: the planner, the synthesizer, or a memory summarizer (``activities.models.memory``).
-Stage = Literal["planning", "synthesis", "memory"]
 Route = Literal["primary", "fallback"]
 # Counts the tokens of a request's messages and tools (a pipeline's own tokenizer); the default estimates.
 TokenCounter = Callable[[Sequence[dict[str, Any]], Sequence[dict[str, Any]]], int]
@@ -111,84 +108,6 @@ def _histograms() -> tuple[metrics.Histogram, metrics.Histogram]:
             ),
         )
     return _instruments
-
-
-@dataclass
-class ModelCallLog:
-    """The model calls of one planner or synthesizer invocation, and the tokens it may still spend.
-
-    One per activity invocation — never shared between concurrent invocations — so what it holds is
-    exactly this invocation's calls. ``max_tokens_remaining`` is the request's budget left when the
-    invocation started (``None``: no budget); calls made here count against it.
-    """
-
-    max_tokens_remaining: int | None = None
-    calls: list[ModelCall] = field(default_factory=list)
-    # The model's turn a planner made its plan from (what the request replays to the model later).
-    turn: ModelTurn | None = None
-
-    @classmethod
-    def resumed(cls, max_tokens_remaining: int | None = None) -> ModelCallLog:
-        """The log of this activity attempt, starting with the calls its earlier attempts made (they
-        reported them in their heartbeats): a retried call is recorded once per attempt, and what the
-        earlier attempts spent counts against the budget."""
-        log = cls(max_tokens_remaining=max_tokens_remaining)
-        details = activity.info().heartbeat_details if activity.in_activity() else ()
-        earlier = details[0].get(PROGRESS_KEY) if details and isinstance(details[0], dict) else None
-        for call in earlier if isinstance(earlier, list) else []:
-            try:
-                log.calls.append(ModelCall.model_validate(call))
-            except ValueError:
-                pass  # not a call this log wrote
-        return log
-
-    def add(self, call: ModelCall) -> None:
-        """Keep ``call``, and report the log in the activity's heartbeat so a next attempt keeps it too."""
-        self.calls.append(call)
-        report_progress({PROGRESS_KEY: [c.model_dump(mode="json") for c in self.calls]})
-
-    @property
-    def tokens_used(self) -> int:
-        return sum(call.tokens for call in self.calls)
-
-    @property
-    def remaining(self) -> int | None:
-        return None if self.max_tokens_remaining is None else self.max_tokens_remaining - self.tokens_used
-
-    def usage(self) -> ModelUsage:
-        return ModelUsage.of(self.calls)
-
-    def error(
-        self,
-        text: str,
-        type: str,
-        /,
-        *,
-        non_retryable: bool = True,
-        next_retry_delay: timedelta | None = None,
-        **details: Any,
-    ) -> ApplicationError:
-        """An activity error whose details carry this invocation's calls so far."""
-        return ApplicationError(
-            text,
-            {**details, "model_calls": [call.model_dump(mode="json") for call in self.calls]},
-            type=type,
-            non_retryable=non_retryable,
-            next_retry_delay=next_retry_delay,
-        )
-
-    def check_budget(self, stage: Stage) -> int | None:
-        """The tokens left, or ``TokenBudgetExceeded`` (non-retryable) when none are."""
-        remaining = self.remaining
-        if remaining is not None and remaining <= 0:
-            raise self.error(
-                f"the request's model token budget is spent ({self.tokens_used} used here of "
-                f"{self.max_tokens_remaining} left); no {stage} call was made",
-                TOKEN_BUDGET_EXCEEDED,
-                max_tokens_remaining=self.max_tokens_remaining,
-                tokens_used=self.tokens_used,
-            )
-        return remaining
 
 
 def estimate_prompt_tokens(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> int:

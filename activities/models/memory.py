@@ -12,7 +12,12 @@ knowledge extraction) a call is made unmetered.
 
 from __future__ import annotations
 
-from openai import AsyncOpenAI
+from workflows.extras import missing_extra
+
+try:
+    from openai import AsyncOpenAI
+except ImportError as err:
+    raise missing_extra("openai", "a model (AGENT_MODEL)", err) from err
 
 from hooks.model_budget import current
 

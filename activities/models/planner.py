@@ -39,8 +39,14 @@ import re
 from typing import Any
 
 import pydantic
-from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletionMessage
+
+from workflows.extras import missing_extra
+
+try:
+    from openai import AsyncOpenAI
+    from openai.types.chat import ChatCompletionMessage
+except ImportError as err:
+    raise missing_extra("openai", "a model (AGENT_MODEL)", err) from err
 
 from workflows.models import ModelToolCall, ModelTurn, Plan, PlanRepair, PlanStep, StepResult, StepStatus, ToolSpec
 from workflows.plan_validation import step_references

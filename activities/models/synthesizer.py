@@ -20,7 +20,12 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from openai import AsyncOpenAI
+from workflows.extras import missing_extra
+
+try:
+    from openai import AsyncOpenAI
+except ImportError as err:
+    raise missing_extra("openai", "a model (AGENT_MODEL)", err) from err
 
 from workflows.models import SynthesizeInput, SynthesizeOutput
 from workflows.models._model_calls import ModelCall, ModelUsage

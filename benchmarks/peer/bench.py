@@ -61,7 +61,6 @@ from typing import Any
 import temporalio
 from temporalio.client import Client
 
-from activities import SQLiteExecutionStore
 from benchmarks.lifecycle_bench import percentile, settle
 from benchmarks.peer import (
     HOOKS,
@@ -84,6 +83,7 @@ from benchmarks.peer.timeline import breakdown, format_timeline, history_figures
 from benchmarks.peer.workers import POLLING, WORKER_KINDS, queue_name, worker_kind
 from benchmarks.processes import SERVER_DYNAMIC_CONFIG, Server, cpu_seconds, spawn, stop_all
 from client import Settings, connect
+from storage.executions import SQLiteExecutionStore
 from workflows import WORKFLOW_TYPE, data_converter
 from workflows.models import StepStatus
 

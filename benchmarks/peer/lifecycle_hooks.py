@@ -18,14 +18,13 @@ from hooks import (
     HookRejection,
     PipelineContext,
     PipelineHook,
-    Plan,
     RequiredAfterPlanningHook,
     RunOutcomeView,
     ToolCall,
     ToolDecision,
     ToolOutcomeView,
 )
-from workflows.models import FailurePolicy
+from workflows.models import FailurePolicy, Plan
 
 from . import policy
 

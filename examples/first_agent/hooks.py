@@ -6,7 +6,15 @@ options' defaults. Each invocation is an activity of the request, named ``<stage
 
 from __future__ import annotations
 
-from hooks import HookRejection, PipelineContext, PipelineHook, Plan, RequiredAfterPlanningHook, ToolCall, ToolDecision
+from agent_lifecycle import (
+    HookRejection,
+    PipelineContext,
+    PipelineHook,
+    Plan,
+    RequiredAfterPlanningHook,
+    ToolCall,
+    ToolDecision,
+)
 
 ALLOWED_TOOLS = {"notes/notes-service/find_note", "notes/notes-service/write_note"}
 

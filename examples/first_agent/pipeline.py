@@ -8,10 +8,7 @@ the reviewers' webhook and the execution store.
 
 from __future__ import annotations
 
-from activities import LifecycleActivities
-from activities.planning import ReadableSynthesizer
-from client.pipeline import build_pipeline
-from client.settings import Settings
+from agent_lifecycle import LifecycleActivities, ReadableSynthesizer, Settings, build_pipeline
 
 from .hooks import Disclaimer, NoSecrets, OnlyNotesTools
 from .planner import NotesPlanner

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import re
 
-from activities.planning import PlanningRequest
-from workflows.models import Plan, PlanStep
+from agent_lifecycle import Plan, PlanningRequest, PlanStep
 
 
 class NotesPlanner:

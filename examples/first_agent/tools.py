@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from activities import Tool, ToolContext
+from agent_lifecycle import Tool, ToolContext
 
 
 class _Notes:

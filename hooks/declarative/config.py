@@ -17,11 +17,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import cel
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from workflows.extras import missing_extra
 
 from ..registry import InvalidPipelineConfigError
 from .trust import untrusted
+
+
+def _cel() -> Any:
+    """The CEL library, loaded for the first ``if_expr`` (a hooks file without filters never needs it)."""
+    try:
+        import cel
+    except ImportError as err:
+        raise missing_extra("cel", "a declared hook's if_expr (a CEL filter)", err) from err
+    return cel
+
 
 DEFAULT_TIMEOUT_MS = 5_000
 MAX_TIMEOUT_MS = 10_000
@@ -187,6 +198,7 @@ class _HookBase(BaseModel):
     @classmethod
     def _cel_compiles(cls, value: str | None) -> str | None:
         if value is not None:
+            cel = _cel()
             try:
                 cel.compile(value)
             except Exception as err:  # noqa: BLE001 - the CEL library's parse errors have no common type
@@ -204,7 +216,7 @@ class _HookBase(BaseModel):
         if self.matcher is not None and not self.event.tool_event:
             raise ValueError(f"matcher: applies to tool names; event {self.event.value} has no tool")
         self._matcher = re.compile(self.matcher) if self.matcher is not None else None
-        self._program = cel.compile(self.if_expr) if self.if_expr is not None else None
+        self._program = _cel().compile(self.if_expr) if self.if_expr is not None else None
         return self
 
     @property

@@ -29,18 +29,22 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import sqlite
-from storage.postgres import Database, Migration, from_sqlite_schema
+from storage.schema import Migration, from_sqlite_schema
 from storage.text import EscapedStatements, escape_existing
 
 from .security import SecretBox
+
+if TYPE_CHECKING:
+    from storage.postgres import Database
 
 logger = logging.getLogger(__name__)
 
@@ -205,8 +209,9 @@ class HookStore:
         default_budget: int = DEFAULT_MONTHLY_TOKEN_BUDGET,
         clock=time.time,
     ) -> None:
-        self.database = location if isinstance(location, Database) else None
-        self.path = None if isinstance(location, Database) else Path(location)
+        # a file path, or a PostgreSQL Database (whose driver a SQLite deployment never imports)
+        self.database = None if isinstance(location, (str, os.PathLike)) else location
+        self.path = Path(location) if isinstance(location, (str, os.PathLike)) else None
         self.secrets = secrets
         self.breaker_threshold = breaker_threshold
         self.breaker_window_seconds = breaker_window_seconds

@@ -18,10 +18,9 @@ failure or cancel) are swept by writers; a sweep is safe to run from every worke
 from __future__ import annotations
 
 import sqlite3
+import sys
 from datetime import datetime, timedelta
 from typing import Protocol
-
-import psycopg
 
 from workflows.models import EffectStatus, ExecutionRecord, PipelineHookEffect, RequestStatus
 
@@ -76,7 +75,8 @@ def lasting(err: BaseException) -> bool:
     a timeout), which retries may outlast."""
     if isinstance(err, (ValueError, TypeError)):  # data no backend can take (UnicodeError among them)
         return True
-    if isinstance(err, psycopg.Error):
+    psycopg = sys.modules.get("psycopg")  # loaded where a store is on PostgreSQL; else no error is its
+    if psycopg is not None and isinstance(err, psycopg.Error):
         return isinstance(
             err,
             (

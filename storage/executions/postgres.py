@@ -20,7 +20,8 @@ from psycopg import AsyncConnection
 
 from workflows.models import ExecutionRecord, LifecycleBoundary, PipelineHookEffect
 
-from ..postgres import Database, Migration
+from ..postgres import Database
+from ..schema import Migration
 from ..text import MARK, as_written_before, escape, model_from_json, model_json
 from .base import (
     DEFAULT_ERROR_RETENTION,

@@ -1,5 +1,10 @@
 """Large payloads by reference: the driver Temporal's ``ExternalStorage`` writes to and reads from, on
-one SQLite file (the processes of one machine) or PostgreSQL (workers on several machines)."""
+one SQLite file (the processes of one machine) or PostgreSQL (workers on several machines; its driver
+loads on first use)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .base import (
     ACTIVITY_THRESHOLD_BYTES,
@@ -10,8 +15,10 @@ from .base import (
     PayloadStore,
     external_storage,
 )
-from .postgres import PostgresPayloadStore
 from .sqlite import SQLitePayloadStore
+
+if TYPE_CHECKING:
+    from .postgres import PostgresPayloadStore
 
 __all__ = [
     "ACTIVITY_THRESHOLD_BYTES",
@@ -24,3 +31,11 @@ __all__ = [
     "SQLitePayloadStore",
     "external_storage",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresPayloadStore":
+        from .postgres import PostgresPayloadStore
+
+        return PostgresPayloadStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from ..postgres import Database, Migration
+from ..postgres import Database
+from ..schema import Migration
 from .base import DEFAULT_RETENTION, PayloadStore
 
 MIGRATIONS = (

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from psycopg.types.json import Jsonb
 
-from ..postgres import Database, Migration
+from ..postgres import Database
+from ..schema import Migration
 from ..text import escape, escape_existing, from_document, to_document, unescape
 from .base import CachedResponse
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from activities import LifecycleActivities, SQLiteExecutionStore, ToolRegistry
+from activities import LifecycleActivities, ToolRegistry
 from activities.policy_replay import ShadowEvaluator
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry, NotReplayed, PipelineHook
 from hooks.builtin import AllowedOperationsHook
+from storage.executions import SQLiteExecutionStore
 from workflows.models import (
     AcceptedPlan,
     ExecutionRecord,
