@@ -33,7 +33,7 @@ from activities.policy_replay import PolicyReplayActivities
 from agent_lifecycle.plugin import HEARTBEAT_THROTTLE, AgentPlugin, prepare
 from client import Settings, connect_when_reachable, database, exit_process
 from client.devserver import start_dev_server
-from client.pipeline import PipelineSettingsError, apply_settings
+from client.pipeline import PipelineRefused, PipelineSettingsError, apply_settings, check_servable
 from client.settings import SettingsError
 from client.telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 from hooks import InvalidPipelineConfigError
@@ -49,9 +49,15 @@ class PipelineLoadError(Exception):
     """``AGENT_PIPELINE`` names no factory the worker can call, or the factory returned something else."""
 
 
-def load_activities(settings: Settings) -> LifecycleActivities:
+def load_activities(settings: Settings, *, serving: bool = True) -> LifecycleActivities:
     """Build the activities from the configured pipeline factory (which validates the hook registry),
-    then apply every pipeline setting the factory did not (``client.pipeline.apply_settings``)."""
+    then apply every pipeline setting the factory did not (``client.pipeline.apply_settings``); a pipeline
+    to serve is refused without a planner or with ungated tools (``client.pipeline.check_servable``; a
+    candidate replayed in shadow runs nothing, and is not).
+
+    Raises:
+        PipelineRefused: a pipeline a worker must not serve.
+    """
     where = settings.pipeline_factory
     if not where:
         raise PipelineLoadError(
@@ -85,6 +91,8 @@ def load_activities(settings: Settings) -> LifecycleActivities:
             "(build it with client.pipeline.build_pipeline)"
         )
     apply_settings(activities, settings)
+    if serving:
+        check_servable(activities)
     return activities
 
 
@@ -95,7 +103,7 @@ def policy_replay_activities(settings: Settings, activities: LifecycleActivities
     reports = ReplayReportStore(db if db is not None else settings.state_dir / "policy-replay.sqlite3")
 
     def candidate(where: str) -> LifecycleActivities:
-        return load_activities(settings.model_copy(update={"pipeline_factory": where}))
+        return load_activities(settings.model_copy(update={"pipeline_factory": where}), serving=False)
 
     return PolicyReplayActivities(activities.store, reports, candidate)
 
@@ -128,7 +136,10 @@ def build_worker(
 
     Where the client encrypts payloads, the requests this worker runs show the Temporal UI no request text
     in their summaries and details (each records that in its manifest), unless ``ui_shows_text``
-    (``AGENT_UI_SHOWS_TEXT``)."""
+    (``AGENT_UI_SHOWS_TEXT``).
+
+    A pipeline with no planner and no model, or with tools and no required after-planning gate (unless it
+    was built ``ungated``), is refused (by the plugin): :class:`~client.pipeline.PipelineRefused`."""
     plugin = AgentPlugin(
         activities,
         data_converter=False,  # the client's (``client.connect``)
@@ -257,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         activities = load_activities(settings)
-    except PipelineLoadError as err:
+    except (PipelineLoadError, PipelineRefused) as err:
         print(f"pipeline error: {err}", file=sys.stderr)
         return 2
     except PipelineSettingsError as err:
@@ -283,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             flags = "".join(f" {flag}" for flag in ("read_only", "approval_required") if getattr(spec, flag))
             kind = "mcp tool" if is_mcp_tool(activities.tools.get(spec.key)) else f"{spec.kind}"
             print(f"{kind}: {spec.key}{flags}")
+        for line in _model_lines(activities):
+            print(line)
         review = activities.manifest.review
         print(
             f"planner: {_part_name(activities.planner)}; synthesizer: {_part_name(activities.synthesizer)}; "
@@ -318,6 +331,20 @@ def _reviewers(review: Any) -> str:
     if review.verification == "server_identity":
         return f"{', '.join(review.reviewers) or '(any identity)'} (the server's identity)"
     return f"{', '.join(review.reviewers) or '(any named reviewer)'} (UNVERIFIED: anyone who can reach the namespace can use any name)"
+
+
+def _model_lines(activities: LifecycleActivities) -> list[str]:
+    """Where the pipeline's model calls go, as ``--check`` says it: each model, its endpoint, and its
+    fallback's (none: the pipeline calls no model)."""
+    lines = []
+    for role, part in (("planner", activities.planner), ("synthesizer", activities.synthesizer)):
+        for route, chat in (("", getattr(part, "chat", None)), (" fallback", getattr(part, "fallback", None))):
+            settings = getattr(chat, "settings", None)
+            if settings is None:
+                continue
+            where = settings.base_url or "https://api.openai.com/v1 (the OpenAI API: AGENT_MODEL_BASE_URL unset)"
+            lines.append(f"{role}{route} model: {getattr(chat, 'model', '?')} at {where}")
+    return lines or ["model: none (the pipeline calls no model)"]
 
 
 def _part_name(part: Any) -> str:

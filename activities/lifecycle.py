@@ -108,7 +108,12 @@ class LifecycleActivities(HookStageActivities):
         instructions: The pipeline's instructions, recorded in each request's manifest (its system prompt).
         review_webhook: Where each checkpoint that opens is announced (``AGENT_REVIEW_WEBHOOK``); None:
             nobody is told, and a checkpoint starts no notification.
+
+    ``ungated``: the pipeline runs tools with no required after-planning gate and says so; a worker
+    refuses to serve a pipeline with tools and no such gate otherwise (``client.pipeline.check_servable``).
     """
+
+    ungated: bool = False
 
     def __init__(
         self,

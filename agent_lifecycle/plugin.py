@@ -121,6 +121,9 @@ class AgentPlugin(SimplePlugin):
             return super().configure_worker(config)
         if any(workflow in WORKFLOWS for workflow in config.get("workflows") or ()):
             return config  # given to the worker as well as its client: configured once
+        from client.pipeline import check_servable
+
+        check_servable(self.pipeline)  # no planner, or tools with no required gate: refused before it polls
         config = super().configure_worker(config)
         client = config["client"]  # type: ignore[typeddict-item]
         pipeline = self.pipeline

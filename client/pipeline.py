@@ -84,6 +84,39 @@ class NoPlanner:
         )
 
 
+class PipelineRefused(ValueError):
+    """A pipeline a worker must not serve: no way to plan, or tools that run with no required gate."""
+
+
+def servable_problems(activities: LifecycleActivities) -> list[str]:
+    """What keeps a worker from serving ``activities``, each with its fix (empty: nothing)."""
+    problems = []
+    if isinstance(activities.planner, NoPlanner):
+        problems.append(
+            "the pipeline has no planner and no model: set AGENT_MODEL (with AGENT_MODEL_API_KEY), or pass "
+            "planner= to build_pipeline"
+        )
+    gated = any(entry.required for entry in activities.registry.entries)
+    if activities.tools.specs() and not gated and not activities.ungated:
+        problems.append(
+            "the pipeline runs tools with no required after-planning gate: add one (e.g. AllowedOperationsHook, "
+            "or a RequiredAfterPlanningHook of your own), or say it runs ungated: build_pipeline(..., ungated=True)"
+        )
+    return problems
+
+
+def check_servable(activities: LifecycleActivities) -> None:
+    """Refuse, on one line naming each fix, a pipeline a worker must not serve (see :func:`servable_problems`).
+
+    Raises:
+        PipelineRefused: the pipeline has no planner and no model, or runs tools with no required gate
+            and was not built ``ungated``.
+    """
+    problems = servable_problems(activities)
+    if problems:
+        raise PipelineRefused("; ".join(problems))
+
+
 def build_pipeline(
     settings: Settings,
     *,
@@ -102,6 +135,7 @@ def build_pipeline(
     model: ModelSettings | str | None = None,
     instructions: str = "",
     on_reject: Literal["fail", "tell_model"] = "fail",
+    ungated: bool = False,
 ) -> LifecycleActivities:
     """The activities of a pipeline: the application's parts, with every setting applied.
 
@@ -130,6 +164,8 @@ def build_pipeline(
         on_reject: What a reviewer's rejection of a checkpoint does: ``fail`` ends the request with
             ``CheckpointRejected``; ``tell_model`` runs none of its calls, gives each a result saying who
             rejected it and why, and lets the planner go on (a model may answer from that).
+        ungated: The pipeline runs its tools with no required after-planning gate, deliberately. Without
+            it a worker refuses a pipeline that has tools and no required gate (:func:`check_servable`).
 
     Raises:
         DeclaredHookConfigError, McpStartupError, InvalidPipelineConfigError, ValueError: a part or a
@@ -163,6 +199,7 @@ def build_pipeline(
         instructions=instructions,
     )
     activities.applied_settings = frozenset(PIPELINE_VARIABLES)
+    activities.ungated = ungated
     return activities
 
 

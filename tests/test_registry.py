@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from activities import LifecycleActivities, ToolRegistry
+from client.pipeline import PipelineRefused
+from client.settings import Settings
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import (
@@ -24,9 +26,10 @@ from hooks import (
     Stage,
 )
 from storage.executions import SQLiteExecutionStore
+from worker import build_worker
 from workflows.models import ToolCall
 
-from .worker_pipelines import Enrich, Governed, Reviewer
+from .worker_pipelines import Enrich, Governed, Reviewer, empty
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -592,9 +595,69 @@ def test_worker_check_lists_the_hooks_of_a_valid_pipeline(tmp_path):
     assert lines[-1] == "pipeline ok"
 
 
-def test_worker_check_accepts_an_empty_pipeline(tmp_path):
-    proc = run_check("empty", tmp_path)
+def test_worker_check_refuses_tools_with_no_required_gate_unless_the_pipeline_says_so(tmp_path):
+    refused = run_check("empty", tmp_path)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "pipeline error: the pipeline runs tools with no required after-planning gate: add one (e.g. "
+        "AllowedOperationsHook, or a RequiredAfterPlanningHook of your own), or say it runs ungated: "
+        "build_pipeline(..., ungated=True)"
+    ]
+    assert "pipeline ok" not in refused.stdout
+    proc = run_check("empty_ungated", tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert not [line for line in lines if line[:1].isdigit()]  # no hook
     assert lines[-1] == "pipeline ok"
+
+
+def test_worker_refuses_a_pipeline_with_no_planner_and_no_model_at_check_and_at_start(tmp_path):
+    fix = (
+        "pipeline error: the pipeline has no planner and no model: set AGENT_MODEL (with AGENT_MODEL_API_KEY), "
+        "or pass planner= to build_pipeline"
+    )
+    refused = run_check("no_planner", tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [fix], refused.stderr
+    env = {**os.environ, "AGENT_PIPELINE": "tests.worker_pipelines:no_planner", "AGENT_STATE_DIR": str(tmp_path)}
+    started = subprocess.run(
+        [sys.executable, "worker.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert started.returncode == 2 and fix in started.stderr.splitlines(), started.stderr
+    assert "worker started" not in started.stdout + started.stderr
+
+
+def test_worker_check_says_where_the_model_calls_go(tmp_path):
+    env = {
+        **os.environ,
+        "AGENT_PIPELINE": "tests.worker_pipelines:no_planner",
+        "AGENT_STATE_DIR": str(tmp_path),
+        "AGENT_MODEL": "gpt-test",
+        "AGENT_MODEL_BASE_URL": "http://127.0.0.1:9/v1",
+        "AGENT_MODEL_API_KEY": "k",
+    }
+    proc = subprocess.run(
+        [sys.executable, "worker.py", "--check"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "planner model: gpt-test at http://127.0.0.1:9/v1" in lines
+    assert "synthesizer model: gpt-test at http://127.0.0.1:9/v1" in lines
+    default = subprocess.run(
+        [sys.executable, "worker.py", "--check"],
+        cwd=REPO_ROOT,
+        env={**env, "AGENT_MODEL_BASE_URL": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "planner model: gpt-test at https://api.openai.com/v1 (the OpenAI API: AGENT_MODEL_BASE_URL unset)" in (
+        default.stdout.splitlines()
+    ), default.stdout + default.stderr
+
+
+async def test_a_worker_is_not_built_for_a_pipeline_with_ungated_tools(client, tmp_path):
+    activities = empty(Settings(state_dir=tmp_path))
+    with pytest.raises(PipelineRefused, match="no required after-planning gate"):
+        build_worker(client, "never-polled", activities)
+    activities.ungated = True
+    build_worker(client, "never-polled", activities)  # said so: built (and never started)

@@ -572,6 +572,16 @@ def failing_gateway_hook(tmp_path: Path) -> Any:
     return hook
 
 
+class UnplannedAtRequestTime:
+    """A pipeline's planner that is missing only once a request runs (a worker refuses ``NoPlanner`` itself
+    at start-up): it fails as ``NoPlanner`` does."""
+
+    name = "unplanned"
+
+    async def plan(self, request: Any) -> Any:
+        return await NoPlanner().plan(request)
+
+
 @pytest.mark.parametrize("case", ORIGIN_CASES)
 async def test_on_error_observes_each_error_with_the_origin_where_it_arose(client, tmp_path, case):
     observer = Observer()
@@ -584,7 +594,7 @@ async def test_on_error_observes_each_error_with_the_origin_where_it_arose(clien
     elif case == "formatter":
         options["tools"] = [Unformattable()]
     elif case == "config":
-        options["planner"] = NoPlanner()
+        options["planner"] = UnplannedAtRequestTime()
     elif case == "harness":
         hooks.insert(0, Huge())
     elif case == "event":

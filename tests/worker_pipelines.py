@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from activities import LifecycleActivities, Tool, ToolRegistry
 from activities.planning import ReadableSynthesizer
+from client.pipeline import build_pipeline
 from client.settings import Settings
 from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
@@ -83,6 +84,18 @@ def valid(settings: Settings) -> LifecycleActivities:
 
 def empty(settings: Settings) -> LifecycleActivities:
     return _activities(settings, [])
+
+
+def empty_ungated(settings: Settings) -> LifecycleActivities:
+    """No hook at all, and saying so: its tools run with no gate."""
+    activities = _activities(settings, [])
+    activities.ungated = True
+    return activities
+
+
+def no_planner(settings: Settings) -> LifecycleActivities:
+    """Built with build_pipeline, a gate, and neither a planner nor a model."""
+    return build_pipeline(settings, hooks=[Governed()], tools=demo_tools(settings.state_dir), name="no-planner")
 
 
 def none_entry(settings: Settings) -> LifecycleActivities:
@@ -185,7 +198,7 @@ def hand_built(settings: Settings, review: ReviewSettings | None = None) -> Life
     """A pipeline of one's own, constructed directly: its own planner (the plan in ``AGENT_TEST_PLAN``),
     the readable synthesizer, the demo's tools and one Python before_tool rewrite. No setting is wired in:
     the worker must apply them."""
-    return LifecycleActivities(
+    activities = LifecycleActivities(
         registry=HookRegistry([SignMessages()], pipeline="hand-built"),
         tools=ToolRegistry(demo_tools(settings.state_dir)),
         planner=ScriptedPlanner(),
@@ -193,6 +206,8 @@ def hand_built(settings: Settings, review: ReviewSettings | None = None) -> Life
         store=SQLiteExecutionStore(settings.execution_store_path),
         review=review,
     )
+    activities.ungated = True  # its tools run with no required gate, deliberately
+    return activities
 
 
 def own_reviewers(settings: Settings) -> LifecycleActivities:
@@ -270,7 +285,7 @@ class AlwaysSlow:
 
 
 def slow_turns(settings: Settings) -> LifecycleActivities:
-    return LifecycleActivities(
+    activities = LifecycleActivities(
         registry=HookRegistry([], pipeline="slow-turns"),
         tools=ToolRegistry([LoggedSlowTool(settings.state_dir / "spans.jsonl")]),
         planner=AlwaysSlow(),
@@ -278,3 +293,5 @@ def slow_turns(settings: Settings) -> LifecycleActivities:
         store=SQLiteExecutionStore(settings.execution_store_path),
         settings=StageSettings(heartbeat_timeout_seconds=2.0),
     )
+    activities.ungated = True  # one read-only tool, no gate: deliberately
+    return activities
