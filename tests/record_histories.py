@@ -291,6 +291,33 @@ async def record_listed_by_activity_scenario(client, state: Path) -> None:
     print(f"wrote {name}.json ({len(out.history.events)} events)")
 
 
+# A pipeline with instructions and a request with its own; a reviewer rejects the message, which the planner
+# is told (the pipeline's ``on_reject="tell_model"``), and the request answers.
+REJECTION_TOLD_SCENARIO = "message_rejected_and_told_to_the_planner"
+
+
+async def record_rejection_scenario(client, state: Path) -> None:
+    from workflows.models import RequestInput, ReviewSettings
+
+    name = REJECTION_TOLD_SCENARIO
+    async with Harness(client, state, review=ReviewSettings(on_reject="tell_model")) as h:
+        h.activities.manifest.instructions = "You are the desk's assistant."
+        request = RequestInput(
+            request="Send a message to alice: hi", instructions="Be brief.", metadata={"cache": "bypass"}
+        )
+        handle = await h.start(request.model_dump(mode="json"), workflow_id=f"history-{name}")
+        checkpoint = await h.wait_for_checkpoint(handle)
+        await handle.signal(
+            "reject", {"checkpoint_id": checkpoint.checkpoint_id, "reviewer": "history-reviewer", "reason": "not now"}
+        )
+        out = await h.finish(handle)
+    assert out.failure is None and out.record is not None, out.failure
+    assert out.record.instructions == "You are the desk's assistant.\n\nBe brief."
+    assert [(s.status.value, s.skip_detail) for s in out.record.steps] == [("skipped", "rejected by history-reviewer")]
+    (HISTORIES / f"{name}.json").write_text(history_json(out.history) + "\n")
+    print(f"wrote {name}.json ({len(out.history.events)} events)")
+
+
 async def record(h: Harness, scenarios: dict, rewrite_all: bool, check=None) -> None:
     """Run each scenario without a committed history yet (every one with ``rewrite_all``) and write its
     history; ``check(name, outcome)`` asserts what the scenario is there to show."""
@@ -373,6 +400,9 @@ async def main(rewrite_all: bool) -> None:
         if rewrite_all or not (HISTORIES / f"{LISTED_BY_ACTIVITY_SCENARIO}.json").exists():
             with tempfile.TemporaryDirectory() as state:
                 await record_listed_by_activity_scenario(env.client, Path(state))
+        if rewrite_all or not (HISTORIES / f"{REJECTION_TOLD_SCENARIO}.json").exists():
+            with tempfile.TemporaryDirectory() as state:
+                await record_rejection_scenario(env.client, Path(state))
         if rewrite_all or not (HISTORIES / f"{REPLAY_SCENARIO}.json").exists():
             with tempfile.TemporaryDirectory() as state:
                 await record_replay_scenario(env.client, Path(state))

@@ -14,13 +14,16 @@ from activities import ToolContext, tool
 from activities.models import ModelSettings, function_name
 from activities.models.planner import PLANNER_SYSTEM_PROMPT
 from client import Settings
+from client.api import AgentClient
+from client.cli import _command, _parser
 from client.pipeline import PipelineSettingsError, build_pipeline
 from demo.tools import demo_tools
 from hooks import RunPatch
 from worker import build_workers
-from workflows.models import RequestInput, StageSettings
+from workflows.models import PlanStep, RequestInput, StageSettings, ToolDecision
 
 from . import openai_server as ai
+from .doubles import FixedPlanner
 from .harness import Harness
 
 QUOTE = function_name("demo-tools/stock-service/stock_quote")
@@ -122,6 +125,25 @@ async def test_a_request_without_instructions_runs_with_the_pipelines_and_one_wi
     assert plain == (PLANNER_SYSTEM_PROMPT, "User request:\nSay hello")
     assert first.record is not None and first.record.instructions == "Be brief."
     assert second.record is not None and second.record.instructions == ""
+
+
+async def test_the_client_and_the_cli_give_a_request_its_own_instructions(client, tmp_path, server, capsys):
+    server.push(ai.answer("Bonjour."), ai.answer("Hallo."))
+    async with pipeline_harness(client, tmp_path, model=model_settings(server), instructions="Be brief.") as h:
+        agents = AgentClient(client, Settings(task_queue=h.task_queue))
+        by_client = await h.finish(await agents.start("Say hello", instructions="Answer in French."))
+        args = _parser().parse_args(["run", "Say hello", "--instructions", "Answer in German."])
+        assert await _command(agents, args) == 0
+        [workflow_id] = [line.split()[1] for line in capsys.readouterr().err.splitlines() if line.startswith("started")]
+        by_cli = await h.finish(client.get_workflow_handle(workflow_id))
+
+    assert by_client.result is not None and by_cli.result is not None
+    told = [system_and_user(received)[0].split("<instructions>\n", 1)[1] for received in server.requests]
+    assert told == [
+        "Be brief.\n\nAnswer in French.\n</instructions>",
+        "Be brief.\n\nAnswer in German.\n</instructions>",
+    ]
+    assert by_cli.record is not None and by_cli.record.instructions == "Be brief.\n\nAnswer in German."
 
 
 def test_a_requests_instructions_are_bounded_text():
@@ -344,3 +366,44 @@ async def test_by_default_a_rejection_still_fails_the_request_before_any_call_ru
     assert outcome.failure.type == "CheckpointRejected" and outcome.failure.non_retryable
     assert transfers == [] and len(server.requests) == 1
     assert outcome.record is not None and outcome.record.steps == []
+
+
+class InEuros:
+    """A before_tool hook that rewrites a function tool's arguments, as it would a class tool's."""
+
+    name = "in-euros"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def before_tool(self, ctx, call):
+        self.seen.append(call.tool_key)
+        return ToolDecision.modify({**call.arguments, "currency": "EUR"})
+
+
+async def test_a_rule_planner_calls_a_function_tool_by_its_key_through_its_hooks(client, tmp_path):
+    def step(step_id: str, arguments: dict[str, Any]) -> PlanStep:
+        return PlanStep(
+            step_id=step_id, namespace="functions", agent="desk", capability="desk_quote", arguments=arguments
+        )
+
+    planner = FixedPlanner(step("q-1", {"symbol": "ACME"}))
+    guard = InEuros()
+    calls.clear()
+    async with pipeline_harness(client, tmp_path, planner=planner, tools=[desk_quote], hooks=[guard]) as h:
+        outcome = await h.run("Price of ACME?")
+    refusing = Harness(client, tmp_path, planner=FixedPlanner(step("q-1", {"symbol": 5})), tools=[desk_quote])
+    async with refusing:
+        invalid = await refusing.run("Price of 5?")
+
+    assert outcome.result is not None, outcome.failure
+    assert guard.seen == ["functions/desk/desk_quote"]
+    assert [(symbol, currency) for symbol, currency, _ in calls] == [("ACME", "EUR")]  # rewritten, then run
+    [ran] = outcome.result.steps
+    assert (ran.tool, ran.status) == ("desk/desk_quote", "succeeded")
+    # arguments that do not fit the function's hints never reach it: the plan is invalid
+    assert isinstance(invalid.failure, ApplicationError), invalid.result
+    assert invalid.failure.type == "PlanningFailed" and "argument symbol: Input should be a valid string" in str(
+        invalid.failure
+    )
+    assert len(calls) == 1
