@@ -35,7 +35,8 @@ def test_the_smallest_factory_with_a_model_is_one_call(tmp_path):
     from client.pipeline import build_pipeline
 
     namespace: dict = {"__name__": "readme"}
-    exec(compile(snippets(ROOT / "README.md")[0], "README.md", "exec"), namespace)
+    [tool] = [snippet for snippet in snippets(ROOT / "README.md") if "class WriteNote(Tool)" in snippet]
+    exec(compile(tool, "README.md", "exec"), namespace)
     settings = Settings.from_env(
         {"AGENT_STATE_DIR": str(tmp_path), "AGENT_MODEL": "m", "AGENT_MODEL_BASE_URL": "http://127.0.0.1:9/v1"}
     )
@@ -48,3 +49,20 @@ def test_the_configuration_reference_snippet_reads_the_settings():
     namespace: dict = {}
     exec(compile(snippets(ROOT / "docs" / "configuration.md")[0], "configuration.md", "exec"), namespace)
     assert isinstance(namespace["settings"], Settings)
+
+
+def test_the_first_agent_is_the_example_and_its_test_is_the_suites():
+    """The README's first agent is ``examples/expenses/agent.py`` word for word, uses at most eight names
+    from the front door and nothing else of the framework, and its test is one the suite runs."""
+    first, test = snippets(ROOT / "README.md")[:2]
+    example = (ROOT / "examples" / "expenses" / "agent.py").read_text()
+    assert example.endswith(first) and first.startswith("from pydantic import")
+    [names] = re.findall(r"^from agent_lifecycle import (.+)$", first, flags=re.M)
+    assert len(names.split(", ")) <= 8
+    assert [line for line in first.splitlines() if line.startswith(("from ", "import "))] == [
+        "from pydantic import BaseModel, Field",
+        f"from agent_lifecycle import {names}",
+    ]
+    function = test[test.index("async def test_") :]
+    assert function in (ROOT / "tests" / "test_testing_kit.py").read_text()
+    assert test.startswith("from agent_lifecycle.testing import ")
