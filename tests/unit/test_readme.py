@@ -3,9 +3,11 @@ namespace (as a reader pastes them into one module), build a pipeline the regist
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
+import agent_lifecycle
 from activities import LifecycleActivities
 from client.settings import Settings
 
@@ -57,12 +59,10 @@ def test_the_first_agent_is_the_example_and_its_test_is_the_suites():
     first, test = snippets(ROOT / "README.md")[:2]
     example = (ROOT / "examples" / "expenses" / "agent.py").read_text()
     assert example.endswith(first) and first.startswith("from pydantic import")
-    [names] = re.findall(r"^from agent_lifecycle import (.+)$", first, flags=re.M)
-    assert len(names.split(", ")) <= 8
-    assert [line for line in first.splitlines() if line.startswith(("from ", "import "))] == [
-        "from pydantic import BaseModel, Field",
-        f"from agent_lifecycle import {names}",
-    ]
+    imports = [node for node in ast.parse(first).body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert [getattr(node, "module", None) for node in imports] == ["pydantic", "agent_lifecycle"]
+    names = [alias.name for alias in imports[1].names]
+    assert 0 < len(names) <= 8 and set(names) <= set(agent_lifecycle.__all__), names
     function = test[test.index("async def test_") :]
     assert function in (ROOT / "tests" / "test_testing_kit.py").read_text()
     assert test.startswith("from agent_lifecycle.testing import ")
