@@ -34,8 +34,8 @@ from pydantic import SecretStr
 from activities.models import PLANNER_SYSTEM_PROMPT, ModelCallLog, ModelSettings, OpenAIPlanner, function_name
 from activities.planning import PlanningRequest, PromptInput, build_planning_prompt
 from activities.tools import ToolRegistry
+from agent_lifecycle.testing import model as ai
 from demo.tools import demo_tools
-from tests import openai_server as ai
 
 QUOTE = "demo-tools/stock-service/stock_quote"
 

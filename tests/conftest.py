@@ -20,12 +20,12 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from agent_lifecycle.testing.model import OpenAIServer
 from client import Settings, process_data_converter
 from client.devserver import temporal_cli_path, time_skipping_server_path
 from storage.postgres import Database
 from workflows import data_converter, search_attributes
 
-from .openai_server import OpenAIServer
 from .postgres_cluster import Cluster
 
 # The framework has no default pipeline: the workers the tests start run the demo's unless a test names
@@ -159,6 +159,6 @@ async def backend(request, tmp_path) -> AsyncIterator[Backend]:
 
 @pytest_asyncio.fixture
 async def server() -> AsyncIterator[OpenAIServer]:
-    """A scripted OpenAI-compatible server on 127.0.0.1 for this test (see ``tests/openai_server.py``)."""
+    """A scripted OpenAI-compatible server on 127.0.0.1 for this test (see ``agent_lifecycle.testing.model``)."""
     async with OpenAIServer() as scripted:
         yield scripted

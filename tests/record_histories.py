@@ -154,11 +154,10 @@ async def record_model_scenario(client, state: Path, name: str = MODEL_SCENARIO)
 
     from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
     from activities.tools import ToolRegistry
+    from agent_lifecycle.testing import model as ai
     from client.api import answer_chunks
     from demo.tools import demo_tools
     from workflows.models import StageSettings
-
-    from . import openai_server as ai
 
     planner_answers = name in (PLANNER_ANSWER_SCENARIO, PLANNER_STREAM_SCENARIO, *WITH_TAIL_HOOKS)
     hooks = [TailAudit()] if name in WITH_TAIL_HOOKS else ()

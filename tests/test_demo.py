@@ -15,9 +15,9 @@ from asyncio.subprocess import PIPE, STDOUT
 from pathlib import Path
 
 from activities.models import function_name
+from agent_lifecycle.testing import model as ai
 from demo.tools import quote_price
 
-from . import openai_server as ai
 from .test_entrypoints import _free_port
 
 ROOT = Path(__file__).resolve().parent.parent

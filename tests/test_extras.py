@@ -60,7 +60,7 @@ def check(tmp_path: Path, factory: str, *, missing: tuple[str, ...] = (), **env:
 
 def test_the_core_on_sqlite_imports_no_optional_package(tmp_path):
     code = (
-        "import worker, client.api, client.cli\n"
+        "import worker, client.api, client.cli, agent_lifecycle, agent_lifecycle.testing\n"
         "from client.settings import Settings\n"
         "from examples.first_agent.pipeline import build\n"
         "build(Settings.from_env())\n"

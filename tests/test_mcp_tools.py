@@ -35,12 +35,12 @@ from activities.mcp import (
 )
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
 from activities.tools import ToolRegistry
+from agent_lifecycle.testing import model as ai
 from hooks import PlanStep, ToolDecision
 from hooks.declarative import DeclaredHookRuntime, HookStore, SecretBox, declared_hooks, parse_hooks
 from workflows import data_converter
 from workflows.models import MAX_TOOL_OUTPUT_BYTES, PipelineManifest, StageSettings, StepStatus
 
-from . import openai_server as ai
 from .doubles import FixedPlanner, started_attempts
 from .harness import Harness, Outcome
 from .test_entrypoints import _cli, _free_port, _running_worker

@@ -11,10 +11,10 @@ from pydantic import SecretStr
 from activities.memory import ConversationMemoryStore, MemoryStore
 from activities.models import ModelSettings, OpenAIMemoryModel, OpenAIPlanner, function_name
 from activities.tools import ToolRegistry
+from agent_lifecycle.testing import model as ai
 from hooks.builtin.memory import MemoryOptions, MemoryRecordHook
 from workflows.models import RequestResult, StageSettings, StepStatus
 
-from . import openai_server as ai
 from .doubles import CapturingPlanner, FixedPlanner
 from .harness import Harness
 from .test_conversations import agents_for, keep_histories, new_id

@@ -15,6 +15,7 @@ from temporalio.api.enums.v1 import EventType
 
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
 from activities.tools import ToolRegistry
+from agent_lifecycle.testing import model as ai
 from client import Settings
 from client.api import AgentClient, answer_chunks
 from client.cli import _print_answer
@@ -24,7 +25,6 @@ from hooks.builtin.secret_redaction import SecretRedactionHook
 from workflows.models import AnswerChunk, FailurePolicy, RequestStatus, StageSettings
 from workflows.stages import STAGE_SEPARATOR, hook_stage_of
 
-from . import openai_server as ai
 from .doubles import quote
 from .harness import Harness, Outcome
 

@@ -21,6 +21,7 @@ from activities import LifecycleActivities
 from activities.models import ModelCallLog, ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
 from activities.planning import PlanningRequest, PlanRepairNeeded, PromptInput, build_planning_prompt
 from activities.tools import Tool, ToolContext, ToolRegistry
+from agent_lifecycle.testing import model as ai
 from client.settings import Settings
 from demo.agent import TemplateSynthesizer
 from demo.pipeline import demo_hooks
@@ -29,7 +30,6 @@ from hooks import HookRegistry
 from storage.executions import SQLiteExecutionStore
 from workflows.models import ENRICHMENT_RAG_CONTEXT, PlanInput, RequestStatus, StepResult, StepStatus
 
-from . import openai_server as ai
 from .harness import Harness
 
 QUOTE = function_name("demo-tools/stock-service/stock_quote")

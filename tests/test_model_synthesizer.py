@@ -11,6 +11,7 @@ from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 
 from activities.models import ModelCallLog, ModelSettings, OpenAISynthesizer
+from agent_lifecycle.testing import model as ai
 from workflows.models import (
     ENRICHMENT_CONVERSATION_HISTORY,
     ENRICHMENT_RAG_CONTEXT,
@@ -20,8 +21,6 @@ from workflows.models import (
     StepStatus,
     SynthesizeInput,
 )
-
-from . import openai_server as ai
 
 
 def synthesizer(server: ai.OpenAIServer, **overrides) -> OpenAISynthesizer:

@@ -22,6 +22,7 @@ from temporalio.exceptions import ApplicationError
 from activities.memory import ConversationMemoryStore
 from activities.models import ModelSettings, OpenAIPlanner, OpenAISynthesizer, function_name
 from activities.tools import Tool, ToolContext, ToolRegistry
+from agent_lifecycle.testing import model as ai
 from client.pipeline import NoPlanner
 from demo.agent import RulePlanner
 from demo.tools import QuoteArguments, demo_tools, quote_price
@@ -45,7 +46,6 @@ from workflows.models import (
     ToolOutcomeView,
 )
 
-from . import openai_server as ai
 from .doubles import NS, FixedPlanner, quote
 from .harness import Harness, Outcome
 
