@@ -40,6 +40,7 @@ from hooks import InvalidPipelineConfigError
 from hooks.contracts import hook_option
 from storage.replays import ReplayReportStore
 from workflows.extras import MissingExtraError
+from workflows.models import FailurePolicy, Stage
 from workflows.policy_replay import replay_batch_queue
 
 logger = logging.getLogger("worker")
@@ -296,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kind}: {spec.key}{flags}")
         for line in _model_lines(activities):
             print(line)
+        for line in _fail_open_warnings(activities):
+            print(line)
         review = activities.manifest.review
         print(
             f"planner: {_part_name(activities.planner)}; synthesizer: {_part_name(activities.synthesizer)}; "
@@ -345,6 +348,21 @@ def _model_lines(activities: LifecycleActivities) -> list[str]:
             where = settings.base_url or "https://api.openai.com/v1 (the OpenAI API: AGENT_MODEL_BASE_URL unset)"
             lines.append(f"{role}{route} model: {getattr(chat, 'model', '?')} at {where}")
     return lines or ["model: none (the pipeline calls no model)"]
+
+
+# The stages that guard what leaves the request: a hook there fails closed unless it says otherwise.
+PROTECTIVE_STAGES = (Stage.BEFORE_TOOL, Stage.AFTER_TOOL, Stage.AFTER_SYNTHESIS)
+
+
+def _fail_open_warnings(activities: LifecycleActivities) -> list[str]:
+    """A warning for each hook that fails open at a protective stage (by its own ``failure_policy``)."""
+    return [
+        f"warning: {entry.name} fails open at {stage.value}: if it fails, the request goes on unguarded by it"
+        for entry in activities.registry.entries
+        if entry.failure_policy is FailurePolicy.FAIL_OPEN
+        for stage in PROTECTIVE_STAGES
+        if entry.implements(stage)
+    ]
 
 
 def _part_name(part: Any) -> str:

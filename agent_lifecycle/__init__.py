@@ -3,7 +3,7 @@ with hooks at every stage, one workflow per request.
 
 This is the front door: every name a first agent needs, from one import path::
 
-    from agent_lifecycle import PipelineHook, Plan, RequiredAfterPlanningHook, Tool, ToolContext, build_pipeline
+    from agent_lifecycle import PipelineHook, Plan, RequiredAfterPlanningHook, ToolContext, build_pipeline, tool
 
 The names load on first use, so importing the package costs nothing a program does not use (no
 PostgreSQL driver, MCP or OpenAI package). The testing kit is :mod:`agent_lifecycle.testing`.
@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from activities.function_tools import tool
     from activities.lifecycle import LifecycleActivities
     from activities.planning import Planner, PlanningRequest, ReadableSynthesizer, Synthesizer
     from activities.tools import Tool, ToolContext
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 
 # name -> the module that defines it (the front door is its one documented home)
 _WHERE = {
-    # tools
+    # tools: a typed function (``@tool``) or a class
+    "tool": "activities.function_tools",
     "Tool": "activities.tools",
     "ToolContext": "activities.tools",
     # hooks, and the decisions they return
@@ -82,6 +84,7 @@ __all__ = [
     "ToolContext",
     "ToolDecision",
     "build_pipeline",
+    "tool",
 ]
 
 

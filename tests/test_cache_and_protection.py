@@ -92,11 +92,45 @@ async def test_a_redaction_that_cannot_run_fails_the_request_and_nothing_unredac
     assert second.record.effect("response_cache_lookup").data["found"] is False
 
 
+class MyRedaction(PipelineHook):
+    """A redaction hook of one's own that says nothing of its failure policy, and cannot run."""
+
+    name = "my-redaction"
+    max_attempts = 1
+
+    async def after_synthesis(self, ctx, response):
+        raise RuntimeError("redaction backend unavailable")
+
+
+async def test_an_after_synthesis_hook_with_no_policy_fails_closed_and_the_answer_never_leaks(client, tmp_path):
+    # The knowledge base quotes a key; the answer carries it until a redaction hook rewrites it.
+    hooks = [KnowledgeContextHook(KNOWLEDGE_FILE), MyRedaction()]
+    async with Harness(client, tmp_path, hooks=hooks) as h:
+        out = await h.run(QUOTE)
+
+    assert out.result is None and out.failure.type == "ExtensionError" and out.failure.non_retryable
+    details = out.failure_details()
+    assert (details["extension"], details["phase"], details["failure_policy"]) == (
+        "my-redaction",
+        "after_synthesis",
+        "fail_closed",
+    )
+    [redaction] = out.record.invocations(Stage.AFTER_SYNTHESIS)
+    assert redaction.outcome is InvocationOutcome.FAILED
+    assert decision(redaction)[:2] == ("fail_closed", "terminate")
+    stored = await out.stored()
+    assert stored.status is RequestStatus.FAILED and stored.final_response is None
+    assert stored.model_draft is not None and SECRET not in stored.model_draft.preview
+    assert SECRET not in format_record(stored) and SECRET not in str(out.failure)
+    assert "after_answer" not in [i.stage.value for i in stored.pipeline_hooks]
+
+
 class FlakyFormatter(PipelineHook):
-    """An optional after_synthesis hook (fail open, the stage default) that fails."""
+    """An optional after_synthesis hook (fail open, as it says: the stage fails closed by default) that fails."""
 
     name = "flaky-formatter"
     max_attempts = 1
+    failure_policy = FailurePolicy.FAIL_OPEN
 
     def after_synthesis(self, ctx, response):
         raise RuntimeError("formatter down")

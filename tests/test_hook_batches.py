@@ -12,7 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from demo.tools import quote_price
 from hooks import PipelineShortCircuit, RunMode, ToolDecision
 from workflows import data_converter
-from workflows.models import InvocationOutcome, Stage, StageSettings
+from workflows.models import FailurePolicy, InvocationOutcome, Stage, StageSettings
 from workflows.stages import hook_stage_of
 
 from .doubles import FixedPlanner, decision, quote
@@ -151,9 +151,10 @@ async def test_enrichments_carry_to_the_next_hook_and_a_short_circuit_ends_the_b
 
 
 class Flaky:
-    """after_synthesis: raises on its first ``failures`` calls."""
+    """after_synthesis: raises on its first ``failures`` calls (optional: it fails open)."""
 
     max_attempts = 3
+    failure_policy = FailurePolicy.FAIL_OPEN
 
     def __init__(self, name: str, failures: int) -> None:
         self.name, self.failures, self.calls = name, failures, 0
@@ -169,6 +170,7 @@ class Slow:
     name = "slow"
     timeout_seconds = 1.0
     max_attempts = 1
+    failure_policy = FailurePolicy.FAIL_OPEN
 
     async def after_synthesis(self, ctx, response: str) -> str:
         await asyncio.sleep(30)

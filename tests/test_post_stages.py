@@ -19,7 +19,7 @@ from hooks import (
     RunMode,
     Stage,
 )
-from workflows.models import RequestStatus, StageSettings
+from workflows.models import FailurePolicy, RequestStatus, StageSettings
 
 from .doubles import FixedPlanner, NoArguments, decision, span_decision
 from .harness import Harness, Outcome, ScheduledActivity
@@ -186,7 +186,7 @@ async def test_after_synthesis_hooks_chain_in_registration_order(client, tmp_pat
     assert out.record.final_response == QUOTES_RESPONSE + "AB"
     assert out.hook_summaries() == ["after_synthesis · a", "after_synthesis · b"]
     assert [decision(i) for i in out.record.invocations(Stage.AFTER_SYNTHESIS)] == [
-        ("fail_open", "continue", "accepted")
+        ("fail_closed", "continue", "accepted")
     ] * 2
     stored = await out.stored()
     assert stored.model_draft.matches(QUOTES_RESPONSE) and stored.final_response == QUOTES_RESPONSE + "AB"
@@ -207,6 +207,7 @@ async def test_a_failing_after_synthesis_hook_keeps_the_previous_text(
     class Bad:
         name = "bad"
         max_attempts = 1
+        failure_policy = FailurePolicy.FAIL_OPEN  # an optional hook: after_synthesis fails closed by default
 
         async def after_synthesis(self, ctx, response):
             if returned == "raise":
@@ -336,6 +337,7 @@ async def test_a_hanging_ordinary_hook_times_out_and_the_request_completes(clien
         name = "hang"
         timeout_seconds = 1
         max_attempts = 1
+        failure_policy = FailurePolicy.FAIL_OPEN
         run_mode = RunMode.ACTIVITY  # the server times it out
 
         async def after_execution(self, ctx, execution):
@@ -423,7 +425,9 @@ async def test_a_local_activity_hook_is_recorded_but_not_scheduled_on_the_server
         ("local-tag", "after_synthesis", 1, "succeeded"),
         ("remote", "after_synthesis", 2, "succeeded"),
     ]
-    assert [decision(i) for i in invocations] == [("fail_open", "continue", "accepted")] * 4
+    assert [decision(i) for i in invocations] == [("fail_open", "continue", "accepted")] * 2 + [
+        ("fail_closed", "continue", "accepted")
+    ] * 2
     assert [s.step_id for s in out.record.steps] == ["quote-acme"]
     assert out.record.model_draft.matches(ACME)
 
@@ -493,6 +497,7 @@ async def test_sync_hooks_work_like_async_ones(client, tmp_path):
     class SyncBroken:
         name = "sync-broken"
         max_attempts = 1
+        failure_policy = FailurePolicy.FAIL_OPEN
 
         def after_synthesis(self, ctx, response):
             raise ValueError("sync failure")

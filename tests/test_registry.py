@@ -661,3 +661,13 @@ async def test_a_worker_is_not_built_for_a_pipeline_with_ungated_tools(client, t
         build_worker(client, "never-polled", activities)
     activities.ungated = True
     build_worker(client, "never-polled", activities)  # said so: built (and never started)
+
+
+def test_worker_check_warns_of_each_hook_that_fails_open_at_a_protective_stage(tmp_path):
+    proc = run_check("fail_open_formatter", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: optional-formatter fails open at after_synthesis: if it fails, the request goes on unguarded by it"
+    ]
+    assert not [line for line in run_check("valid", tmp_path).stdout.splitlines() if line.startswith("warning:")]

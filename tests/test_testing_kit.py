@@ -37,7 +37,7 @@ async def test_the_kit_runs_rejections_plain_answers_and_records():
         # A rejected call never runs: the request fails typed, and the record says who rejected it.
         env.model.push(call("expenses/expense-desk/file_expense", {"amount": 900, "what": "a sofa"}))
         request = await env.start_request("file my sofa, 900 euros")
-        await env.reject(request, reviewer="bob", reason="not a business expense")
+        await env.reject(request, reviewer="bob", comment="not a business expense")
         with pytest.raises(RequestFailed) as failed:
             await env.result(request)
         assert failed.value.type == "CheckpointRejected"

@@ -23,7 +23,7 @@ from demo.agent import RulePlanner, TemplateSynthesizer
 from demo.tools import demo_tools
 from hooks import HookRegistry, PipelineHook, RequiredAfterPlanningHook
 from storage.executions import SQLiteExecutionStore
-from workflows.models import Plan, PlanStep, ReviewSettings, RunMode, StageSettings, ToolDecision
+from workflows.models import FailurePolicy, Plan, PlanStep, ReviewSettings, RunMode, StageSettings, ToolDecision
 
 
 class Enrich(PipelineHook):
@@ -84,6 +84,18 @@ def valid(settings: Settings) -> LifecycleActivities:
 
 def empty(settings: Settings) -> LifecycleActivities:
     return _activities(settings, [])
+
+
+class OptionalFormatter(PipelineHook):
+    name = "optional-formatter"
+    failure_policy = FailurePolicy.FAIL_OPEN
+
+    def after_synthesis(self, ctx, response):
+        return response
+
+
+def fail_open_formatter(settings: Settings) -> LifecycleActivities:
+    return _activities(settings, [Governed(), Redact(), OptionalFormatter()])
 
 
 def empty_ungated(settings: Settings) -> LifecycleActivities:

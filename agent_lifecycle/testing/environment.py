@@ -146,13 +146,14 @@ class AgentTestEnvironment:
         )
         return await self.result(request)
 
-    async def reject(self, request: Request, *, reviewer: str | None = None, reason: str = "") -> None:
-        """Reject the checkpoint ``request`` waits at (waiting for it first), signed by ``reviewer``'s key."""
+    async def reject(self, request: Request, *, reviewer: str | None = None, comment: str = "") -> None:
+        """Reject the checkpoint ``request`` waits at (waiting for it first), signed by ``reviewer``'s key;
+        ``comment`` says why."""
         review = await self.next_review(request)
         await self._as(reviewer).reject(
             review.workflow_id,
             reviewer=self._reviewer(reviewer),
-            reason=reason,
+            comment=comment,
             checkpoint_id=review.checkpoint.checkpoint_id,
         )
 

@@ -52,7 +52,7 @@ class AfterSynthesisSpec(StageSpec[AfterSynthesisCall, AfterSynthesisOutcome]):
     call = AfterSynthesisCall
     outcome = AfterSynthesisOutcome
     protocols = {"after_synthesis": AfterSynthesisHook}
-    failure_policy = FailurePolicy.FAIL_OPEN
+    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.CHAIN
     subject_field = "response"
     echo = "response"
