@@ -200,7 +200,7 @@ CASES: list[Case] = [
         "too large",
         "an ordinary after_synthesis hook returned more than a payload carries",
         lambda: STAGES[Stage.AFTER_SYNTHESIS].failure(ORDINARY, decisions.PAYLOAD_TOO_LARGE),
-        OPEN,
+        CLOSED,
         TERMINATE,
         "payload_too_large",
     ),
