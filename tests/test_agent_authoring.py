@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 from activities import ToolContext, tool
 from activities.models import ModelSettings, function_name
 from activities.models.planner import PLANNER_SYSTEM_PROMPT
+from agent_lifecycle.testing import model as ai
 from client import Settings
 from client.api import AgentClient
 from client.cli import _command, _parser
@@ -22,7 +23,6 @@ from hooks import RunPatch
 from worker import build_workers
 from workflows.models import PlanStep, RequestInput, StageSettings, ToolDecision
 
-from . import openai_server as ai
 from .doubles import FixedPlanner
 from .harness import Harness
 
