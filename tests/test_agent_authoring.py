@@ -46,6 +46,7 @@ def pipeline_harness(client, tmp_path, **pipeline: Any) -> Harness:
     settings = pipeline.pop("settings", None) or settings_for(tmp_path)
     pipeline.setdefault("tools", demo_tools(tmp_path))
     pipeline.setdefault("store", h.store)
+    pipeline.setdefault("ungated", True)  # these pipelines test authoring, not the gate
     h.activities = build_pipeline(settings, **pipeline)
     return h
 
@@ -248,6 +249,7 @@ async def test_two_pipelines_in_one_process_each_serve_their_task_queue_with_the
         instructions="You quote prices.",
         tools=[desk_quote],
         store=desk.store,
+        ungated=True,
     )
     helpdesk.activities = build_pipeline(
         settings_for(tmp_path),
@@ -257,6 +259,7 @@ async def test_two_pipelines_in_one_process_each_serve_their_task_queue_with_the
         hooks=[formal],
         tools=demo_tools(tmp_path),
         store=helpdesk.store,
+        ungated=True,
     )
     workers = build_workers(client, {desk.task_queue: desk.activities, helpdesk.task_queue: helpdesk.activities})
     server.push(ai.answer("Desk here."), ai.answer("Helpdesk here."))

@@ -37,7 +37,7 @@ from hooks import (
     Stop,
 )
 from storage.executions import SQLiteExecutionStore
-from workflows.models import Diagnostic, MemoryOutcome, Plan, RequestStatus, StageSettings, StopInfo
+from workflows.models import Diagnostic, FailurePolicy, MemoryOutcome, Plan, RequestStatus, StageSettings, StopInfo
 
 from .doubles import BlockingTool, FixedPlanner, decision, quote, started_attempts
 from .harness import Harness, Outcome
@@ -1406,6 +1406,7 @@ async def test_invalid_private_state_at_a_decision_stage_is_an_extension_error(c
 async def test_invalid_private_state_at_a_pipeline_stage_fails_open_and_is_not_kept(client, tmp_path):
     class Hoarder:
         name = "hoarder"
+        failure_policy = FailurePolicy.FAIL_OPEN  # an optional rewrite at after_synthesis, which fails closed
         finished_with: list[dict] = []
 
         async def before_run(self, ctx, run):
