@@ -270,6 +270,13 @@ async def test_the_short_benchmark_answers_correctly_on_every_system_and_fills_t
     for cell in (lifecycle_cell, plain_cell):
         assert re.search(r"\(\d+\.\d\d× / \d+\.\d\d×\)", cell), cell
     assert "×" not in agents_cell and "×" not in pydantic_cell
-    assert rows[-1][2].startswith(f"{history[LIFECYCLE]['events']} events ({history[LIFECYCLE]['markers']} marker")
+    # The history row is the median over the sampled requests, the timeline's request among them.
+    for system in SYSTEMS:
+        over = history[system]["over_requests"]
+        assert len(over["events"]["each"]) == figures["options"]["histories"]
+        assert over["events"]["each"][0] == history[system]["events"]
+        assert over["events"]["min"] <= over["events"]["median"] <= over["events"]["max"]
+    events = history[LIFECYCLE]["over_requests"]["events"]
+    assert rows[-1][2].startswith(f"{events['median']:g} events [{events['min']:g} – {events['max']:g}] (")
     table = next(text for text in printed if text.startswith("| model latency"))
     assert len(table.splitlines()) == 2 + len(rows) + 2

@@ -29,8 +29,9 @@ This process is the client; neither its CPU nor the model server's is counted. P
   over the burst, per request. Median and range of the bursts.
 - **model calls per request**: calls the model server received from each system (each sends its own
   model name) over the measured requests, per request.
-- **history per request**: events (and how many are markers) and serialized bytes of one request's
-  history (and the bytes the lifecycle keeps out of it by reference, in its payload store).
+- **history per request**: events (and how many are markers) and serialized bytes of ``--histories``
+  requests' histories, median and range (and the bytes the lifecycle keeps out of them by reference, in
+  its payload store); with ``--timeline``, the first of them event by event.
 
 Every request is checked: its answer must be the model's text written from all three quotes; the first
 request of each system is checked further (every hook ran, as the lifecycle's record or the peer's hook
@@ -117,10 +118,11 @@ class Options:
     bursts: int = 5
     warmup: int = 3  # sequential rounds (and one small burst per system) before each latency's figures
     timeline: bool = False
+    histories: int = 10  # sequential rounds whose histories give the history figures
 
     @classmethod
     def short(cls) -> Options:
-        return cls(runs=2, requests=1, concurrency=4, bursts=2, warmup=0, timeline=True)
+        return cls(runs=2, requests=1, concurrency=4, bursts=2, warmup=0, timeline=True, histories=2)
 
 
 class WrongAnswer(RuntimeError):
@@ -365,6 +367,36 @@ async def burst(rig: Rig, system: str, concurrency: int) -> dict[str, float]:
     }
 
 
+async def sample_histories(rig: Rig, rounds: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each system's history figures over ``rounds`` interleaved requests, and the timeline of its first.
+
+    How many workflow tasks a request takes varies from request to request on every system: parallel
+    activities that complete before the workflow task following the first of them starts share that task.
+    So one request's history is shown event by event, and the events of all of them give the median and
+    the range the table compares."""
+    histories: dict[str, Any] = {}
+    timelines: dict[str, str] = {}
+    sampled: dict[str, list[dict[str, Any]]] = {system: [] for system in SYSTEMS}
+    for order in rotations(SYSTEMS, max(rounds, 1)):
+        for system in order:
+            workflow_id = (await rig.request(system)).workflow_id
+            events = await rig.history(workflow_id)
+            sampled[system].append(history_figures(events))
+            if system not in histories:
+                histories[system] = {
+                    "workflow_id": workflow_id,
+                    **sampled[system][0],
+                    "activities": scheduled_activities(events),
+                    "breakdown": breakdown(events).as_dict(),
+                }
+                timelines[system] = format_timeline(f"{LABELS[system]} ({workflow_id})", events)
+    for system, figures in sampled.items():
+        histories[system]["over_requests"] = {
+            key: spread([f[key] for f in figures]) for key in ("events", "markers", "bytes", "by_reference_bytes")
+        }
+    return histories, timelines
+
+
 def spread(values: Sequence[float]) -> dict[str, Any]:
     return {
         "median": round(statistics.median(values), 2),
@@ -484,16 +516,16 @@ def table_rows(figures: dict[str, Any]) -> list[list[str]]:
         for system in SYSTEMS
     }
     rows.append(["–", "model calls per request", *(" / ".join(f"{v:g}" for v in per_request[s]) for s in SYSTEMS)])
-    history = figures["history"]
+    over = {system: figures["history"][system]["over_requests"] for system in SYSTEMS}
     cells = []
     for system in SYSTEMS:
-        h = history[system]
-        cell = f"{h['events']} events ({h['markers']} marker{'' if h['markers'] == 1 else 's'})"
+        events, markers = over[system]["events"], over[system]["markers"]["median"]
+        cell = f"{events['median']:g} events [{events['min']:g} – {events['max']:g}] ({markers:g} marker{'' if markers == 1 else 's'})"
         if system in LIFECYCLES:
-            cell += _ratios(h["events"], {p: history[p]["events"] for p in PEERS})
-        cell += f", {_kb(h['bytes'])}"
-        if h["by_reference_bytes"]:
-            cell += f" (+{_kb(h['by_reference_bytes'])} by reference)"
+            cell += _ratios(events["median"], {p: over[p]["events"]["median"] for p in PEERS})
+        cell += f", {_kb(over[system]['bytes']['median'])}"
+        if over[system]["by_reference_bytes"]["median"]:
+            cell += f" (+{_kb(over[system]['by_reference_bytes']['median'])} by reference)"
         cells.append(cell)
     rows.append(["–", "history per request", *cells])
     return rows
@@ -547,18 +579,7 @@ async def run(options: Options, *, out: Callable[[str], None] = print) -> dict[s
             # Histories and timelines from a request made once every system is warm, at model latency 0.
             rig.set_latency(0)
             await sequential(rig, options.warmup)
-            histories: dict[str, Any] = {}
-            timelines: dict[str, str] = {}
-            for system in SYSTEMS:
-                workflow_id = (await rig.request(system)).workflow_id
-                events = await rig.history(workflow_id)
-                histories[system] = {
-                    "workflow_id": workflow_id,
-                    **history_figures(events),
-                    "activities": scheduled_activities(events),
-                    "breakdown": breakdown(events).as_dict(),
-                }
-                timelines[system] = format_timeline(f"{LABELS[system]} ({workflow_id})", events)
+            histories, timelines = await sample_histories(rig, options.histories)
             blocks = [await measure_latency(rig, latency, options) for latency in options.latencies]
             attempts = rig.outbound_attempts()
         finally:
@@ -624,13 +645,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, help="sequential rounds per run (default 20)")
     parser.add_argument("--concurrency", type=int, help="requests per burst (default 50)")
     parser.add_argument("--bursts", type=int, help="burst rounds per latency (default 5)")
+    parser.add_argument("--histories", type=int, help="requests per system whose histories are counted (default 10)")
     parser.add_argument("--timeline", action="store_true", help="print one request of each system, event by event")
     parser.add_argument("--output", type=Path, help="also write every figure as JSON to this file")
     args = parser.parse_args(argv)
     options = Options.short() if args.short else Options()
     if args.latencies:
         options.latencies = tuple(float(v) for v in args.latencies.split(","))
-    for name in ("runs", "requests", "concurrency", "bursts"):
+    for name in ("runs", "requests", "concurrency", "bursts", "histories"):
         if getattr(args, name):
             setattr(options, name, getattr(args, name))
     options.timeline = options.timeline or args.timeline
