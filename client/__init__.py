@@ -135,18 +135,21 @@ async def connect(settings: Settings, *, tracing: bool = True) -> Client:
     Raises:
         TemporalUnreachable: nothing answers at the settings' address.
     """
-    from temporalio.client import Client
+    from temporalio.client import Client, Interceptor
 
-    from workflows.tracing import RequestTracing
+    interceptors: list[Interceptor] = []
+    if tracing:
+        from workflows.tracing import RequestTracing
 
+        # Every request one trace, even one started without a client span (the Temporal CLI, a schedule).
+        interceptors.append(RequestTracing())
     try:
         return await Client.connect(
             settings.temporal_address,
             namespace=settings.temporal_namespace,
             data_converter=process_data_converter(settings),
             identity=settings.temporal_identity,
-            # Every request one trace, even one started without a client span (the Temporal CLI, a schedule).
-            interceptors=[RequestTracing()] if tracing else [],
+            interceptors=interceptors,
             **connect_options(settings),
         )
     except RuntimeError as err:

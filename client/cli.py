@@ -332,7 +332,7 @@ async def _replay_policy(args: argparse.Namespace, settings: Settings) -> int:
         agent=args.agent,
         limit=args.limit,
     )
-    client = await connect(settings)
+    client = await connect(settings, tracing=bool(settings.telemetry.traces_exporter))
     handle = await start_policy_replay(client, settings, args.pipeline, window, batch_size=args.batch_size)
     print(f"replaying {args.pipeline} as {handle.id}", file=sys.stderr)
     waiting = asyncio.ensure_future(handle.result())
@@ -387,7 +387,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
     from .api import AgentClient, RequestFailed, RequestIdConflict, RequestNotFound, ReviewRefused
 
-    agents = await AgentClient.connect(settings)
+    agents = await AgentClient.connect(settings, tracing=bool(settings.telemetry.traces_exporter))
     try:
         return await _command(agents, args)
     except RequestNotFound as err:
@@ -713,28 +713,38 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
         return 0
-    from temporalio.service import RPCError
-
     from .settings import Settings, SettingsError
-    from .telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
 
     try:
         settings = Settings.from_env()
     except SettingsError as err:
         print(f"configuration error: {err}", file=sys.stderr)
         return 2
+    # A CLI that exports nothing loads no telemetry and starts no client span: the worker gives the request
+    # its own trace, where a span no one exports would be its missing root.
+    if not settings.telemetry.exports:
+        return _run_command(args, settings)
+    from .telemetry import TelemetryConfigError, configure_telemetry, shutdown_telemetry
+
     try:
         configure_telemetry("agent-lifecycle-cli", settings.telemetry)
     except TelemetryConfigError as err:
         print(f"telemetry configuration error: {err}", file=sys.stderr)
         return 2
     try:
+        return _run_command(args, settings)
+    finally:
+        shutdown_telemetry()  # the request's client spans reach the collector before the process ends
+
+
+def _run_command(args: argparse.Namespace, settings: Settings) -> int:
+    from temporalio.service import RPCError
+
+    try:
         return asyncio.run(_run(args, settings))
     except (ValueError, RuntimeError, RPCError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    finally:
-        shutdown_telemetry()  # the request's client spans reach the collector before the process ends
 
 
 def entry() -> None:

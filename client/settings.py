@@ -241,6 +241,12 @@ class TelemetrySettings(BaseModel):
             raise ValueError("not host:port (e.g. 0.0.0.0:9464)")
         return value
 
+    @property
+    def exports(self) -> bool:
+        """Whether this process sends spans or metrics anywhere (a process that sends neither needs no
+        tracer or meter of its own)."""
+        return bool(self.traces_exporter or self.metrics_exporter)
+
     def exporters(self, signal: Literal["traces", "metrics"]) -> list[Literal["otlp", "console"]]:
         return self.traces_exporter if signal == "traces" else self.metrics_exporter
 

@@ -181,3 +181,17 @@ def test_the_cli_module_imports_no_driver_model_or_server_library():
     run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == []
+
+
+def test_the_client_loads_no_workflow_code_worker_or_telemetry_sdk():
+    """What a CLI request or a service's `AgentClient` loads: the shared models and Temporal's client —
+    not the workflows, Temporal's worker or the OpenTelemetry SDK (a CLI that exports nothing starts no
+    client span; the worker gives the request its own trace)."""
+    probe = (
+        "import json, sys; import client.cli, client.settings, client.api; from workflows import WORKFLOW_TYPE; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith("
+        "('workflows.lifecycle', 'workflows.stages', 'temporalio.worker', 'opentelemetry.sdk')))))"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == []

@@ -57,9 +57,9 @@ with workflow.unsafe.imports_passed_through():
         TurnStatus,
         turn_workflow_id,
     )
+    from .names import CONVERSATION_WORKFLOW_TYPE
     from .support import decode_payload
 
-CONVERSATION_WORKFLOW_TYPE = "Conversation"
 SUBMIT_TURN_UPDATE = "submit_turn"
 CLAIM_SIGNAL = "claim"
 RELEASE_SIGNAL = "release"

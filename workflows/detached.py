@@ -34,8 +34,8 @@ with workflow.unsafe.imports_passed_through():
         PipelineHookEffect,
         bounded_value,
     )
+    from .names import DETACHED_WORKFLOW_TYPE
 
-DETACHED_WORKFLOW_TYPE = "DetachedEffect"
 EFFECT_UPDATE_SIGNAL = "effect_update"
 
 

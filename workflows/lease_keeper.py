@@ -31,8 +31,8 @@ with workflow.unsafe.imports_passed_through():
     from . import dispatch
     from .converter import Shown
     from .models import LeaseKeeperInput, LeaseKeeperReport, LeaseRenewal, ManagedLease
+    from .names import LEASE_KEEPER_WORKFLOW_TYPE
 
-LEASE_KEEPER_WORKFLOW_TYPE = "LeaseKeeper"
 STOP_KEEPING_SIGNAL = "stop_keeping"
 REPLACE_LEASE_SIGNAL = "replace_lease"
 

@@ -75,6 +75,7 @@ with workflow.unsafe.imports_passed_through():
         conversation_id_problem,
         subagent_depth,
     )
+    from .names import WORKFLOW_TYPE
     from .records import RecordKeeper
     from .reviews import INVALID_REVIEW, ReviewMessage, Reviews
     from .run_state import RunState
@@ -84,7 +85,6 @@ with workflow.unsafe.imports_passed_through():
     from .support import APPROVAL_METADATA_KEY, approval_reasons, decode_payload, promote_metadata, stage_failure
     from .turns import WAITING_FOR_TURN, ConversationTurn, started_by_conversation
 
-WORKFLOW_TYPE = "RequestLifecycle"
 INVALID_QUERY = "InvalidQuery"
 SignalT = TypeVar("SignalT", ApproveSignal, RejectSignal, EffectUpdateSignal, LostAttempt)
 

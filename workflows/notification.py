@@ -32,8 +32,8 @@ with workflow.unsafe.imports_passed_through():
         ReviewNotificationInput,
         ReviewNotificationResult,
     )
+    from .names import REVIEW_NOTIFICATION_WORKFLOW_TYPE
 
-REVIEW_NOTIFICATION_WORKFLOW_TYPE = "ReviewNotification"
 NOTIFY_REVIEWERS_ACTIVITY = "notify_reviewers"
 REVIEW_NOTIFICATION_EFFECT = "review_notification"
 # What the child passes on of the request: the activity masks secrets and cuts it to a short excerpt.

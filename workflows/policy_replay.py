@@ -29,8 +29,8 @@ with workflow.unsafe.imports_passed_through():
         ReplayBatchOutput,
         ReplayProgress,
     )
+    from .names import POLICY_REPLAY_WORKFLOW_TYPE
 
-POLICY_REPLAY_WORKFLOW_TYPE = "PolicyReplay"
 LIST_RECORDS_ACTIVITY = "list_replay_records"
 REPLAY_BATCH_ACTIVITY = "replay_policy_batch"
 BATCHES_PER_RUN = 200
