@@ -232,20 +232,24 @@ class ChatModel:
             request["temperature"] = self.settings.temperature
         return request
 
-    def _start(
-        self, request: dict[str, Any], phase: int | None, turn: int, streamed: bool
-    ) -> tuple[ModelCall, Span, float]:
-        call = ModelCall(
+    def _record(self, messages: Sequence[dict[str, Any]], phase: int | None, turn: int, **fields: Any) -> ModelCall:
+        """The record of a call of this model with ``messages``, started now; ``fields`` the rest."""
+        return ModelCall(
             stage=self.stage,
             phase=phase,
             turn=turn,
             model=self.model,
             provider=self.settings.provider,
             route=self.route,
-            streamed=streamed,
             started_at=datetime.now(UTC),
-            prompt=prompt_text(request["messages"]),
+            prompt=prompt_text(messages),
+            **fields,
         )
+
+    def _start(
+        self, request: dict[str, Any], phase: int | None, turn: int, streamed: bool
+    ) -> tuple[ModelCall, Span, float]:
+        call = self._record(request["messages"], phase, turn, streamed=streamed)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.system": self.settings.provider,
@@ -365,17 +369,8 @@ class ChatModel:
             f"{window}-token window may be prompt"
         )
         log.add(
-            ModelCall(
-                stage=self.stage,
-                phase=phase,
-                turn=turn,
-                model=self.model,
-                provider=self.settings.provider,
-                route=self.route,
-                started_at=datetime.now(UTC),
-                error_type=PROMPT_BUDGET_EXCEEDED,
-                error_message=ModelCall.clip_error(text),
-                prompt=prompt_text(messages),
+            self._record(
+                messages, phase, turn, error_type=PROMPT_BUDGET_EXCEEDED, error_message=ModelCall.clip_error(text)
             )
         )
         raise log.error(
