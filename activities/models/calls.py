@@ -517,6 +517,60 @@ class ChatModel:
             raise
 
 
+class RoutedChat:
+    """A role's model and, when a fallback model is set, the fallback: the models a planner or a
+    synthesizer calls, chosen by the request's route.
+
+    Args:
+        settings: The endpoint and call options.
+        role: Whose model: by default ``settings.role_model(role)``.
+        stage: The stage its calls are recorded for.
+        model: The model, instead of the role's.
+        client: An ``AsyncOpenAI`` client to share; by default one from ``settings``.
+        fallback: The fallback model's settings; by default ``settings.fallback()``.
+        token_counter: Counts a prompt's tokens for the prompt budget; by default a conservative estimate.
+    """
+
+    def __init__(
+        self,
+        settings: ModelSettings,
+        role: Literal["planner", "synthesizer"],
+        stage: Stage,
+        *,
+        model: str | None,
+        client: AsyncOpenAI | None,
+        fallback: ModelSettings | None,
+        token_counter: TokenCounter | None,
+    ) -> None:
+        model = model or settings.role_model(role)
+        self._role = role
+        self.name = f"openai:{model}"
+        self.chat = ChatModel(settings, model, stage, client, token_counter=token_counter)
+        fallback = fallback or settings.fallback()
+        self.fallback: ChatModel | None = None
+        if fallback is not None and fallback.model:
+            self.fallback = ChatModel(fallback, fallback.model, stage, route="fallback", token_counter=token_counter)
+
+    @property
+    def fallback_model(self) -> str | None:
+        """The fallback model's name, when there is one."""
+        return f"openai:{self.fallback.model}" if self.fallback is not None else None
+
+    async def aclose(self) -> None:
+        """Close the models' HTTP clients, if this object made them."""
+        await self.chat.aclose()
+        if self.fallback is not None:
+            await self.fallback.aclose()
+
+    def _routed(self, route: str) -> ChatModel:
+        """The fallback model for the ``fallback`` route, else the role's model."""
+        if route != "fallback":
+            return self.chat
+        if self.fallback is None:
+            raise ValueError(f"this {self._role} has no fallback model (AGENT_FALLBACK_MODEL)")
+        return self.fallback
+
+
 class _Gathered:
     """A streamed answer put together from its deltas: its text, its refusal, its tool calls."""
 
