@@ -6,8 +6,9 @@ read ``activities.models.settings``) does not import every activity.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hooks._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .function_tools import FunctionTool, function_tool, tool
@@ -45,10 +46,4 @@ __all__ = [
     "tool",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(globals(), _WHERE)

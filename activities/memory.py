@@ -528,18 +528,7 @@ class MemoryStore(ConversationMemoryStore):
                     f"WHERE f.agent_domain = ? AND x.entity IN ({marks}) ORDER BY f.recorded_at DESC LIMIT ?",
                     (agent_domain, *keys, limit),
                 ).fetchall()
-            return [
-                KnowledgeFragment(
-                    fragment_id=r[0],
-                    agent_domain=agent_domain,
-                    title=r[1],
-                    text=r[2],
-                    entities=json.loads(r[3]),
-                    source_request_id=r[4],
-                    recorded_at=_ts(r[5]),
-                )
-                for r in rows
-            ]
+            return [_fragment(agent_domain, r) for r in rows]
 
         return await self._read("related_fragments", read)
 
@@ -553,18 +542,7 @@ class MemoryStore(ConversationMemoryStore):
                     "WHERE agent_domain = ? ORDER BY recorded_at DESC",
                     (agent_domain,),
                 ).fetchall()
-            return [
-                KnowledgeFragment(
-                    fragment_id=r[0],
-                    agent_domain=agent_domain,
-                    title=r[1],
-                    text=r[2],
-                    entities=json.loads(r[3]),
-                    source_request_id=r[4],
-                    recorded_at=_ts(r[5]),
-                )
-                for r in rows
-            ]
+            return [_fragment(agent_domain, r) for r in rows]
 
         return await asyncio.to_thread(read)
 
@@ -640,6 +618,18 @@ class MemoryStore(ConversationMemoryStore):
             return _signal(row) if row else None
 
         return await asyncio.to_thread(read)
+
+
+def _fragment(agent_domain: str, r: tuple) -> KnowledgeFragment:
+    return KnowledgeFragment(
+        fragment_id=r[0],
+        agent_domain=agent_domain,
+        title=r[1],
+        text=r[2],
+        entities=json.loads(r[3]),
+        source_request_id=r[4],
+        recorded_at=_ts(r[5]),
+    )
 
 
 def _signal(r: tuple) -> ActivitySignal:

@@ -331,22 +331,18 @@ class PipelineContext:
         details = {"lease_id": lease_id, "ttl_seconds": ttl_seconds, "renew_interval_seconds": interval}
         if data is not None:
             details["declared"] = data
-        self.report_effect(
-            renewal_effect_id,
-            name=renewal_name,
-            status=EffectStatus.PENDING,
-            data={**details, "loop": "pending"},
-            summary="renewal loop handed to the request owner",
-            started_at=started,
-        )
-        self.report_effect(
-            cleanup_effect_id,
-            name=cleanup_name,
-            status=EffectStatus.PENDING,
-            data={**details, "cleanup": "pending"},
-            summary="cleanup owned by the request; runs on every exit",
-            started_at=started,
-        )
+        for effect_id, name, pending, summary in (
+            (renewal_effect_id, renewal_name, "loop", "renewal loop handed to the request owner"),
+            (cleanup_effect_id, cleanup_name, "cleanup", "cleanup owned by the request; runs on every exit"),
+        ):
+            self.report_effect(
+                effect_id,
+                name=name,
+                status=EffectStatus.PENDING,
+                data={**details, pending: "pending"},
+                summary=summary,
+                started_at=started,
+            )
         self._leases[lease_id] = lease
         return lease
 

@@ -35,6 +35,13 @@ class InvalidRequiredAfterPlanningHookError(InvalidPipelineConfigError):
     ``required_not_terminal`` or ``required_not_universal``."""
 
 
+def _hook_error(name: str, index: int, problem: str, reason: str = "invalid_option") -> InvalidPipelineConfigError:
+    """The error refusing the hook ``name`` at ``index`` for ``problem``."""
+    return InvalidPipelineConfigError(
+        f"hook {name!r} (index {index}): {problem}", reason=reason, index=index, hook=name
+    )
+
+
 # The options that would let the required gate skip some requests: a mandatory control applies to every
 # request, so each is a construction error on the required hook (with its value), never a narrowed gate.
 _NARROWING_OPTIONS = {
@@ -76,12 +83,7 @@ def _stage_methods(hook: Any, index: int, name: str) -> list[str]:
             continue
         problem = "is not callable" if not callable(fn) else _signature_problem(fn, getattr(protocol, method))
         if problem:
-            raise InvalidPipelineConfigError(
-                f"hook {name!r} (index {index}): {method} {problem}",
-                reason="signature_mismatch",
-                index=index,
-                hook=name,
-            )
+            raise _hook_error(name, index, f"{method} {problem}", "signature_mismatch")
         methods.append(method)
     return methods
 
@@ -139,12 +141,12 @@ def _near_miss(hook: Any) -> tuple[str, str] | None:
 def _refuse_near_misses(hook: Any, index: int, name: str) -> None:
     miss = _near_miss(hook)
     if miss is not None:
-        raise InvalidPipelineConfigError(
-            f"hook {name!r} (index {index}): {miss[0]} is not a stage method; did you mean {miss[1]}? "
+        raise _hook_error(
+            name,
+            index,
+            f"{miss[0]} is not a stage method; did you mean {miss[1]}? "
             f"(the stage methods: {', '.join(STAGE_PROTOCOLS)})",
-            reason="unknown_stage_method",
-            index=index,
-            hook=name,
+            "unknown_stage_method",
         )
 
 
@@ -162,9 +164,7 @@ def _check_scope(hook: Any, index: int, name: str) -> None:
     elif scope == "agent" and not (tenant and agent):
         problem = "an agent-scoped hook needs tenant_id and agent_id"
     if problem:
-        raise InvalidPipelineConfigError(
-            f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name
-        )
+        raise _hook_error(name, index, problem)
 
 
 def _tool_filter(hook: Any, index: int, name: str, stages: list[Stage]) -> tuple[str | None, bool]:
@@ -183,9 +183,7 @@ def _tool_filter(hook: Any, index: int, name: str, stages: list[Stage]) -> tuple
     if problem is None and (matcher is not None or subagent_only) and not set(stages) & TOOL_STAGES:
         problem = "matcher and subagent_only apply to tool stages only (before_tool, on_tool_error, after_tool)"
     if problem:
-        raise InvalidPipelineConfigError(
-            f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name
-        )
+        raise _hook_error(name, index, problem)
     return matcher, subagent_only
 
 
@@ -202,9 +200,7 @@ def _failure_policy(hook: Any, index: int, name: str, stages: list[Stage]) -> Fa
         if set(stages) & OWN_POLICY_STAGES:
             return policy
         problem = "failure_policy does not apply to after_planning (use the required marker) or observers"
-    raise InvalidPipelineConfigError(
-        f"hook {name!r} (index {index}): {problem}", reason="invalid_option", index=index, hook=name
-    )
+    raise _hook_error(name, index, problem)
 
 
 def visible_to(hook: Any, tenant_id: str | None, agent_id: str | None) -> bool:
@@ -299,35 +295,17 @@ class HookRegistry:
         attempts = hook_option(hook, "max_attempts")
         priority = hook_option(hook, "priority")
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise InvalidPipelineConfigError(
-                f"hook {name!r} (index {index}): priority must be an integer",
-                reason="invalid_option",
-                index=index,
-                hook=name,
-            )
+            raise _hook_error(name, index, "priority must be an integer")
         try:
             run_mode = RunMode(run_mode)
         except ValueError:
-            raise InvalidPipelineConfigError(
-                f"hook {name!r} (index {index}): run_mode {run_mode!r} is not one of {[m.value for m in RunMode]}",
-                reason="invalid_option",
-                index=index,
-                hook=name,
+            raise _hook_error(
+                name, index, f"run_mode {run_mode!r} is not one of {[m.value for m in RunMode]}"
             ) from None
         if not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_HOOK_TIMEOUT_SECONDS:
-            raise InvalidPipelineConfigError(
-                f"hook {name!r} (index {index}): timeout_seconds must be in (0, {MAX_HOOK_TIMEOUT_SECONDS:g}]",
-                reason="invalid_option",
-                index=index,
-                hook=name,
-            )
+            raise _hook_error(name, index, f"timeout_seconds must be in (0, {MAX_HOOK_TIMEOUT_SECONDS:g}]")
         if not isinstance(attempts, int) or attempts < 1:
-            raise InvalidPipelineConfigError(
-                f"hook {name!r} (index {index}): max_attempts must be an integer >= 1",
-                reason="invalid_option",
-                index=index,
-                hook=name,
-            )
+            raise _hook_error(name, index, "max_attempts must be an integer >= 1")
         stages = list(dict.fromkeys(STAGE_METHODS[m] for m in methods))
         contract = None
         if "before_planning_decision" in methods:
@@ -338,12 +316,7 @@ class HookRegistry:
         policy = _failure_policy(hook, index, name, stages)
         chain = hook_option(hook, "chain")
         if chain is not None and not isinstance(chain, HookChain):
-            raise InvalidPipelineConfigError(
-                f"hook {name!r} (index {index}): chain must be a HookChain or None, got {type(chain).__name__}",
-                reason="invalid_option",
-                index=index,
-                hook=name,
-            )
+            raise _hook_error(name, index, f"chain must be a HookChain or None, got {type(chain).__name__}")
         return HookEntry(
             name=name,
             index=index,

@@ -7,9 +7,10 @@ need the ``mcp`` extra (``pip install 'agent-lifecycle[mcp]'``), which their imp
 
 from __future__ import annotations
 
-import importlib
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hooks._lazy import lazy_getattr
 
 from .config import McpConfigError, McpServerConfig, McpStartupError, ToolOverride, load_mcp_servers
 
@@ -48,9 +49,4 @@ def is_mcp_tool(tool: object) -> bool:
     return tools is not None and isinstance(tool, tools.McpTool)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(globals(), _WHERE)

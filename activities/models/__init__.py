@@ -14,8 +14,9 @@ package.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hooks._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .call_log import TOKEN_BUDGET_EXCEEDED, ModelCallLog
@@ -66,10 +67,4 @@ __all__ = [
     "function_name",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(globals(), _WHERE)

@@ -232,20 +232,24 @@ class ChatModel:
             request["temperature"] = self.settings.temperature
         return request
 
-    def _start(
-        self, request: dict[str, Any], phase: int | None, turn: int, streamed: bool
-    ) -> tuple[ModelCall, Span, float]:
-        call = ModelCall(
+    def _record(self, messages: Sequence[dict[str, Any]], phase: int | None, turn: int, **fields: Any) -> ModelCall:
+        """The record of a call of this model with ``messages``, started now; ``fields`` the rest."""
+        return ModelCall(
             stage=self.stage,
             phase=phase,
             turn=turn,
             model=self.model,
             provider=self.settings.provider,
             route=self.route,
-            streamed=streamed,
             started_at=datetime.now(UTC),
-            prompt=prompt_text(request["messages"]),
+            prompt=prompt_text(messages),
+            **fields,
         )
+
+    def _start(
+        self, request: dict[str, Any], phase: int | None, turn: int, streamed: bool
+    ) -> tuple[ModelCall, Span, float]:
+        call = self._record(request["messages"], phase, turn, streamed=streamed)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.system": self.settings.provider,
@@ -365,17 +369,8 @@ class ChatModel:
             f"{window}-token window may be prompt"
         )
         log.add(
-            ModelCall(
-                stage=self.stage,
-                phase=phase,
-                turn=turn,
-                model=self.model,
-                provider=self.settings.provider,
-                route=self.route,
-                started_at=datetime.now(UTC),
-                error_type=PROMPT_BUDGET_EXCEEDED,
-                error_message=ModelCall.clip_error(text),
-                prompt=prompt_text(messages),
+            self._record(
+                messages, phase, turn, error_type=PROMPT_BUDGET_EXCEEDED, error_message=ModelCall.clip_error(text)
             )
         )
         raise log.error(
@@ -520,6 +515,60 @@ class ChatModel:
         except BaseException as err:  # closed early (GeneratorExit), cancelled, or a client bug
             self._abandoned(log, call, span, started, err)
             raise
+
+
+class RoutedChat:
+    """A role's model and, when a fallback model is set, the fallback: the models a planner or a
+    synthesizer calls, chosen by the request's route.
+
+    Args:
+        settings: The endpoint and call options.
+        role: Whose model: by default ``settings.role_model(role)``.
+        stage: The stage its calls are recorded for.
+        model: The model, instead of the role's.
+        client: An ``AsyncOpenAI`` client to share; by default one from ``settings``.
+        fallback: The fallback model's settings; by default ``settings.fallback()``.
+        token_counter: Counts a prompt's tokens for the prompt budget; by default a conservative estimate.
+    """
+
+    def __init__(
+        self,
+        settings: ModelSettings,
+        role: Literal["planner", "synthesizer"],
+        stage: Stage,
+        *,
+        model: str | None,
+        client: AsyncOpenAI | None,
+        fallback: ModelSettings | None,
+        token_counter: TokenCounter | None,
+    ) -> None:
+        model = model or settings.role_model(role)
+        self._role = role
+        self.name = f"openai:{model}"
+        self.chat = ChatModel(settings, model, stage, client, token_counter=token_counter)
+        fallback = fallback or settings.fallback()
+        self.fallback: ChatModel | None = None
+        if fallback is not None and fallback.model:
+            self.fallback = ChatModel(fallback, fallback.model, stage, route="fallback", token_counter=token_counter)
+
+    @property
+    def fallback_model(self) -> str | None:
+        """The fallback model's name, when there is one."""
+        return f"openai:{self.fallback.model}" if self.fallback is not None else None
+
+    async def aclose(self) -> None:
+        """Close the models' HTTP clients, if this object made them."""
+        await self.chat.aclose()
+        if self.fallback is not None:
+            await self.fallback.aclose()
+
+    def _routed(self, route: str) -> ChatModel:
+        """The fallback model for the ``fallback`` route, else the role's model."""
+        if route != "fallback":
+            return self.chat
+        if self.fallback is None:
+            raise ValueError(f"this {self._role} has no fallback model (AGENT_FALLBACK_MODEL)")
+        return self.fallback
 
 
 class _Gathered:

@@ -53,7 +53,7 @@ from workflows.plan_validation import step_references
 
 from ..planning import AnswerWriter, PlanningRequest, PlanRepairNeeded, system_message
 from ..tools import ToolRegistry
-from .calls import ChatModel, ModelCallLog, TokenCounter, Turn
+from .calls import ChatModel, ModelCallLog, RoutedChat, TokenCounter, Turn
 from .settings import ModelSettings
 from .tool_names import ToolNames, function_name
 
@@ -123,7 +123,7 @@ def _request_log(request: PlanningRequest) -> ModelCallLog:
     return log if isinstance(log, ModelCallLog) else ModelCallLog()
 
 
-class OpenAIPlanner:
+class OpenAIPlanner(RoutedChat):
     """Plans with a Chat Completions model's tool calls.
 
     Args:
@@ -160,35 +160,12 @@ class OpenAIPlanner:
         token_counter: TokenCounter | None = None,
     ) -> None:
         model = model or settings.role_model("planner")
-        self.name = f"openai:{model}"
         self.tools = tools
         self.names = ToolNames(tools.specs())
-        self.chat = ChatModel(settings, model, "planning", client, token_counter=token_counter)
-        fallback = fallback or settings.fallback()
-        self.fallback: ChatModel | None = None
-        if fallback is not None and fallback.model:
-            self.fallback = ChatModel(
-                fallback, fallback.model, "planning", route="fallback", token_counter=token_counter
-            )
+        super().__init__(
+            settings, "planner", "planning", model=model, client=client, fallback=fallback, token_counter=token_counter
+        )
         self.system_prompt = system_prompt
-
-    @property
-    def fallback_model(self) -> str | None:
-        """The fallback model's name, when there is one."""
-        return f"openai:{self.fallback.model}" if self.fallback is not None else None
-
-    async def aclose(self) -> None:
-        """Close the models' HTTP clients, if this planner made them."""
-        await self.chat.aclose()
-        if self.fallback is not None:
-            await self.fallback.aclose()
-
-    def _chat(self, route: str) -> ChatModel:
-        if route != "fallback":
-            return self.chat
-        if self.fallback is None:
-            raise ValueError("this planner has no fallback model (AGENT_FALLBACK_MODEL)")
-        return self.fallback
 
     async def plan(
         self, request: PlanningRequest, *, calls: ModelCallLog | None = None, answer: AnswerWriter | None = None
@@ -198,7 +175,7 @@ class OpenAIPlanner:
         streamed and the model's text is written to it as it arrives; a turn that ends calling tools
         wrote no answer, and the writer is told so (``retract``) when it had written text."""
         log = calls if calls is not None else _request_log(request)
-        chat = self._chat(request.route)
+        chat = self._routed(request.route)
         names = self.names if all(spec.key in self.names for spec in request.tools) else ToolNames(request.tools)
         functions = [_function(spec, names.name(spec.key)) for spec in request.tools]
         prior = {result.step_id for result in request.prior_results}

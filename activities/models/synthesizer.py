@@ -31,7 +31,7 @@ from workflows.models import SynthesizeInput, SynthesizeOutput
 from workflows.models._model_calls import ModelCall, ModelUsage
 
 from ..planning import context_sections, system_message
-from .calls import ChatModel, ChatStream, ModelCallLog, TokenCounter
+from .calls import ChatModel, ChatStream, ModelCallLog, RoutedChat, TokenCounter
 from .settings import ModelSettings
 
 SYNTHESIZER_SYSTEM_PROMPT = """\
@@ -76,7 +76,7 @@ def _input_log(input: SynthesizeInput) -> ModelCallLog:
     return ModelCallLog.resumed(remaining if isinstance(remaining, int) else None)
 
 
-class OpenAISynthesizer:
+class OpenAISynthesizer(RoutedChat):
     """Writes the answer with a Chat Completions model.
 
     Args:
@@ -101,35 +101,20 @@ class OpenAISynthesizer:
         fallback: ModelSettings | None = None,
         token_counter: TokenCounter | None = None,
     ) -> None:
-        model = model or settings.role_model("synthesizer")
-        self.name = f"openai:{model}"
-        self.chat = ChatModel(settings, model, "synthesis", client, token_counter=token_counter)
-        fallback = fallback or settings.fallback()
-        self.fallback: ChatModel | None = None
-        if fallback is not None and fallback.model:
-            self.fallback = ChatModel(
-                fallback, fallback.model, "synthesis", route="fallback", token_counter=token_counter
-            )
+        super().__init__(
+            settings,
+            "synthesizer",
+            "synthesis",
+            model=model,
+            client=client,
+            fallback=fallback,
+            token_counter=token_counter,
+        )
         self.system_prompt = system_prompt
         self.prompt_builder = prompt_builder
 
-    @property
-    def fallback_model(self) -> str | None:
-        """The fallback model's name, when there is one."""
-        return f"openai:{self.fallback.model}" if self.fallback is not None else None
-
-    async def aclose(self) -> None:
-        """Close the models' HTTP clients, if this synthesizer made them."""
-        await self.chat.aclose()
-        if self.fallback is not None:
-            await self.fallback.aclose()
-
     def _chat(self, input: SynthesizeInput) -> ChatModel:
-        if getattr(input, "route", "primary") != "fallback":
-            return self.chat
-        if self.fallback is None:
-            raise ValueError("this synthesizer has no fallback model (AGENT_FALLBACK_MODEL)")
-        return self.fallback
+        return self._routed(getattr(input, "route", "primary"))
 
     def messages(self, input: SynthesizeInput) -> list[dict[str, Any]]:
         """The system message with the run's instructions, then the prompt (which the model then reads

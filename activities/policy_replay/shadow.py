@@ -320,33 +320,25 @@ class _Replay:
 
     def compare_plans(self, recorded: Plan, candidate: Plan, run: StageRun) -> None:
         hook = run.modified_by[-1] if run.modified_by else None
+        where: dict[str, Any] = {"stage": Stage.AFTER_PLANNING, "hook": hook, "phase": recorded.phase}
+
+        def changed(kind: FindingKind, step: PlanStep, was: str, now: str, **fields: Any) -> None:
+            self.add(kind, step_id=step.step_id, tool=step.tool, recorded=was, candidate=now, **where, **fields)
+
         kept = {s.step_id: s for s in candidate.steps}
         for step in recorded.steps:
             new = kept.get(step.step_id)
             if new is None:
                 self.changed_steps.add(step.step_id)
                 if self._ran(step.step_id):
-                    self.add(
-                        FindingKind.NEWLY_BLOCKED,
-                        stage=Stage.AFTER_PLANNING,
-                        hook=hook,
-                        step_id=step.step_id,
-                        tool=step.tool,
-                        phase=recorded.phase,
-                        recorded="in the plan",
-                        candidate="removed from the plan",
-                    )
+                    changed(FindingKind.NEWLY_BLOCKED, step, "in the plan", "removed from the plan")
             elif new.arguments != step.arguments or new.tool_key != step.tool_key:
                 self.changed_steps.add(step.step_id)
-                self.add(
+                changed(
                     FindingKind.ARGUMENTS_CHANGED,
-                    stage=Stage.AFTER_PLANNING,
-                    hook=hook,
-                    step_id=step.step_id,
-                    tool=new.tool,
-                    phase=recorded.phase,
-                    recorded=step.tool,
-                    candidate=new.tool,
+                    new,
+                    step.tool,
+                    new.tool,
                     recorded_arguments=step.arguments,
                     candidate_arguments=new.arguments,
                 )
@@ -354,15 +346,11 @@ class _Replay:
         for step in candidate.steps:
             if step.step_id not in known:
                 self.changed_steps.add(step.step_id)
-                self.add(
+                changed(
                     FindingKind.DEPENDS_ON_UNRECORDED,
-                    stage=Stage.AFTER_PLANNING,
-                    hook=hook,
-                    step_id=step.step_id,
-                    tool=step.tool,
-                    phase=recorded.phase,
-                    recorded="not planned",
-                    candidate="added to the plan",
+                    step,
+                    "not planned",
+                    "added to the plan",
                     detail="the recorded request never ran this call",
                 )
 

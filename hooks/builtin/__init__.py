@@ -6,8 +6,9 @@ the plugins ``redact``) does not import every built-in hook and the stores behin
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .activity_coordination import ActivityAnnouncementHook, ActivityCleanupHook, activity_signal_id
@@ -81,10 +82,4 @@ __all__ = [
     "redact",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(globals(), _WHERE)

@@ -355,6 +355,11 @@ async def _decide(
         return result
     except Exception as err:  # noqa: BLE001 - any unhandled error: fail closed on blocking events
         return failed("error", f"{type(err).__name__}: {err}")
+    return _completed(outcome)
+
+
+def _completed(outcome: HandlerResult) -> DispatchResult:
+    """A handler's answer as a completed invocation (its reason kept only with a block)."""
     return DispatchResult(
         outcome.decision,
         outcome.reason if outcome.decision == "block" else "",
@@ -532,14 +537,7 @@ class DeclaredHook(PipelineHook):
             if cached is None:
                 raise NotReplayed("prompt hook with no cached decision for this call (a replay never asks its model)")
             outcome = decide_result(DecideArguments.model_validate(cached), metadata={"cache_hit": True})
-            return DispatchResult(
-                outcome.decision,
-                outcome.reason if outcome.decision == "block" else "",
-                "completed",
-                0.0,
-                updated_input=outcome.updated_input,
-                metadata=outcome.metadata,
-            )
+            return _completed(outcome)
         if not self.spec.shadow_safe:
             raise NotReplayed(f"{self.spec.handler_type} hook not marked shadow_safe")
         return await dispatch(self.spec, self.runtime, event, state=dict(ctx.state), identity=None, audit=False)
