@@ -4,12 +4,14 @@ finalizers. Workflow code only."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import JsonValue
+
     from . import decisions, stages, story
     from .effects import record_effects
     from .invocation import HookRunner, RunStopped
@@ -61,6 +63,22 @@ def step_summaries(state: RunState) -> list[StepSummary]:
     return [StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in state.record.steps]
 
 
+def request_result(
+    state: RunState, response: str, confidence: float, metadata: dict[str, JsonValue], **answered_by: Any
+) -> RequestResult:
+    """The request's result: its answer, with the steps that ran (none, for a short-circuit), and what
+    answered it where that was not the pipeline (``short_circuit``, ``stopped``)."""
+    return RequestResult(
+        request_id=state.request_id,
+        workflow_id=state.record.workflow_id,
+        response=response,
+        confidence=confidence,
+        metadata=metadata,
+        steps=step_summaries(state),
+        **answered_by,
+    )
+
+
 class RunEnding:
     """Ends one request (see the module docstring)."""
 
@@ -98,15 +116,7 @@ class RunEnding:
         info = StopInfo(extension=stop.extension, phase=stop.phase, reason=stop.reason)
         state.record.stopped = info
         state.record.final_response = stop.text
-        return RequestResult(
-            request_id=state.request_id,
-            workflow_id=state.record.workflow_id,
-            response=stop.text,
-            confidence=1.0,
-            stopped=info,
-            metadata={"pipeline": state.manifest.pipeline},
-            steps=step_summaries(state),
-        )
+        return request_result(state, stop.text, 1.0, {"pipeline": state.manifest.pipeline}, stopped=info)
 
     def error_view(self, error: RequestError) -> RunErrorView:
         origin = ERROR_ORIGINS.get(error.type, "harness")

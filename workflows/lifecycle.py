@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from .callers import caller_identity
     from .detached import EFFECT_UPDATE_SIGNAL, accept_effect_update
     from .dispatch import LOST_ATTEMPT_SIGNAL
-    from .ending import RunEnding, step_summaries
+    from .ending import RunEnding, request_result
     from .invocation import Ahead, HookRunner, RunStopped, StageRun, raise_if_cancelled
     from .leases import ManagedLeases
     from .listing import LIST_STAGE_SIGNAL, RESOLVING_PIPELINE, StageListing
@@ -358,13 +358,11 @@ class RequestLifecycleWorkflow:
             response = await self._answers.after_synthesis(synthesis.response, synthesis.confidence)
             state.synthesized = response
             state.record.confidence = synthesis.confidence
-            result = RequestResult(
-                request_id=state.request_id,
-                workflow_id=state.record.workflow_id,
-                response=response,
-                confidence=synthesis.confidence,
-                metadata={"pipeline": state.manifest.pipeline, "planner": state.record.planner},
-                steps=step_summaries(state),
+            result = request_result(
+                state,
+                response,
+                synthesis.confidence,
+                {"pipeline": state.manifest.pipeline, "planner": state.record.planner},
             )
         handled_by = "short_circuit" if result.short_circuit else "pipeline"
         if result.response.strip():  # after_answer runs once a non-empty answer exists
@@ -453,13 +451,8 @@ class RequestLifecycleWorkflow:
         state.record.short_circuit = info
         state.record.final_response = proposal.response
         state.record.confidence = 1.0
-        return RequestResult(
-            request_id=state.request_id,
-            workflow_id=state.record.workflow_id,
-            response=proposal.response,
-            confidence=1.0,
-            short_circuit=info,
-            metadata={**proposal.metadata, **state.enrichments},
+        return request_result(
+            state, proposal.response, 1.0, {**proposal.metadata, **state.enrichments}, short_circuit=info
         )
 
     async def _run_phases(self) -> Plan:
