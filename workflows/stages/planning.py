@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pydantic
 from pydantic import BaseModel, Field, JsonValue
@@ -179,10 +179,10 @@ def _proposal(entry: HookEntry, value: Any) -> ShortCircuitProposal | None:
     """Check a before_planning return value against the hook's contract: a legacy short-circuit is
     authoritative (a decision of that kind); a decision must name a known kind and carry its payload (else
     ``HookContractError``)."""
-    contract: Literal["legacy", "decision"] = "legacy" if entry.before_planning_contract == "legacy" else "decision"
-    if contract == "legacy":
-        legacy = returned(value, "before_planning", PipelineShortCircuit)
-        decided = None if legacy is None else PipelineShortCircuitDecision(short_circuit=legacy)
+    legacy = entry.before_planning_contract == "legacy"
+    if legacy:
+        answer = returned(value, "before_planning", PipelineShortCircuit)
+        decided = None if answer is None else PipelineShortCircuitDecision(short_circuit=answer)
     else:
         decided = returned(value, "before_planning_decision", PipelineShortCircuitDecision)
     if decided is None:
@@ -193,7 +193,7 @@ def _proposal(entry: HookEntry, value: Any) -> ShortCircuitProposal | None:
         raise ResultRejected(HOOK_CONTRACT_ERROR, "short-circuit decision has no short_circuit payload")
     payload = decided.short_circuit
     return ShortCircuitProposal(
-        contract=contract,
+        contract="legacy" if legacy else "decision",
         kind=decided.kind,
         response=payload.response,
         source=payload.source,
