@@ -165,35 +165,14 @@ class RequestLifecycleWorkflow:
         """Approve the open checkpoint: ``{"checkpoint_id", "reviewer", "comment", "declined", "proof"}``."""
         signal = self._inbound("approve", ApproveSignal, args)
         if signal is not None:
-            self._reviews.decide(
-                ReviewMessage(
-                    "approve",
-                    "approve",
-                    signal.checkpoint_id,
-                    signal.reviewer,
-                    signal.comment,
-                    tuple(signal.declined),
-                    signal.proof,
-                    caller_identity(),
-                )
-            )
+            self._reviews.decide(_review_message(signal))
 
     @workflow.signal(name="reject")
     def reject(self, *args: Any) -> None:
         """Reject the open checkpoint: ``{"checkpoint_id", "reviewer", "reason", "proof"}``."""
         signal = self._inbound("reject", RejectSignal, args)
         if signal is not None:
-            self._reviews.decide(
-                ReviewMessage(
-                    "reject",
-                    "reject",
-                    signal.checkpoint_id,
-                    signal.reviewer,
-                    signal.reason,
-                    proof=signal.proof,
-                    caller=caller_identity(),
-                )
-            )
+            self._reviews.decide(_review_message(signal))
 
     @workflow.signal(name="granted")
     def granted(self, *args: Any) -> None:
@@ -567,16 +546,17 @@ def _review_request(args: Sequence[Any]) -> ReviewRequest:
     return request
 
 
-def _review_message(request: ReviewRequest) -> ReviewMessage:
+def _review_message(sent: ApproveSignal | RejectSignal | ReviewRequest) -> ReviewMessage:
+    """A review decision as it arrived, whichever message brought it (the ``approve`` or ``reject`` signal,
+    the ``review`` update), with the identity the server received it with."""
+    if isinstance(sent, ReviewRequest):
+        via, decision, comment, declined = "review", sent.decision, sent.comment, sent.declined
+    elif isinstance(sent, ApproveSignal):
+        via, decision, comment, declined = "approve", "approve", sent.comment, sent.declined
+    else:
+        via, decision, comment, declined = "reject", "reject", sent.reason, []
     return ReviewMessage(
-        "review",
-        request.decision,
-        request.checkpoint_id,
-        request.reviewer,
-        request.comment,
-        tuple(request.declined),
-        request.proof,
-        caller_identity(),
+        via, decision, sent.checkpoint_id, sent.reviewer, comment, tuple(declined), sent.proof, caller_identity()
     )
 
 
