@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import pydantic
 from pydantic import BaseModel, Field, JsonValue
 
-from ..decisions import HOOK_CONTRACT_ERROR, INVALID_PLAN, REASON_MODIFIED, REASON_STOPPED, short_circuit_decision
+from ..decisions import HOOK_CONTRACT_ERROR, INVALID_PLAN, REASON_MODIFIED, short_circuit_decision
 from ..models import (
     MAX_ENRICHMENT_BYTES,
     DecisionAction,
@@ -368,9 +368,7 @@ class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
     def judge(self, call: AfterPlanningCall, value: Any, ctx: PipelineContext, checks: Checks) -> AfterPlanningOutcome:
         returned(value, "after_planning", Plan, Stop, none=False, expected="a Plan or Stop")
         if isinstance(value, Stop):
-            if not value.text.strip():
-                raise rejected("after_planning stopped the run with an empty answer")
-            decision = self.success(call.hook, REASON_STOPPED, DecisionAction.STOP)
+            decision = self.stopped(call.hook, value)
             return AfterPlanningOutcome(plan=call.plan, changed=False, stop=value, decision=decision)
         try:
             plan = Plan.model_validate(value.model_dump(mode="json"))
