@@ -26,7 +26,6 @@ with workflow.unsafe.imports_passed_through():
         RunErrorView,
         RunOutcomeView,
         SnapshotAttempt,
-        StepSummary,
         StopInfo,
     )
     from .records import RecordKeeper
@@ -59,10 +58,6 @@ ERROR_ORIGINS = {
 _CONFIG_CAUSES = frozenset({"NoPlanner"})
 
 
-def step_summaries(state: RunState) -> list[StepSummary]:
-    return [StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in state.record.steps]
-
-
 def request_result(
     state: RunState, response: str, confidence: float, metadata: dict[str, JsonValue], **answered_by: Any
 ) -> RequestResult:
@@ -74,7 +69,7 @@ def request_result(
         response=response,
         confidence=confidence,
         metadata=metadata,
-        steps=step_summaries(state),
+        steps=state.step_summaries(),
         **answered_by,
     )
 
@@ -127,7 +122,7 @@ class RunEnding:
             type=error.type,
             message=error.message,
             details=error.details,
-            steps=step_summaries(self._state),
+            steps=self._state.step_summaries(),
         )
 
     async def _release_leases(self, exit: Exit) -> None:
