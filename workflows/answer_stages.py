@@ -14,7 +14,6 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from . import stages
-    from .ending import step_summaries
     from .invocation import Ahead, HookRunner, RunStopped
     from .model_steps import ModelSteps
     from .models import (
@@ -89,7 +88,7 @@ class AnswerStages:
         after_answer runs only once there is one)."""
         if not response.strip():
             return []
-        view = self._view(response, "pipeline", step_summaries(self._state))
+        view = self._view(response, "pipeline", self._state.step_summaries())
         return [Ahead(Stage.AFTER_ANSWER, view), *self._finish_stage(response)]
 
     def _finish_stage(self, answer: str) -> list[Ahead]:

@@ -4,12 +4,14 @@ finalizers. Workflow code only."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import JsonValue
+
     from . import decisions, stages, story
     from .effects import record_effects
     from .invocation import HookRunner, RunStopped
@@ -24,7 +26,6 @@ with workflow.unsafe.imports_passed_through():
         RunErrorView,
         RunOutcomeView,
         SnapshotAttempt,
-        StepSummary,
         StopInfo,
     )
     from .records import RecordKeeper
@@ -57,8 +58,20 @@ ERROR_ORIGINS = {
 _CONFIG_CAUSES = frozenset({"NoPlanner"})
 
 
-def step_summaries(state: RunState) -> list[StepSummary]:
-    return [StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in state.record.steps]
+def request_result(
+    state: RunState, response: str, confidence: float, metadata: dict[str, JsonValue], **answered_by: Any
+) -> RequestResult:
+    """The request's result: its answer, with the steps that ran (none, for a short-circuit), and what
+    answered it where that was not the pipeline (``short_circuit``, ``stopped``)."""
+    return RequestResult(
+        request_id=state.request_id,
+        workflow_id=state.record.workflow_id,
+        response=response,
+        confidence=confidence,
+        metadata=metadata,
+        steps=state.step_summaries(),
+        **answered_by,
+    )
 
 
 class RunEnding:
@@ -98,15 +111,7 @@ class RunEnding:
         info = StopInfo(extension=stop.extension, phase=stop.phase, reason=stop.reason)
         state.record.stopped = info
         state.record.final_response = stop.text
-        return RequestResult(
-            request_id=state.request_id,
-            workflow_id=state.record.workflow_id,
-            response=stop.text,
-            confidence=1.0,
-            stopped=info,
-            metadata={"pipeline": state.manifest.pipeline},
-            steps=step_summaries(state),
-        )
+        return request_result(state, stop.text, 1.0, {"pipeline": state.manifest.pipeline}, stopped=info)
 
     def error_view(self, error: RequestError) -> RunErrorView:
         origin = ERROR_ORIGINS.get(error.type, "harness")
@@ -117,7 +122,7 @@ class RunEnding:
             type=error.type,
             message=error.message,
             details=error.details,
-            steps=step_summaries(self._state),
+            steps=self._state.step_summaries(),
         )
 
     async def _release_leases(self, exit: Exit) -> None:

@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from .callers import caller_identity
     from .detached import EFFECT_UPDATE_SIGNAL, accept_effect_update
     from .dispatch import LOST_ATTEMPT_SIGNAL
-    from .ending import RunEnding, step_summaries
+    from .ending import RunEnding, request_result
     from .invocation import Ahead, HookRunner, RunStopped, StageRun, raise_if_cancelled
     from .leases import ManagedLeases
     from .listing import LIST_STAGE_SIGNAL, RESOLVING_PIPELINE, StageListing
@@ -165,35 +165,14 @@ class RequestLifecycleWorkflow:
         """Approve the open checkpoint: ``{"checkpoint_id", "reviewer", "comment", "declined", "proof"}``."""
         signal = self._inbound("approve", ApproveSignal, args)
         if signal is not None:
-            self._reviews.decide(
-                ReviewMessage(
-                    "approve",
-                    "approve",
-                    signal.checkpoint_id,
-                    signal.reviewer,
-                    signal.comment,
-                    tuple(signal.declined),
-                    signal.proof,
-                    caller_identity(),
-                )
-            )
+            self._reviews.decide(_review_message(signal))
 
     @workflow.signal(name="reject")
     def reject(self, *args: Any) -> None:
         """Reject the open checkpoint: ``{"checkpoint_id", "reviewer", "reason", "proof"}``."""
         signal = self._inbound("reject", RejectSignal, args)
         if signal is not None:
-            self._reviews.decide(
-                ReviewMessage(
-                    "reject",
-                    "reject",
-                    signal.checkpoint_id,
-                    signal.reviewer,
-                    signal.reason,
-                    proof=signal.proof,
-                    caller=caller_identity(),
-                )
-            )
+            self._reviews.decide(_review_message(signal))
 
     @workflow.signal(name="granted")
     def granted(self, *args: Any) -> None:
@@ -358,13 +337,11 @@ class RequestLifecycleWorkflow:
             response = await self._answers.after_synthesis(synthesis.response, synthesis.confidence)
             state.synthesized = response
             state.record.confidence = synthesis.confidence
-            result = RequestResult(
-                request_id=state.request_id,
-                workflow_id=state.record.workflow_id,
-                response=response,
-                confidence=synthesis.confidence,
-                metadata={"pipeline": state.manifest.pipeline, "planner": state.record.planner},
-                steps=step_summaries(state),
+            result = request_result(
+                state,
+                response,
+                synthesis.confidence,
+                {"pipeline": state.manifest.pipeline, "planner": state.record.planner},
             )
         handled_by = "short_circuit" if result.short_circuit else "pipeline"
         if result.response.strip():  # after_answer runs once a non-empty answer exists
@@ -453,13 +430,8 @@ class RequestLifecycleWorkflow:
         state.record.short_circuit = info
         state.record.final_response = proposal.response
         state.record.confidence = 1.0
-        return RequestResult(
-            request_id=state.request_id,
-            workflow_id=state.record.workflow_id,
-            response=proposal.response,
-            confidence=1.0,
-            short_circuit=info,
-            metadata={**proposal.metadata, **state.enrichments},
+        return request_result(
+            state, proposal.response, 1.0, {**proposal.metadata, **state.enrichments}, short_circuit=info
         )
 
     async def _run_phases(self) -> Plan:
@@ -574,16 +546,17 @@ def _review_request(args: Sequence[Any]) -> ReviewRequest:
     return request
 
 
-def _review_message(request: ReviewRequest) -> ReviewMessage:
+def _review_message(sent: ApproveSignal | RejectSignal | ReviewRequest) -> ReviewMessage:
+    """A review decision as it arrived, whichever message brought it (the ``approve`` or ``reject`` signal,
+    the ``review`` update), with the identity the server received it with."""
+    if isinstance(sent, ReviewRequest):
+        via, decision, comment, declined = "review", sent.decision, sent.comment, sent.declined
+    elif isinstance(sent, ApproveSignal):
+        via, decision, comment, declined = "approve", "approve", sent.comment, sent.declined
+    else:
+        via, decision, comment, declined = "reject", "reject", sent.reason, []
     return ReviewMessage(
-        "review",
-        request.decision,
-        request.checkpoint_id,
-        request.reviewer,
-        request.comment,
-        tuple(request.declined),
-        request.proof,
-        caller_identity(),
+        via, decision, sent.checkpoint_id, sent.reviewer, comment, tuple(declined), sent.proof, caller_identity()
     )
 
 

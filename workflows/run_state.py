@@ -72,7 +72,6 @@ class RunState:
     def recover(self, origin: str, type: str, message: str, details: dict[str, JsonValue] | None = None) -> None:
         """Keep an error the run recovers from (a failed memory save, a tool failure the planner saw, ...)
         for on_error, which observes it before the run's end."""
-        steps = [StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in self.record.steps]
         self.recovered.append(
             RunErrorView.model_validate(
                 {
@@ -80,7 +79,7 @@ class RunState:
                     "type": type,
                     "message": message,
                     "details": details or {},
-                    "steps": steps,
+                    "steps": self.step_summaries(),
                     "recovered": True,
                 }
             )
@@ -130,6 +129,10 @@ class RunState:
         """The request's conversation (``metadata.conversation_id``), if it names one."""
         value = self.input.metadata.get("conversation_id")
         return value if isinstance(value, str) and value else None
+
+    def step_summaries(self) -> list[StepSummary]:
+        """Every step in the record, in plan order."""
+        return [StepSummary(step_id=s.step_id, tool=s.tool, status=s.status.value) for s in self.record.steps]
 
     def steps_so_far(self) -> list[StepSummary]:
         """Every step of the request that has finished, in the order they finished."""

@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator, model_validator
 
 from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage, bounded_value
 from ._model_calls import ModelCall
@@ -265,6 +265,21 @@ class EffectStatus(StrEnum):
     FAILED = "failed"
 
 
+# Bounds on an effect's texts (see ``PipelineHookEffect``) and on the effects one invocation reports.
+MAX_EFFECT_NAME_CHARS = 200
+MAX_EFFECT_SUMMARY_CHARS = 2_000
+MAX_EFFECT_ERROR_CHARS = 4_000
+MAX_EFFECTS_PER_INVOCATION = 64
+# The longest each text of an effect may be, by field.
+_EFFECT_TEXT_CHARS = {
+    "effect_id": MAX_EFFECT_NAME_CHARS,
+    "name": MAX_EFFECT_NAME_CHARS,
+    "hook": MAX_EFFECT_NAME_CHARS,
+    "summary": MAX_EFFECT_SUMMARY_CHARS,
+    "error": MAX_EFFECT_ERROR_CHARS,
+}
+
+
 class PipelineHookEffect(BaseModel):
     """A versioned record of work a hook attempted and what it observed; detached work may later bring
     the same effect from pending to a terminal state.
@@ -285,32 +300,15 @@ class PipelineHookEffect(BaseModel):
     hook: str | None = None
     stage: Stage | None = None
 
-    @field_validator("effect_id", "name", "hook", mode="before")
+    @field_validator(*_EFFECT_TEXT_CHARS, mode="before")
     @classmethod
-    def _short(cls, value: Any) -> Any:
-        return clipped(value, MAX_EFFECT_NAME_CHARS)
-
-    @field_validator("summary", mode="before")
-    @classmethod
-    def _summary(cls, value: Any) -> Any:
-        return clipped(value, MAX_EFFECT_SUMMARY_CHARS)
-
-    @field_validator("error", mode="before")
-    @classmethod
-    def _error(cls, value: Any) -> Any:
-        return clipped(value, MAX_EFFECT_ERROR_CHARS)
+    def _clipped(cls, value: Any, info: ValidationInfo) -> Any:
+        return clipped(value, _EFFECT_TEXT_CHARS[str(info.field_name)])
 
     @field_validator("data", mode="before")
     @classmethod
     def _data(cls, value: Any) -> Any:
         return bounded_value(value)
-
-
-# Bounds on an effect's texts (see ``PipelineHookEffect``) and on the effects one invocation reports.
-MAX_EFFECT_NAME_CHARS = 200
-MAX_EFFECT_SUMMARY_CHARS = 2_000
-MAX_EFFECT_ERROR_CHARS = 4_000
-MAX_EFFECTS_PER_INVOCATION = 64
 
 
 def clipped(value: Any, limit: int) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
@@ -13,7 +13,25 @@ MAX_OBSERVED_ERROR_CHARS = 2_000  # of a step's error, in what after_execution h
 MAX_PLAN_ATTEMPTS = 2
 
 
-class ToolSpec(BaseModel):
+class _NamesTool:
+    """The names of the tool a model's ``namespace``, ``agent`` and ``capability`` fields address: its full
+    key and its name within the namespace."""
+
+    if TYPE_CHECKING:  # the fields of the model it is mixed into
+        namespace: str
+        agent: str
+        capability: str
+
+    @property
+    def tool_key(self) -> str:
+        return f"{self.namespace}/{self.agent}/{self.capability}"
+
+    @property
+    def tool(self) -> str:
+        return f"{self.agent}/{self.capability}"
+
+
+class ToolSpec(_NamesTool, BaseModel):
     """A tool the planner may choose, as the workflow and validators see it."""
 
     namespace: str
@@ -27,10 +45,10 @@ class ToolSpec(BaseModel):
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.agent}/{self.capability}"
+        return self.tool_key
 
 
-class PlanStep(BaseModel):
+class PlanStep(_NamesTool, BaseModel):
     """One tool call of a plan."""
 
     step_id: str
@@ -42,14 +60,6 @@ class PlanStep(BaseModel):
     # Prior-phase step ids this step's arguments reference ({{steps.<id>.output...}}), exactly.
     implicit_deps: list[str] = Field(default_factory=list)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
-
-    @property
-    def tool_key(self) -> str:
-        return f"{self.namespace}/{self.agent}/{self.capability}"
-
-    @property
-    def tool(self) -> str:
-        return f"{self.agent}/{self.capability}"
 
 
 class ModelToolCall(BaseModel):
@@ -191,7 +201,7 @@ class ToolMetrics(BaseModel):
     max_duration_ms: float = 0.0
 
 
-class ToolCall(BaseModel):
+class ToolCall(_NamesTool, BaseModel):
     """A tool call a hook may inspect or alter: the step, its tool, its (resolved) arguments."""
 
     step_id: str
@@ -203,11 +213,3 @@ class ToolCall(BaseModel):
     subagent: bool = False  # the step starts a sub-agent (a child RequestLifecycle)
     # Why the planner made the call: the step's own ``metadata["brief"]``, else its plan's rationale.
     brief: str = ""
-
-    @property
-    def tool(self) -> str:
-        return f"{self.agent}/{self.capability}"
-
-    @property
-    def tool_key(self) -> str:
-        return f"{self.namespace}/{self.agent}/{self.capability}"

@@ -17,6 +17,7 @@ from ..decisions import (
     PAYLOAD_TOO_LARGE,
     REASON_ACCEPTED,
     REASON_OBSERVED,
+    REASON_STOPPED,
     WORKER_LOST,
     failure_reason,
 )
@@ -32,6 +33,7 @@ from ..models import (
     PlanStep,
     ShortCircuitProposal,
     Stage,
+    Stop,
 )
 
 if TYPE_CHECKING:
@@ -295,6 +297,13 @@ class StageSpec(Generic[CallT, OutcomeT]):
         (``observed`` for observers); deciding stages pass what they decided."""
         default = REASON_OBSERVED if self.finalizer else REASON_ACCEPTED
         return HookDecision(failure_policy=self.policy(hook), action=action, reason=reason or default)
+
+    def stopped(self, hook: HookEntry, stop: Stop) -> HookDecision:
+        """The decision for an invocation that stopped the run with ``stop``, whose text becomes the run's
+        answer: refused when that answer is empty."""
+        if not stop.text.strip():
+            raise rejected(f"{self.stage.value} stopped the run with an empty answer")
+        return self.success(hook, REASON_STOPPED, DecisionAction.STOP)
 
     def failure(self, hook: HookEntry, category: str) -> HookDecision:
         """The decision for a failed invocation: terminate when the boundary fails closed, else continue.

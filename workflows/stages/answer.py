@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..decisions import REASON_ACCEPTED, REASON_MEMORY_REPLACED, REASON_MEMORY_SKIPPED, REASON_REWRITTEN, REASON_STOPPED
+from ..decisions import REASON_ACCEPTED, REASON_MEMORY_REPLACED, REASON_MEMORY_SKIPPED, REASON_REWRITTEN
 from ..models import (
     AnswerView,
     DecisionAction,
@@ -112,7 +112,7 @@ class AfterAnswerSpec(StageSpec[AfterAnswerCall, AfterAnswerOutcome]):
         if not text.strip():
             raise rejected("after_answer produced an empty answer")
         if stop:
-            decision = self.success(call.hook, REASON_STOPPED, DecisionAction.STOP)
+            decision = self.stopped(call.hook, stop)
         else:
             decision = self.success(call.hook, REASON_ACCEPTED if text == call.answer.text else REASON_REWRITTEN)
         return AfterAnswerOutcome(text=text, stop=stop, decision=decision)

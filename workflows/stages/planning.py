@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import pydantic
 from pydantic import BaseModel, Field, JsonValue
 
-from ..decisions import HOOK_CONTRACT_ERROR, INVALID_PLAN, REASON_MODIFIED, REASON_STOPPED, short_circuit_decision
+from ..decisions import HOOK_CONTRACT_ERROR, INVALID_PLAN, REASON_MODIFIED, short_circuit_decision
 from ..models import (
     MAX_ENRICHMENT_BYTES,
     DecisionAction,
@@ -177,19 +177,14 @@ class BeforePlanningSpec(StageSpec[BeforePlanningCall, BeforePlanningOutcome]):
 
 def _proposal(entry: HookEntry, value: Any) -> ShortCircuitProposal | None:
     """Check a before_planning return value against the hook's contract: a legacy short-circuit is
-    authoritative; a decision must name a known kind and carry its payload (else ``HookContractError``)."""
-    if entry.before_planning_contract == "legacy":
-        legacy = returned(value, "before_planning", PipelineShortCircuit)
-        if legacy is None:
-            return None
-        return ShortCircuitProposal(
-            contract="legacy",
-            kind=ShortCircuitKind.AUTHORITATIVE,
-            response=legacy.response,
-            source=legacy.source,
-            metadata=legacy.metadata,
-        )
-    decided = returned(value, "before_planning_decision", PipelineShortCircuitDecision)
+    authoritative (a decision of that kind); a decision must name a known kind and carry its payload (else
+    ``HookContractError``)."""
+    legacy = entry.before_planning_contract == "legacy"
+    if legacy:
+        answer = returned(value, "before_planning", PipelineShortCircuit)
+        decided = None if answer is None else PipelineShortCircuitDecision(short_circuit=answer)
+    else:
+        decided = returned(value, "before_planning_decision", PipelineShortCircuitDecision)
     if decided is None:
         return None
     if decided.kind not in (ShortCircuitKind.AUTHORITATIVE, ShortCircuitKind.CACHE):
@@ -198,7 +193,7 @@ def _proposal(entry: HookEntry, value: Any) -> ShortCircuitProposal | None:
         raise ResultRejected(HOOK_CONTRACT_ERROR, "short-circuit decision has no short_circuit payload")
     payload = decided.short_circuit
     return ShortCircuitProposal(
-        contract="decision",
+        contract="legacy" if legacy else "decision",
         kind=decided.kind,
         response=payload.response,
         source=payload.source,
@@ -373,9 +368,7 @@ class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
     def judge(self, call: AfterPlanningCall, value: Any, ctx: PipelineContext, checks: Checks) -> AfterPlanningOutcome:
         returned(value, "after_planning", Plan, Stop, none=False, expected="a Plan or Stop")
         if isinstance(value, Stop):
-            if not value.text.strip():
-                raise rejected("after_planning stopped the run with an empty answer")
-            decision = self.success(call.hook, REASON_STOPPED, DecisionAction.STOP)
+            decision = self.stopped(call.hook, value)
             return AfterPlanningOutcome(plan=call.plan, changed=False, stop=value, decision=decision)
         try:
             plan = Plan.model_validate(value.model_dump(mode="json"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..decisions import REASON_MODIFIED, REASON_STOPPED
+from ..decisions import REASON_MODIFIED
 from ..models import (
     MAX_ENRICHMENT_BYTES,
     DecisionAction,
@@ -84,9 +84,7 @@ class BeforeRunSpec(StageSpec[BeforeRunCall, BeforeRunOutcome]):
     def judge(self, call: BeforeRunCall, value: Any, ctx: PipelineContext, checks: Checks) -> BeforeRunOutcome:
         value = returned(value, "before_run", RunPatch, Stop)
         if isinstance(value, Stop):
-            if not value.text.strip():
-                raise rejected("before_run stopped the run with an empty answer")
-            return BeforeRunOutcome(stop=value, decision=self.success(call.hook, REASON_STOPPED, DecisionAction.STOP))
+            return BeforeRunOutcome(stop=value, decision=self.stopped(call.hook, value))
         if value is not None and value.ask is not None and not value.ask.strip():
             raise rejected("before_run rewrote the ask to empty text")
         reason = REASON_MODIFIED if value is not None else None
@@ -197,10 +195,7 @@ class BeforeFallbackSpec(StageSpec[BeforeFallbackCall, BeforeFallbackOutcome]):
     ) -> BeforeFallbackOutcome:
         value = returned(value, "before_fallback", FallbackRequest, Stop)
         if isinstance(value, Stop):
-            if not value.text.strip():
-                raise rejected("before_fallback stopped the run with an empty answer")
-            decision = self.success(call.hook, REASON_STOPPED, DecisionAction.STOP)
-            return BeforeFallbackOutcome(stop=value, decision=decision)
+            return BeforeFallbackOutcome(stop=value, decision=self.stopped(call.hook, value))
         if value is None:
             return BeforeFallbackOutcome(decision=self.success(call.hook))
         if not value.ask.strip():
