@@ -4,7 +4,7 @@ finalizers. Workflow code only."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         RequestStatus,
         RunErrorView,
         RunOutcomeView,
+        ShortCircuitInfo,
         SnapshotAttempt,
         StopInfo,
     )
@@ -59,7 +60,13 @@ _CONFIG_CAUSES = frozenset({"NoPlanner"})
 
 
 def request_result(
-    state: RunState, response: str, confidence: float, metadata: dict[str, JsonValue], **answered_by: Any
+    state: RunState,
+    response: str,
+    confidence: float,
+    metadata: dict[str, JsonValue],
+    *,
+    short_circuit: ShortCircuitInfo | None = None,
+    stopped: StopInfo | None = None,
 ) -> RequestResult:
     """The request's result: its answer, with the steps that ran (none, for a short-circuit), and what
     answered it where that was not the pipeline (``short_circuit``, ``stopped``)."""
@@ -70,7 +77,8 @@ def request_result(
         confidence=confidence,
         metadata=metadata,
         steps=state.step_summaries(),
-        **answered_by,
+        short_circuit=short_circuit,
+        stopped=stopped,
     )
 
 
