@@ -172,26 +172,24 @@ async def test_starting_a_request_a_worker_serves_warns_of_nothing(client, tmp_p
 # --------------------------------------------------------------------------------------------------
 
 
-def test_the_cli_module_imports_no_driver_model_or_server_library():
+def loaded(imports: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The modules starting with one of ``prefixes`` that a fresh interpreter holds after ``imports``."""
     probe = (
-        "import json, sys; import client.cli, client.settings; "
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('psycopg', 'psycopg_pool', 'psycopg_binary', 'openai', 'mcp', 'cryptography', 'celpy'))))"
+        f"import json, sys; {imports}; print(json.dumps(sorted(m for m in sys.modules if m.startswith({prefixes!r}))))"
     )
     run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout) == []
+    return json.loads(run.stdout)
+
+
+def test_the_cli_module_imports_no_driver_model_or_server_library():
+    optional = ("psycopg", "psycopg_pool", "psycopg_binary", "openai", "mcp", "cryptography", "celpy")
+    assert [m for m in loaded("import client.cli, client.settings", optional) if m.split(".")[0] in optional] == []
 
 
 def test_the_client_loads_no_workflow_code_worker_or_telemetry_sdk():
     """What a CLI request or a service's `AgentClient` loads: the shared models and Temporal's client —
     not the workflows, Temporal's worker or the OpenTelemetry SDK (a CLI that exports nothing starts no
     client span; the worker gives the request its own trace)."""
-    probe = (
-        "import json, sys; import client.cli, client.settings, client.api; from workflows import WORKFLOW_TYPE; "
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith("
-        "('workflows.lifecycle', 'workflows.stages', 'temporalio.worker', 'opentelemetry.sdk')))))"
-    )
-    run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout) == []
+    imports = "import client.cli, client.settings, client.api; from workflows import WORKFLOW_TYPE"
+    assert loaded(imports, ("workflows.lifecycle", "workflows.stages", "temporalio.worker", "opentelemetry.sdk")) == []
