@@ -325,11 +325,16 @@ class AgentClient:
 
     async def result(self, request: str) -> RequestResult:
         """Wait for a request's answer (:class:`RequestFailed` if it fails)."""
-        workflow_id = await self.workflow_id(request)
-        try:
-            return await self.temporal.get_workflow_handle(workflow_id, result_type=RequestResult).result()
-        except WorkflowFailureError as err:
-            raise RequestFailed.of(workflow_id, err) from None
+        # Waited for at once, not looked up first: the request's own id needs no round trip before the wait.
+        for workflow_id in _candidates(request):
+            try:
+                return await self.temporal.get_workflow_handle(workflow_id, result_type=RequestResult).result()
+            except WorkflowFailureError as err:
+                raise RequestFailed.of(workflow_id, err) from None
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+        raise _not_found(request)
 
     async def stream(self, request: str, *, from_offset: int = 0) -> AsyncIterator[AnswerChunk]:
         """The answer of a request started with ``stream=True``, as it is written: the model's text chunks,
@@ -497,15 +502,23 @@ class AgentClient:
 
     async def workflow_id(self, request: str) -> str:
         """The workflow id of a request named by its request id or its workflow id."""
-        candidates = [request] if request.startswith(REQUEST_PREFIX) else [workflow_id_for(request), request]
-        for workflow_id in candidates:
+        for workflow_id in _candidates(request):
             try:
                 await self.temporal.get_workflow_handle(workflow_id).describe()
                 return workflow_id
             except RPCError as err:
                 if err.status != RPCStatusCode.NOT_FOUND:
                     raise
-        raise RequestNotFound(f"no request {request!r}: neither a workflow id nor a request id")
+        raise _not_found(request)
+
+
+def _candidates(request: str) -> list[str]:
+    """The workflow ids a request may be named by: a workflow id, or a request id (its workflow's first)."""
+    return [request] if request.startswith(REQUEST_PREFIX) else [workflow_id_for(request), request]
+
+
+def _not_found(request: str) -> RequestNotFound:
+    return RequestNotFound(f"no request {request!r}: neither a workflow id nor a request id")
 
 
 async def started_input(handle: WorkflowHandle, converter: DataConverter = data_converter) -> RequestInput | None:
