@@ -156,6 +156,9 @@ class ReviewRefused(Exception):
     decided or expired, no pending checkpoint): nothing changed."""
 
 
+# How long a worker seen polling the task queue is taken to be there still (the no-worker warning).
+_WORKERS_SEEN_FOR = 60.0
+
 # Clients not closed when the interpreter exits are let go of before it finalizes (an ``atexit`` hook
 # runs while threads may still take the interpreter's lock), so a script that never closes its client
 # does not abort at exit either.
@@ -214,6 +217,7 @@ class AgentClient:
         self.settings = settings
         self._signing_key: SigningKey | None = None
         self._closed = False
+        self._workers_seen_at: float | None = None  # when a worker was last seen polling the task queue
         _open_clients.add(self)
 
     @classmethod
@@ -277,7 +281,8 @@ class AgentClient:
         request's own, told to the model after the pipeline's.
 
         When no worker polls the task queue the request waits until one does: a warning is logged
-        (``client.api``) naming the queue."""
+        (``client.api``) naming the queue. Once a worker was seen polling, the queue is asked again only
+        after a minute: a service starting many requests pays no extra round trip for each."""
         handle = await start_request(
             self.temporal,
             self.settings,
@@ -288,7 +293,11 @@ class AgentClient:
             requested_by=requested_by,
             instructions=instructions,
         )
-        if await self.workers_polling() == 0:
+        if self._workers_seen_at is not None and time.monotonic() - self._workers_seen_at < _WORKERS_SEEN_FOR:
+            return handle
+        polling = await self.workers_polling()
+        self._workers_seen_at = time.monotonic() if polling else None
+        if polling == 0:
             logger.warning(
                 "no worker polls task queue %r at %s; request %s waits until one does (start one: python worker.py)",
                 self.settings.task_queue,

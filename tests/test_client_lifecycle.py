@@ -165,6 +165,17 @@ async def test_starting_a_request_a_worker_serves_warns_of_nothing(client, tmp_p
         assert [r for r in caplog.records if r.name == "client.api"] == []
         result = await agents.result(handle.id)
         assert "ACME" in result.response
+        # A worker seen polling is not asked after again for every request the client starts.
+        asked = []
+
+        async def counted() -> int | None:
+            asked.append(1)
+            return 1
+
+        agents.workers_polling = counted
+        again = await agents.start("What is the price of ACME?")
+        assert asked == []
+        assert "ACME" in (await agents.result(again.id)).response
 
 
 # --------------------------------------------------------------------------------------------------
