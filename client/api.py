@@ -217,7 +217,7 @@ class AgentClient:
         self.settings = settings
         self._signing_key: SigningKey | None = None
         self._closed = False
-        self._workers_seen_at: float | None = None  # when a worker was last seen polling the task queue
+        self._workers_seen_at: float | None = None  # when the task queue last had a worker polling (or would not say)
         _open_clients.add(self)
 
     @classmethod
@@ -281,8 +281,9 @@ class AgentClient:
         request's own, told to the model after the pipeline's.
 
         When no worker polls the task queue the request waits until one does: a warning is logged
-        (``client.api``) naming the queue. Once a worker was seen polling, the queue is asked again only
-        after a minute: a service starting many requests pays no extra round trip for each."""
+        (``client.api``) naming the queue. Once a worker was seen polling (or the server does not say), the
+        queue is asked again only after a minute: a service starting many requests pays no extra round trip
+        for each."""
         handle = await start_request(
             self.temporal,
             self.settings,
@@ -296,7 +297,9 @@ class AgentClient:
         if self._workers_seen_at is not None and time.monotonic() - self._workers_seen_at < _WORKERS_SEEN_FOR:
             return handle
         polling = await self.workers_polling()
-        self._workers_seen_at = time.monotonic() if polling else None
+        # Asked again at the next start only while no worker polls (a server that does not say is not
+        # asked before a minute is out either: asking again tells no more).
+        self._workers_seen_at = None if polling == 0 else time.monotonic()
         if polling == 0:
             logger.warning(
                 "no worker polls task queue %r at %s; request %s waits until one does (start one: python worker.py)",
