@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -37,6 +38,7 @@ from workflows.models import (
     EffectUpdateInput,
     ExecutionRecord,
     ModelDraft,
+    ModelUsage,
     PersistRecordInput,
     PersistRecordOutput,
     PipelineManifest,
@@ -47,6 +49,7 @@ from workflows.models import (
     ReviewNotificationInput,
     ReviewNotificationResult,
     ReviewSettings,
+    Stage,
     StageSettings,
     SynthesizeInput,
     SynthesizeOutput,
@@ -54,6 +57,8 @@ from workflows.models import (
 )
 from workflows.notification import NOTIFY_REVIEWERS_ACTIVITY
 from workflows.plan_validation import plan_problems
+from workflows.snapshots import accepted_plan_snapshot, took_plan
+from workflows.stages.planning import AFTER_PLANNING
 
 from . import telemetry
 from .answer_stream import publish_answer, publish_plan, streaming_planner, streaming_synthesizer
@@ -279,7 +284,9 @@ class LifecycleActivities(HookStageActivities):
     @activity.defn(name="plan")
     @heartbeating
     async def plan(self, input: PlanInput) -> PlanOutput:
-        """Build the planning prompt from the enrichments and ask the planner for a valid plan."""
+        """Build the planning prompt from the enrichments and ask the planner for a valid plan; run the
+        phase's after_planning hooks on it where the workflow sent them."""
+        started = time.monotonic()
         tools = self.manifest.tools
         if input.tools is not None:  # before_plan hooks narrowed what this attempt may use
             offered = set(input.tools)
@@ -362,7 +369,34 @@ class LifecycleActivities(HookStageActivities):
             model_turn=calls.turn,
             draft=draft,
         )
+        if input.hooks is not None:
+            await self._after_planning(input, output, started)
         return self.bounded_result(output, "plan")
+
+    async def _after_planning(self, input: PlanInput, output: PlanOutput, started: float) -> None:
+        """Run the phase's after_planning hooks on the plan (``PlanInput.hooks``), in order, each exactly as a
+        local batch runs it (its attempts, timeout, span and checks); their entries go back in ``output``, a
+        hook's failure among them, never raised (the planner is not asked again for it). Where the workflow
+        handed over the accepted plan's snapshot, the plan has steps (a plan without is recorded by the
+        next write) and every hook left the plan and the run as they were, write it as the workflow would
+        build it from the same outcomes."""
+        hooks, plan = input.hooks, output.plan
+        assert hooks is not None and plan is not None
+        output.hooks_after_ms = round((time.monotonic() - started) * 1000.0, 3)
+        spent = ModelUsage.of(output.model_calls).total_tokens
+        calls = [AFTER_PLANNING.on_plan(built, plan, spent) for built in hooks.after]
+        output.after, ran, ran_on = await self.run_stage(Stage.AFTER_PLANNING, calls)
+        write = hooks.write
+        if write is None or not ran_on or not plan.steps:
+            return
+        took_plan(write.record, output)
+        write.record.handled_by = input.route
+        write.record.lifecycle_stage = str(Stage.AFTER_PLANNING)
+        write.started += timedelta(milliseconds=output.hooks_after_ms)
+        entries = output.after
+        output.snapshot = await self._write_snapshot(
+            write.record, lambda: accepted_plan_snapshot(write, ran, entries, in_place=True), "accepted plan"
+        )
 
     @activity.defn(name="synthesize")
     @heartbeating

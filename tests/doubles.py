@@ -110,7 +110,8 @@ def decision(invocation: HookInvocation) -> tuple[str, str, str]:
 def started_attempts(out: Outcome, activity_type: str) -> list[int]:
     """The attempt of each ActivityTaskStarted of ``activity_type`` (the last attempt the server ran), or,
     for a local activity, the attempt its marker recorded — for the hooks of a batch whose stage's
-    activity is ``activity_type``, the attempts each hook's entry recorded."""
+    activity is ``activity_type``, the attempts each hook's entry recorded, and so for the after_planning
+    hooks a planning activity ran on its plan."""
     types = {
         e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
         for e in out.history.events
@@ -121,6 +122,11 @@ def started_attempts(out: Outcome, activity_type: str) -> list[int]:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             if types[e.activity_task_started_event_attributes.scheduled_event_id] == activity_type:
                 attempts.append(e.activity_task_started_event_attributes.attempt)
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED and activity_type == "after_planning_hook":
+            done = e.activity_task_completed_event_attributes
+            if types[done.scheduled_event_id] == "plan" and done.result.payloads:
+                output = data_converter.payload_converter.from_payloads(done.result.payloads)[0]
+                attempts.extend(entry.get("attempts", 1) for entry in output.get("after", []))
         elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
             marker = e.marker_recorded_event_attributes
             if marker.marker_name == "core_local_activity" and "data" in marker.details:

@@ -142,6 +142,21 @@ class ScheduledActivity:
     recorded_type: str | None = field(default=None, compare=False)
 
 
+def _plan_invocations(summary: str, result: Any) -> list[ScheduledActivity]:
+    """A planning activity that ran the phase's in-process after_planning hooks on its plan (``plan · phase
+    <n> with after_planning:<hook> + <hook>``): the planning, then each hook invocation its result records,
+    as a batch's are reported (none when the activity never completed: the workflow ran them)."""
+    found = [ScheduledActivity("plan", summary.split(" with ", 1)[0])]
+    if result is None:
+        return found
+    output = data_converter.payload_converter.from_payloads(result)[0]
+    found += [
+        ScheduledActivity(STAGES[Stage.AFTER_PLANNING].activity, f"after_planning · {e['hook']}", True, True)
+        for e in output.get("after", [])
+    ]
+    return found
+
+
 @dataclass
 class Outcome:
     """One finished request as a user sees it: result or typed failure, record, history."""
@@ -172,6 +187,8 @@ class Outcome:
                 done = completed.get(event.event_id)
                 if attrs.activity_type.name == "execute_tool_step" and summary and " with " in summary:
                     found.extend(_tool_step_invocations(summary, done.result.payloads if done else None))
+                elif attrs.activity_type.name == "plan" and summary and " with " in summary:
+                    found.extend(_plan_invocations(summary, done.result.payloads if done else None))
                 else:
                     found.append(ScheduledActivity(attrs.activity_type.name, summary))
             elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
@@ -200,6 +217,22 @@ class Outcome:
             result = attrs.details["result"].payloads if "result" in attrs.details else None
             found.append((recorded, converter.from_payloads(result)[0] if result else None))
         return found
+
+    def planning_outputs(self) -> list[dict[str, Any]]:
+        """What each completed planning activity returned, in history order, as history holds it."""
+        converter = data_converter.payload_converter
+        planned = {
+            e.event_id
+            for e in self.history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "plan"
+        }
+        return [
+            converter.from_payloads(e.activity_task_completed_event_attributes.result.payloads)[0]
+            for e in self.history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+            and e.activity_task_completed_event_attributes.scheduled_event_id in planned
+        ]
 
     @property
     def summaries(self) -> list[str]:

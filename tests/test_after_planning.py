@@ -663,3 +663,85 @@ async def test_a_required_local_activity_hook_rejection_is_a_required_after_plan
     assert stored.record_revision == 1 and stored.lifecycle.boundary == "terminal"
     [inv] = stored.invocations(Stage.AFTER_PLANNING, "local-gate")
     assert decision(inv) == ("fail_closed", "terminate", "hook_error")
+
+
+# --------------------------------------------------------------------------------------------------
+# In the planning activity
+# --------------------------------------------------------------------------------------------------
+
+
+class FlakyPlanner(FixedPlanner):
+    """Fails its first call (a retryable error), then plans as a FixedPlanner."""
+
+    async def plan(self, request) -> Plan:
+        if self.calls == 0:
+            self.calls += 1
+            raise RuntimeError("the model timed out")
+        return await super().plan(request)
+
+
+async def test_the_planning_activity_runs_the_hooks_once_on_the_plan_of_its_attempt_that_produced_one(client, tmp_path):
+    """The phase's in-process hooks run in the planning activity, after the planner: an attempt whose planner
+    failed ran none, and the retried attempt runs each once, recorded as its own invocation."""
+    recorder = Recorder("recorder")
+    planner = FlakyPlanner(quote("quote-acme", "ACME"))
+    async with Harness(client, tmp_path, hooks=[recorder], planner=planner) as h:
+        out = await h.run("price of ACME")
+
+    assert out.failure is None
+    assert planner.calls == 2 and started_attempts(out, "plan") == [2]
+    assert recorder.seen == [["quote-acme"]]
+    assert [a.summary for a in out.scheduled if a.activity_type in ("plan", "after_planning_hook")] == [
+        "plan · phase 1",
+        "after_planning · recorder",
+    ]
+    assert [(i.hook, i.stage.value, i.outcome.value) for i in out.record.pipeline_hooks] == [
+        ("recorder", "after_planning", "succeeded")
+    ]
+    assert tool_step_ids(out) == ["quote-acme"]
+
+
+async def test_a_hook_failing_in_the_planning_activity_fails_open_without_asking_the_planner_again(client, tmp_path):
+    class Broken:
+        name = "broken"
+        calls = 0
+
+        async def after_planning(self, ctx, plan):
+            Broken.calls += 1
+            raise RuntimeError("the policy service is down")
+
+    after = Recorder("after")
+    planner = two_quotes()
+    async with Harness(client, tmp_path, hooks=[Broken(), after], planner=planner) as h:
+        out = await h.run("quotes please")
+
+    assert out.failure is None
+    assert planner.calls == 1  # the hook's failure is answered, never raised: the planner is asked once
+    assert Broken.calls == 3 and started_attempts(out, "after_planning_hook") == [3, 1]
+    assert after.seen == [["quote-acme", "quote-msft"]]  # the run went on without the failed hook's result
+    entries = [(i.hook, i.outcome.value, i.decision.action.value) for i in out.record.pipeline_hooks]
+    assert entries == [("broken", "failed", "continue"), ("after", "succeeded", "continue")]
+    assert tool_step_ids(out) == ["quote-acme", "quote-msft"]
+
+
+async def test_a_required_hook_rejecting_in_the_planning_activity_ends_the_request_before_any_tool(client, tmp_path):
+    class Gate(RequiredAfterPlanningHook):
+        name = "gate"
+
+        async def after_planning(self, ctx, plan):
+            raise HookRejection("quote-msft is not allowed")
+
+    planner = two_quotes()
+    async with Harness(client, tmp_path, hooks=[Recorder("before-gate"), Gate()], planner=planner) as h:
+        out = await h.run("quotes please")
+
+    assert out.failure is not None and out.failure.type == "RequiredAfterPlanningError"
+    assert out.failure.non_retryable
+    assert out.failure_details()["hook"] == "gate"
+    assert planner.calls == 1 and out.tool_activities == []
+    assert [s.summary for s in out.scheduled if s.activity_type == "plan"] == ["plan · phase 1"]
+    assert out.record.status is RequestStatus.FAILED and out.record.plans == []
+    assert [(i.hook, i.outcome.value) for i in out.record.pipeline_hooks] == [
+        ("before-gate", "succeeded"),
+        ("gate", "failed"),
+    ]

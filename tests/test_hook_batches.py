@@ -15,6 +15,7 @@ from workflows import data_converter
 from workflows.models import FailurePolicy, InvocationOutcome, Stage, StageSettings
 from workflows.stages import hook_stage_of
 
+from .conftest import with_payload_store
 from .doubles import FixedPlanner, decision, quote
 from .harness import Harness, Outcome
 
@@ -301,7 +302,8 @@ def marker_result(out: Outcome, activity_type: str) -> dict:
 async def test_an_outcome_records_the_subject_only_where_its_hook_changed_it(client, tmp_path):
     first, last = Keep("first"), Keep("last")
     hooks = [KeepPlan(), first, Suffix("a"), last]
-    async with Harness(client, tmp_path, hooks=hooks, planner=FixedPlanner(quote("q", "ACME"))) as h:
+    stored = with_payload_store(client, tmp_path)
+    async with Harness(stored, tmp_path, hooks=hooks, planner=FixedPlanner(quote("q", "ACME"))) as h:
         out = await h.run("price of ACME")
 
     assert out.failure is None
@@ -316,11 +318,11 @@ async def test_an_outcome_records_the_subject_only_where_its_hook_changed_it(cli
         (False, None),
     ]
     assert [e["outcome"]["decision"]["reason"] for e in batch] == ["accepted"] * 3
-    # The phase's only after_planning hook runs in a local activity that also writes the accepted plan
-    # (see tests/test_records.py), and the plan it left as it was stays out of its marker: the tools
+    # The phase's only after_planning hook runs in the planning activity, which also writes the accepted
+    # plan (see tests/test_records.py), and the plan it left as it was stays out of its entry: the tools
     # still run the plan.
-    kept = marker_result(out, "after_planning:keep-plan")
-    [entry] = kept["entries"]
+    [kept] = out.planning_outputs()
+    [entry] = kept["after"]
     assert kept["snapshot"]["revision"] == 1 and kept["snapshot"]["written"] is True
     assert "plan" not in entry["outcome"] and entry["outcome"]["changed"] is False
     assert entry["outcome"]["decision"]["reason"] == "accepted"

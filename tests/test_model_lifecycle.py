@@ -25,6 +25,7 @@ from hooks.builtin.secret_redaction import SecretRedactionHook
 from workflows.models import AnswerChunk, FailurePolicy, RequestStatus, StageSettings
 from workflows.stages import STAGE_SEPARATOR, hook_stage_of
 
+from .conftest import with_payload_store
 from .doubles import quote
 from .harness import Harness, Outcome
 
@@ -34,11 +35,12 @@ PUBLISH_SIGNAL = "__temporal_workflow_stream_publish"
 
 def model_harness(client, tmp_path, server: ai.OpenAIServer, *, hooks=(), **settings) -> Harness:
     """A model planner and synthesizer; the pipeline asks for the synthesizer's own call (these tests are
-    about it) unless ``dedicated_synthesis=False`` is given."""
+    about it) unless ``dedicated_synthesis=False`` is given. Large payloads go by reference through the
+    payload store, as a deployment's do by default."""
     settings.setdefault("dedicated_synthesis", True)
     model = ModelSettings(base_url=server.base_url, api_key=SecretStr("sk-test"), model="m", timeout_seconds=5)
     return Harness(
-        client,
+        with_payload_store(client, tmp_path),
         tmp_path,
         hooks=hooks,
         planner=OpenAIPlanner(model, ToolRegistry(demo_tools(tmp_path))),
@@ -496,10 +498,11 @@ async def test_the_stages_after_a_text_answer_run_in_one_local_activity_and_each
 
     assert outcome.result is not None and outcome.result.response == "ACME is up.", outcome.failure
     tail = "audit + second"
-    assert run_on_types(outcome) == [
-        f"after_planning:{tail} → after_execution:{tail} → after_synthesis:{tail} → after_answer:{tail}"
-    ]
-    assert hook_markers(outcome)[-1][1] == ["after_planning", "after_execution", "after_synthesis", "after_answer"]
+    # Each phase's after_planning hooks ran in its planning activity; the stages after the text answer run
+    # in one local activity.
+    assert [output["after"][0]["hook"] for output in outcome.planning_outputs()] == ["audit", "audit"]
+    assert run_on_types(outcome) == [f"after_execution:{tail} → after_synthesis:{tail} → after_answer:{tail}"]
+    assert hook_markers(outcome)[-1][1] == ["after_execution", "after_synthesis", "after_answer"]
     # Each hook saw what it would have seen had each stage run on its own.
     assert audit.seen == [
         ("after_planning", (1, 1, None), 0),
@@ -683,16 +686,9 @@ async def test_a_stage_that_changes_the_run_hands_the_next_stage_back_to_the_wor
 
     assert outcome.result is not None, outcome.failure
     # Each activity was offered the stages after its own, and ran only its own: the record says which.
-    assert [ran for _, ran in hook_markers(outcome)] == [
-        ["after_planning"],
-        ["after_planning"],
-        ["after_execution"],
-        ["after_synthesis"],
-        ["after_answer"],
-    ]
-    assert run_on_types(outcome)[0] == (
-        "after_planning:counter → after_execution:counter → after_synthesis:counter → after_answer:counter"
-    )
+    # (Each phase's after_planning ran in its planning activity.)
+    assert [ran for _, ran in hook_markers(outcome)] == [["after_execution"], ["after_synthesis"], ["after_answer"]]
+    assert run_on_types(outcome)[0] == "after_execution:counter → after_synthesis:counter → after_answer:counter"
     assert [(stage, n) for stage, _, n in counter.seen] == [
         ("after_planning", 0),
         ("after_planning", 1),
@@ -715,12 +711,9 @@ async def test_an_answer_rewritten_at_after_synthesis_reaches_after_answer_as_re
     assert outcome.result is not None, outcome.failure
     response = outcome.result.response
     assert "sk-live-" not in response
-    # after_planning ran on into after_execution and after_synthesis; the redaction changed the answer,
-    # so after_answer ran on its own, on the redacted answer.
-    assert [ran for _, ran in hook_markers(outcome)][-2:] == [
-        ["after_planning", "after_execution", "after_synthesis"],
-        ["after_answer"],
-    ]
+    # after_execution ran on into after_synthesis; the redaction changed the answer, so after_answer ran
+    # on its own, on the redacted answer.
+    assert [ran for _, ran in hook_markers(outcome)][-2:] == [["after_execution", "after_synthesis"], ["after_answer"]]
     assert audit.seen[-1] == ("after_answer", response, 0)
     assert audit.seen[-2] == ("after_synthesis", answer, 0)
 
@@ -784,6 +777,7 @@ async def test_hooks_run_ahead_for_stages_a_stopped_run_never_reached_are_kept_a
     client, tmp_path, server, monkeypatch
 ):
     import activities.hook_stages
+    import workflows.model_steps
     from hooks import Stop
 
     class Stops(Tail):
@@ -792,6 +786,9 @@ async def test_hooks_run_ahead_for_stages_a_stopped_run_never_reached_are_kept_a
             return Stop(text="Stopped here.", reason="enough") if ctx.plan_phase == 2 else plan
 
     monkeypatch.setattr(activities.hook_stages, "hands_on", lambda spec, ran: bool(ran))
+    # The planning activity does not run the phase's hooks (as where one of them is not in-process): the
+    # text answer's after_planning hooks run in a local activity that runs on into the stages after it.
+    monkeypatch.setattr(workflows.model_steps.ModelSteps, "_fused", lambda self, phase, planned: None)
     server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
     stops = Stops("stops")
     async with model_harness(client, tmp_path, server, hooks=[stops], dedicated_synthesis=False) as h:

@@ -45,18 +45,23 @@ async def test_a_request_started_without_a_client_span_is_one_trace_named_in_its
 
 
 class Auditor:
-    """An in-process after_planning hook (a local activity) that keeps the plan."""
+    """An in-process before_planning hook (a local activity) that adds nothing, and after_planning hook
+    (run by the planning activity on its plan) that keeps the plan."""
 
     name = "auditor"
+
+    async def before_planning(self, ctx):
+        return None
 
     async def after_planning(self, ctx, plan):
         return plan
 
 
 async def test_local_activities_trace_only_what_they_do_in_the_request_trace(client, tmp_path, spans):
-    """An in-process hook's span is in the request's trace, under the workflow's context; the local
-    activities (the hook, the pipeline's resolution, the record's snapshots) add no StartActivity /
-    RunActivity pair of their own, while the plan and the tools keep theirs."""
+    """An in-process hook's span is in the request's trace, under the workflow's context (or under the
+    activity that ran it: the planning's); the local activities (the hook, the pipeline's resolution, the
+    record's snapshots) add no StartActivity / RunActivity pair of their own, while the plan and the tools
+    keep theirs."""
     worker_client = Client(
         client.service_client,
         namespace=client.namespace,
@@ -67,14 +72,17 @@ async def test_local_activities_trace_only_what_they_do_in_the_request_trace(cli
         out = await h.run("What is the price of ACME?", metadata={"cache": "bypass"})
 
     assert out.result is not None and out.record is not None
-    assert "after_planning_hook" in out.activity_types() and "persist_execution_record" in out.activity_types()
+    assert "before_planning_hook" in out.activity_types() and "persist_execution_record" in out.activity_types()
     finished = spans.get_finished_spans()
     trace_id = int(out.record.trace_id, 16)
     in_trace = [s for s in finished if s.context.trace_id == trace_id]
     names = {s.name for s in in_trace}
-    [hook_span] = [s for s in in_trace if s.name == "pipeline.hook.after_planning.auditor"]
+    [hook_span] = [s for s in in_trace if s.name == "pipeline.hook.before_planning.auditor"]
     [run_workflow] = [s for s in in_trace if s.name == "RunWorkflow:RequestLifecycle"]
     assert hook_span.parent is not None and hook_span.parent.span_id == run_workflow.parent.span_id
+    [planned_hook] = [s for s in in_trace if s.name == "pipeline.hook.after_planning.auditor"]
+    [run_plan] = [s for s in in_trace if s.name == "RunActivity:plan"]
+    assert planned_hook.parent is not None and planned_hook.parent.span_id == run_plan.context.span_id
     assert {"RunActivity:plan", "StartActivity:plan", "RunActivity:execute_tool_step"} <= names
-    local = ("after_planning_hook", "resolve_pipeline", "persist_execution_record", "run_hook_batch")
+    local = ("before_planning_hook", "resolve_pipeline", "persist_execution_record", "run_hook_batch")
     assert not [n for n in names if n.split(":")[-1] in local], sorted(names)

@@ -20,6 +20,7 @@ from demo.tools import quote_price
 from hooks import HookRejection, PipelineHook, PlanStep, RequiredAfterPlanningHook, Stage
 from workflows.models import Plan, RequestStatus, StageSettings, StepStatus
 
+from .conftest import with_payload_store
 from .doubles import decision
 from .harness import Harness, Outcome
 
@@ -146,13 +147,18 @@ def persist_summaries(out: Outcome) -> list[str]:
 
 
 def snapshots_with_hooks(out: Outcome) -> list[dict | None]:
-    """Per local activity of in-process after_planning hooks: the accepted plan's snapshot it wrote."""
-    return [result.get("snapshot") for kind, result in out.local_results() if kind.startswith("after_planning:")]
+    """Per planning activity that ran in-process after_planning hooks on its plan, or local activity of
+    them: the accepted plan's snapshot it wrote."""
+    found = [output.get("snapshot") for output in out.planning_outputs() if output.get("after")]
+    return found + [
+        result.get("snapshot") for kind, result in out.local_results() if kind.startswith("after_planning:")
+    ]
 
 
 def harness(client, tmp_path, planner, *, hooks=(), settings=None, lookups=None, echoes=None) -> Harness:
+    """The lookup and echo tools, and the payload store a deployment has by default."""
     return Harness(
-        client,
+        with_payload_store(client, tmp_path),
         tmp_path,
         hooks=list(hooks),
         tools=[lookups or Lookup(), echoes or Echo()],

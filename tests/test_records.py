@@ -17,11 +17,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import CancelledError
 
 from activities import Tool
 from hooks import PipelineHook, PlanStep
 from storage.executions import SQLiteExecutionStore
+from workflows import data_converter
 from workflows.models import (
     ApproveSignal,
     EffectStatus,
@@ -36,6 +38,7 @@ from workflows.models import (
     StepStatus,
 )
 
+from .conftest import with_payload_store
 from .doubles import FixedPlanner, NoArguments, quote
 from .harness import Harness, Outcome
 
@@ -304,21 +307,21 @@ class FailingFirstSave(RecordingStore):
 
 
 def after_planning_marker(out: Outcome) -> dict:
-    """What the after_planning hooks' local activity recorded as its result."""
-    found = [result for kind, result in out.local_results() if kind.startswith("after_planning:")]
+    """What the planning activity that ran the phase's after_planning hooks recorded as its result."""
+    found = [output for output in out.planning_outputs() if output.get("after")]
     assert len(found) == 1, found
     return found[0]
 
 
 async def test_after_planning_hooks_that_accept_the_plan_write_its_snapshot_themselves(client, tmp_path):
-    """The local activity that runs a phase's after_planning hooks writes the accepted plan's snapshot
-    when they leave the plan as it is: the store has it, with their invocations and effects, before the
+    """The planning activity that runs a phase's after_planning hooks on its plan writes the accepted plan's
+    snapshot when they leave the plan as it is: the store has it, with their invocations and effects, before the
     tool runs, and no local activity of its own writes it. The snapshot is the workflow's record at that
     point; the harness replays the history (whose workflow clock after the first local activities reads
     differently in replay)."""
     hold = Hold()
     hooks = [Enrich(), AcceptPlan("a"), AcceptPlan("b")]
-    h = Harness(client, tmp_path, tools=[hold], planner=hold_plan(), hooks=hooks)
+    h = Harness(with_payload_store(client, tmp_path), tmp_path, tools=[hold], planner=hold_plan(), hooks=hooks)
     recording = h.activities.store = RecordingStore(h.store)
     async with h:
         handle, accepted = await held(h, hold)
@@ -353,6 +356,36 @@ async def test_after_planning_hooks_that_accept_the_plan_write_its_snapshot_them
     assert await out.stored() == final
 
 
+async def test_without_a_payload_store_the_record_stays_out_of_history_and_the_workflow_writes_the_plan(
+    client, tmp_path
+):
+    """Without a payload store the planning activity is not handed the record (it would enter the history
+    inline): it runs the phase's hooks on its plan, and the workflow writes the accepted plan's snapshot
+    after them, before the tool."""
+    hold = Hold()
+    h = Harness(client, tmp_path, tools=[hold], planner=hold_plan(), hooks=[AcceptPlan("a")])
+    recording = h.activities.store = RecordingStore(h.store)
+    async with h:
+        handle, accepted = await held(h, hold)
+        assert accepted.lifecycle.boundary == "accepted_plan" and accepted.record_revision == 1
+        hold.release.set()
+        out = await h.finish(handle)
+
+    assert out.failure is None
+    assert after_planning_marker(out).get("snapshot") is None
+    [planning] = [e for e in out.history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED][:1]
+    sent = data_converter.payload_converter.from_payloads(
+        planning.activity_task_scheduled_event_attributes.input.payloads
+    )
+    assert sent[0]["hooks"]["after"] and "write" not in sent[0]["hooks"]
+    assert persist_summaries(out) == [
+        "bookkeeping · persist record · accepted_plan · revision 1",
+        "bookkeeping · persist record · terminal · revision 2",
+    ]
+    assert [b[:3] for b in boundaries(recording)] == [("accepted_plan", "pending", 1), ("terminal", "completed", 2)]
+    assert await out.stored() == out.record
+
+
 async def test_after_planning_hooks_that_change_the_plan_leave_its_snapshot_to_the_workflow(client, tmp_path):
     h = Harness(client, tmp_path, tools=[Hold()], planner=hold_plan(), hooks=[RewritePlan(), AcceptPlan("after")])
     recording = h.activities.store = RecordingStore(h.store)
@@ -378,7 +411,9 @@ async def test_a_snapshot_the_hooks_could_not_write_is_written_by_the_workflow_w
     (they ran once), and the workflow writes the snapshot itself, with the revision after the one offered
     (an attempt whose result was lost may have written that one)."""
     hold = Hold()
-    h = Harness(client, tmp_path, tools=[hold], planner=hold_plan(), hooks=[AcceptPlan("a")])
+    h = Harness(
+        with_payload_store(client, tmp_path), tmp_path, tools=[hold], planner=hold_plan(), hooks=[AcceptPlan("a")]
+    )
     recording = h.activities.store = FailingFirstSave(h.store)
     async with h:
         handle, accepted = await held(h, hold)
@@ -388,7 +423,7 @@ async def test_a_snapshot_the_hooks_could_not_write_is_written_by_the_workflow_w
 
     assert out.failure is None
     tried = after_planning_marker(out)["snapshot"]
-    assert (tried["revision"], tried["written"]) == (1, False)
+    assert (tried["revision"], tried.get("written", False)) == (1, False)
     assert persist_summaries(out) == [
         "bookkeeping · persist record · accepted_plan · revision 2",
         "bookkeeping · persist record · terminal · revision 3",
@@ -792,7 +827,8 @@ async def test_a_cancelled_request_persists_a_cancelled_terminal_snapshot_and_ru
         out = await h.finish(handle)
 
     types = out.activity_types()
-    assert types[types.index(where) + 1 :] == ["persist_execution_record"], types
+    waited = "plan" if where == "after_planning_hook" else where  # the planning activity runs its hooks
+    assert types[types.index(waited) + 1 :] == ["persist_execution_record"], types
     assert isinstance(out.failure, CancelledError), repr(out.failure)
     stored = await out.stored()
     assert stored.status is RequestStatus.CANCELLED and stored.request_completion == "cancelled"

@@ -73,7 +73,7 @@ async def test_a_required_hook_that_rejects_the_plan_is_marked_where_it_ended_th
 
     assert out.failure is not None and out.failure.type == "RequiredAfterPlanningError"
     rows = timeline(out)
-    at = rows.index("after_planning:local-gate")
+    at = rows.index("plan · phase 1 with after_planning:local-gate")  # the planning ran the gate on its plan
     assert rows[at + 1] == (
         "✗ ended the request — after_planning · local-gate: required after_planning hook 'local-gate' rejected "
         "the plan: step quote-acme uses an operation not allowed by this application"

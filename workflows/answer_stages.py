@@ -107,11 +107,14 @@ class AnswerStages:
 
     # -- the stages ----------------------------------------------------------------------------------
 
-    async def after_execution(self, execution: ExecutionResult, ahead: list[Ahead]) -> None:
+    async def after_execution(self, execution: ExecutionResult, plan: Plan) -> None:
         """Observers of every step's outcome: its status, result text (capped) and error, not each raw
         output, so what every after_execution hook receives stays small however much the tools returned
-        (the record keeps the raw outputs)."""
-        await self._hooks.stage(Stage.AFTER_EXECUTION, observed(execution.steps), ahead=ahead)
+        (the record keeps the raw outputs). Where ``plan``, the last, is the planner's text answer, its hooks
+        may run on into the draft's stages and the end (:meth:`draft_stages`, :meth:`end_after`)."""
+        ahead = self.draft_stages(plan)
+        end = self.end_after(plan) if ahead else None
+        await self._hooks.stage(Stage.AFTER_EXECUTION, observed(execution.steps), ahead=ahead, end=end)
 
     async def after_synthesis(self, response: str, confidence: float | None) -> str:
         """Rewrite the answer, chained; a hook that fails closed (redaction) ends the request rather than

@@ -9,7 +9,7 @@ Workflow code only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -76,15 +76,18 @@ class Ahead:
 
 @dataclass
 class PreRun:
-    """Hooks of a stage that a local activity ran before the workflow reached the stage: the calls they
-    received, their entries, and when the first started. ``trusted``: the calls are the ones the workflow
-    built for them itself (a tool step's hooks), so they are taken as they are; otherwise they are taken
-    only if the workflow, on reaching the stage, builds the same."""
+    """Hooks of a stage that an activity ran before the workflow reached the stage (a local batch running
+    on, a tool step's or a planning activity's hooks): the calls they received, their entries, and when the
+    first started. ``trusted``: the calls are the ones the workflow built for them itself (a tool step's
+    hooks), so they are taken as they are; otherwise they are taken only if the workflow, on reaching the
+    stage, builds the same. ``snapshot``: what became of the snapshot the activity was handed with them,
+    taken with them."""
 
     calls: list[HookCall]
     entries: list[HookBatchEntry]
     started: datetime
     trusted: bool = False
+    snapshot: SnapshotAttempt | None = None  # the accepted plan's, where the activity was handed it
 
 
 @dataclass
@@ -335,12 +338,7 @@ class HookDispatcher:
             f"{part.value} · {', '.join(hook.name for hook in part_hooks)}" for part, part_hooks in parts
         )
         summary += f" · {step.step_id}" if step else ""
-        # Every hook's every attempt, and the pauses between them: each hook's own bounds apply inside.
-        budget = sum(
-            hook.timeout_seconds * hook.max_attempts + sum(hook_retry_delay(n) for n in range(1, hook.max_attempts))
-            for _, part_hooks in parts
-            for hook in part_hooks
-        )
+        budget = hooks_budget(hook for _, part_hooks in parts for hook in part_hooks)
         named = [(part, [hook.name for hook in part_hooks]) for part, part_hooks in parts]
         activity_type = stages_activity_type(named) if segments else hook_activity_type(stage, named[0][1])
         started = workflow.now()
@@ -521,6 +519,7 @@ class StageDispatch:
                     )
                     if not results:
                         continue
+                    self.snapshot = ran.snapshot
                 elif len(batch) > 1 or segments or self._offer or self._end:
                     whole = self._end is not None and len(batch) == len(participants)
                     results, snapshot = await dispatcher.invoke_batch(
@@ -554,6 +553,15 @@ class StageDispatch:
             self._done += len(results)
             return results
         return None
+
+
+def hooks_budget(hooks: Iterable[HookEntry]) -> float:
+    """The seconds an activity running ``hooks`` one after another may take besides its own work: every
+    hook's every attempt and the pauses between them (each hook's own bounds apply inside)."""
+    return sum(
+        hook.timeout_seconds * hook.max_attempts + sum(hook_retry_delay(n) for n in range(1, hook.max_attempts))
+        for hook in hooks
+    )
 
 
 def raise_if_cancelled(err: BaseException) -> None:

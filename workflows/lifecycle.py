@@ -332,7 +332,7 @@ class RequestLifecycleWorkflow:
         if result is None:
             plan = await self._run_phases()
             execution = ExecutionResult(steps=list(state.record.steps))
-            await self._answers.after_execution(execution, self._answers.draft_stages(plan))
+            await self._answers.after_execution(execution, plan)
             synthesis = await self._models.synthesize(plan, execution)
             response = await self._answers.after_synthesis(synthesis.response, synthesis.confidence)
             state.synthesized = response
@@ -441,8 +441,9 @@ class RequestLifecycleWorkflow:
         while True:
             state.phase = phase
             planned = await self._models.plan(phase)
-            # A plan without steps runs nothing: the next write (the terminal one) records it.
-            ahead = self._answers.after_plan_accepted(planned.plan)
+            # A plan without steps runs nothing: the next write (the terminal one) records it. Where the
+            # planning activity ran the phase's hooks, nothing runs on from them.
+            ahead = [] if planned.prerun is not None else self._answers.after_plan_accepted(planned.plan)
             accepted = await self._after_planning(
                 planned,
                 ahead,
@@ -472,10 +473,10 @@ class RequestLifecycleWorkflow:
         required hook's failure ends the request before any checkpoint or tool; a stop ends the run. The
         plan, accepted, is the run's subject; ``write``: its snapshot is written next; ``end``: how the
         run ends if the hooks leave it as it is (the hooks' local activity may write either, see
-        ``HookRunner.run``)."""
+        ``HookRunner.run``). Hooks the planning activity already ran on the plan are recorded as theirs
+        (``planned.prerun``)."""
         record = self._state.record
         plan = planned.plan
-        prior = [s.step_id for s in record.steps]
         first_entry = len(record.pipeline_hooks)
 
         def on_outcome(
@@ -494,14 +495,11 @@ class RequestLifecycleWorkflow:
             plan,
             on_outcome,
             plan_phase=plan.phase,
-            prior_step_ids=prior,
-            available_tools=planned.available,
-            attempt=planned.attempt,
-            tools=planned.tools,
-            steps=self._state.steps_so_far(),
             ahead=ahead,
             write_accepted_plan=write,
             end=end,
+            prerun=planned.prerun,
+            **planned.after_planning(self._state),
         )
         plan = accepted.subject
         at = snapshots.ended_at(record.pipeline_hooks[first_entry:], workflow.now())

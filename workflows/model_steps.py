@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
@@ -24,16 +25,20 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from . import decisions, stages
     from .converter import Shown
-    from .invocation import HookRunner, RunStopped, error_text, raise_if_cancelled
+    from .hook_dispatch import hooks_budget
+    from .invocation import HookRunner, PreRun, RunStopped, error_text, raise_if_cancelled
     from .listing import PLANNING, SYNTHESIZING, StageListing
     from .models import (
-        MAX_RECORDED_PROMPT_CHARS,
+        AcceptedPlanWrite,
         ExecutionResult,
         FallbackRequest,
+        HookCall,
         HookEntry,
         ModelCall,
         ModelDraft,
+        ModelUsage,
         Plan,
+        PlanHooks,
         PlanInput,
         PlanOutput,
         PlanRepair,
@@ -45,8 +50,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from .run_state import RunState
     from .scheduling import Scheduler
+    from .snapshots import took_plan
     from .stages import Fold
-    from .support import activity_error_details, stage_failure
+    from .support import activity_error_details, payload_bytes, stage_failure
 
 
 OutputT = TypeVar("OutputT", PlanOutput, SynthesizeOutput)
@@ -55,17 +61,55 @@ Route = Literal["primary", "fallback"]
 
 # The phase's answer when before_plan hooks left no tool: nothing to plan, so no planner call.
 NO_TOOLS_RATIONALE = "no tool is available to this planning attempt"
+# The largest record the planning activity is handed to write the accepted plan's snapshot with the
+# phase's after_planning hooks (by reference, through the payload store); a larger one, or any without a
+# payload store (it would enter the history), the workflow writes itself after them.
+MAX_RECORD_WITH_PLAN_BYTES = 256 * 1024
 
 
 @dataclass
 class PlannedPhase:
     """A phase's plan, the tool keys its last planning attempt had (None: every tool), that attempt (0: the
-    phase's first) and its tools as planning hooks see them."""
+    phase's first) and its tools as planning hooks see them; ``prerun``: the after_planning hooks the
+    planning activity ran on the plan."""
 
     plan: Plan
     available: list[str] | None = None
     attempt: int = 0
     tools: list[stages.ToolDescriptor] = field(default_factory=list)
+    prerun: PreRun | None = None
+
+    def after_planning(self, state: RunState) -> dict[str, Any]:
+        """What after_planning hooks receive besides the plan and the request."""
+        return {
+            "prior_step_ids": [s.step_id for s in state.record.steps],
+            "available_tools": self.available,
+            "attempt": self.attempt,
+            "tools": self.tools,
+            "steps": state.steps_so_far(),
+        }
+
+
+@dataclass
+class FusedPlanning:
+    """A planning activity handed the phase's after_planning hooks: their calls as built before the plan
+    existed, and when the activity was scheduled."""
+
+    hooks: PlanHooks
+    started: datetime
+
+    def prerun(self, output: PlanOutput) -> PreRun | None:
+        """The hooks the activity ran on its plan, on the calls it ran them with (the workflow builds the
+        same on reaching the stage, or runs them again)."""
+        if output.plan is None or not output.after:
+            return None
+        spent = ModelUsage.of(output.model_calls).total_tokens
+        calls: list[HookCall] = [
+            stages.planning.AFTER_PLANNING.on_plan(built, output.plan, spent)
+            for built in self.hooks.after[: len(output.after)]
+        ]
+        started = self.started + timedelta(milliseconds=output.hooks_after_ms)
+        return PreRun(calls, output.after, started, snapshot=output.snapshot)
 
 
 class ModelSteps:
@@ -90,7 +134,9 @@ class ModelSteps:
             available = view.tool_keys if narrowed else None
             if not view.tools:
                 return PlannedPhase(Plan(phase=phase, rationale=NO_TOOLS_RATIONALE), available, attempt)
-            output = await self._plan_activity(phase, attempt, available, view.context_text, repair)
+            planned = PlannedPhase(Plan(phase=phase), available, attempt, view.tools)
+            fused = self._fused(phase, planned)
+            output = await self._plan_activity(phase, attempt, available, view.context_text, repair, fused)
             state.planner_draft = output.draft
             if output.plan is not None:
                 if output.model_turn is not None:
@@ -100,7 +146,9 @@ class ModelSteps:
                         if (call_id := step.metadata.get("model_tool_call_id"))
                     }
                     state.model_turns.append(PriorTurn(turn=output.model_turn, step_ids=step_ids))
-                return PlannedPhase(output.plan, available, attempt, view.tools)
+                planned.plan = output.plan
+                planned.prerun = fused.prerun(output) if fused is not None else None
+                return planned
             attempt, repair = attempt + 1, output.repair
 
     async def _before_plan(self, phase: int, attempt: int) -> stages.PlanAttempt:
@@ -118,13 +166,43 @@ class ModelSteps:
         self._listing.enter(Stage.BEFORE_PLAN)
         return (await self._runner.run(stages.STAGES[Stage.BEFORE_PLAN], view, plan_phase=phase)).subject
 
+    def _fused(self, phase: int, planned: PlannedPhase) -> FusedPlanning | None:
+        """The phase's after_planning hooks for its planning activity to run on the plan it produces, where
+        every one runs in-process (a batch's hooks), with the accepted plan's snapshot to write after them
+        where the record can be handed over by reference (:data:`MAX_RECORD_WITH_PLAN_BYTES`): the plan's
+        hooks cost no local activity, marker or round trip of their own, each still recorded, spanned and
+        named as its own invocation."""
+        state = self._state
+        hooks = state.manifest.participants(Stage.AFTER_PLANNING)
+        if not hooks or not self._runner.dispatcher.local(hooks):
+            return None
+        spec, extras = stages.STAGES[Stage.AFTER_PLANNING], planned.after_planning(state)
+        calls = [spec.build(hook, state.view(hook, phase), planned.plan, **extras) for hook in hooks]
+        started = workflow.now()
+        write = None
+        if state.manifest.payload_store and payload_bytes(state.record) <= MAX_RECORD_WITH_PLAN_BYTES:
+            write = AcceptedPlanWrite(record=state.record, started=started, plan_phase=phase)
+        return FusedPlanning(PlanHooks(after=[c.model_dump(mode="json") for c in calls], write=write), started)
+
     async def _plan_activity(
-        self, phase: int, attempt: int, available: list[str] | None, context_text: str, repair: PlanRepair | None
+        self,
+        phase: int,
+        attempt: int,
+        available: list[str] | None,
+        context_text: str,
+        repair: PlanRepair | None,
+        fused: FusedPlanning | None = None,
     ) -> PlanOutput:
         state = self._state
         record = state.record
         self._listing.enter(PLANNING)
         settings = state.manifest.settings
+        summary = f"plan · phase {phase}" + (f" · attempt {attempt + 1}" if attempt else "")
+        timeout = settings.plan_timeout_seconds
+        if fused is not None:
+            hooks = state.manifest.participants(Stage.AFTER_PLANNING)
+            summary += " with after_planning:" + " + ".join(dict.fromkeys(hook.name for hook in hooks))
+            timeout += hooks_budget(hooks)
 
         def arg(route: Route, asked: FallbackRequest | None) -> PlanInput:
             return PlanInput(
@@ -144,6 +222,7 @@ class ModelSteps:
                 prior_turns=list(state.model_turns),
                 route=route,
                 stream=self._streams_planning(),
+                hooks=fused.hooks if fused is not None else None,
             )
 
         output = await self._model_activity(
@@ -152,14 +231,12 @@ class ModelSteps:
             "plan",
             arg,
             result_type=PlanOutput,
-            timeout=settings.plan_timeout_seconds,
+            timeout=timeout,
             retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=[decisions.INVALID_PLAN]),
-            summary=Shown(f"plan · phase {phase}" + (f" · attempt {attempt + 1}" if attempt else "")),
+            summary=Shown(summary),
             failure=(decisions.PLANNING_FAILED, "planning failed"),
         )
-        record.model_calls.extend(output.model_calls)
-        record.planning_prompt = output.prompt[:MAX_RECORDED_PROMPT_CHARS]
-        record.planner = output.planner
+        took_plan(record, output)
         return output
 
     def streamed_answer(self, plan: Plan) -> bool:

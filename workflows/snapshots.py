@@ -14,6 +14,7 @@ from typing import Literal
 
 from .effects import record_effects
 from .models import (
+    MAX_RECORDED_PROMPT_CHARS,
     AcceptedPlan,
     AcceptedPlanWrite,
     ExecutionRecord,
@@ -23,6 +24,7 @@ from .models import (
     HookOutcome,
     InvocationOutcome,
     LifecycleBoundary,
+    PlanOutput,
     RecordLifecycle,
     RequestStatus,
     SnapshotAttempt,
@@ -115,6 +117,14 @@ def accepted_plan_snapshot(
     record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=ended_at(invocations, clock)))
     stamp(record, LifecycleBoundary.ACCEPTED_PLAN)
     return record
+
+
+def took_plan(record: ExecutionRecord, output: PlanOutput) -> None:
+    """What a planning activity's output leaves in the record: its model calls, its prompt (cut to what the
+    record keeps) and its planner."""
+    record.model_calls.extend(output.model_calls)
+    record.planning_prompt = output.prompt[:MAX_RECORDED_PROMPT_CHARS]
+    record.planner = output.planner
 
 
 def spent(entries: Sequence[HookBatchEntry]) -> timedelta:

@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from . import story
     from .converter import Shown
     from .effects import elapsed_ms
-    from .hook_dispatch import raise_if_cancelled
+    from .hook_dispatch import hooks_budget, raise_if_cancelled
     from .listing import StageListing
     from .models import (
         LOOP_DEPTH_EXCEEDED,
@@ -48,7 +48,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from .run_state import RunState
     from .scheduling import Scheduler
-    from .support import hook_retry_delay, idempotency_key
+    from .support import idempotency_key
     from .tool_outcomes import apply_output
 
 
@@ -154,11 +154,7 @@ class ToolCalls:
         """Run the step's in-process before_tool hooks, its tool and its after_tool hooks in one activity
         (see the module docstring)."""
         settings = self._state.manifest.settings
-        hooks = [*before[0], *after[0]]
-        budget = sum(
-            hook.timeout_seconds * hook.max_attempts + sum(hook_retry_delay(n) for n in range(1, hook.max_attempts))
-            for hook in hooks
-        )
+        budget = hooks_budget([*before[0], *after[0]])
         fused = FusedCall(before=before[1], after=after[1], started=workflow.now())
         labels = [
             f"{stage}:" + " + ".join(dict.fromkeys(hook.name for hook in entries))

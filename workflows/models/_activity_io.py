@@ -11,9 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from ._common import ByReference
 from ._hook_calls import MemoryCandidate
 from ._model_calls import ModelCall
-from ._pipeline import DetachedWork, HookBatchEntry, HookBatchFailure, ManagedLease, PipelineHookEffect
+from ._pipeline import DetachedWork, HookBatchEntry, HookBatchFailure, ManagedLease, PipelineHookEffect, SnapshotAttempt
 from ._plans import ExecutionResult, ModelTurn, Plan, PlanRepair, PlanStep, PriorTurn, StepResult
-from ._record import Checkpoint, ModelDraft
+from ._record import AcceptedPlanWrite, Checkpoint, ModelDraft
 
 
 class RecallInput(ByReference):
@@ -30,6 +30,17 @@ class RememberInput(ByReference):
     handled_by: Literal["primary", "fallback"] = "primary"
     # The request's model token budget left (None: no budget): what the summarizer's call may spend.
     model_tokens_left: int | None = None
+
+
+class PlanHooks(BaseModel):
+    """A phase's in-process after_planning hooks, for the planning activity to run on the plan it produced:
+    their calls as the workflow built them before the plan existed (as JSON: the activity puts in the plan,
+    and the token budget the planner's calls left), and the accepted plan's snapshot to write after them,
+    built on the record as it stood when planning started (``AcceptedPlanWrite``: ``started`` is when
+    planning was scheduled; the activity moves it on by the time the planner took)."""
+
+    after: list[dict[str, JsonValue]]
+    write: AcceptedPlanWrite | None = None
 
 
 class PlanInput(ByReference):
@@ -54,6 +65,9 @@ class PlanInput(ByReference):
     route: Literal["primary", "fallback"] = "primary"  # which model plans
     # Write the model's text to the request's answer stream as it arrives (a planner that can stream).
     stream: bool = False
+    # With hooks, the activity runs them on the plan once the planner produced it, each as a local batch
+    # runs it. A hook's failure is answered in the output, never raised: the planner is not asked again.
+    hooks: PlanHooks | None = None
 
 
 class PlanOutput(ByReference):
@@ -71,6 +85,12 @@ class PlanOutput(ByReference):
     draft: ModelDraft | None = None
     problems: list[str] = Field(default_factory=list)
     repair: PlanRepair | None = None
+    # With ``PlanInput.hooks``: each after_planning hook's entry as a local batch records it (a stage cut
+    # short hands the rest back to the workflow), how long after the activity started the first began (the
+    # planner's time), and what became of the accepted plan's snapshot it was handed.
+    after: list[HookBatchEntry] = Field(default_factory=list)
+    hooks_after_ms: float = 0.0
+    snapshot: SnapshotAttempt | None = None
 
 
 class ToolStepHooks(BaseModel):

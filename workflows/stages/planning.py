@@ -384,6 +384,15 @@ class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
             return Fold(subject, ends=True, carries=False)
         return Fold(outcome.plan)
 
+    def on_plan(self, built: Mapping[str, Any], plan: Plan, planner_tokens: int) -> AfterPlanningCall:
+        """A call built before its phase was planned (as JSON), as the workflow builds it once the plan is
+        in: on ``plan``, its request's token budget (if it has one) less what the planner's calls spent."""
+        call = AfterPlanningCall.model_validate(built)
+        view = call.view
+        if view.model_tokens_left is not None:
+            view = view.model_copy(update={"model_tokens_left": view.model_tokens_left - planner_tokens})
+        return call.model_copy(update={"plan": plan, "view": view})
+
 
 BEFORE_PLANNING = BeforePlanningSpec()
 BEFORE_PLAN = BeforePlanSpec()
