@@ -391,7 +391,30 @@ class Harness:
             record = await handle.query("execution_record", result_type=ExecutionRecord)
         except WorkflowQueryFailedError:
             record = None  # an input that never decoded: the SDK cannot instantiate the workflow to answer
-        return Outcome(handle.id, result, failure, record, history, self.store)
+        return Outcome(handle.id, result, failure, record, await self._stored_read(history), self.store)
+
+    async def _stored_read(self, history: WorkflowHistory) -> WorkflowHistory:
+        """``history`` with every activity's input and result as the activity received and returned it:
+        what the payload store holds in place of each reference (a copy; the history replayed is the one
+        the server holds)."""
+        converter = self.client.data_converter
+        if converter.external_storage is None:
+            return history
+        events = []
+        for event in history.events:
+            copy = type(event)()
+            copy.CopyFrom(event)
+            for attrs, field_name in (
+                (copy.activity_task_scheduled_event_attributes, "input"),
+                (copy.activity_task_completed_event_attributes, "result"),
+            ):
+                payloads = getattr(attrs, field_name)
+                if payloads.payloads:
+                    values = await converter.decode(list(payloads.payloads))
+                    del payloads.payloads[:]
+                    payloads.payloads.extend(data_converter.payload_converter.to_payloads(values))
+            events.append(copy)
+        return WorkflowHistory(history.workflow_id, events)
 
     @staticmethod
     async def _approve_checkpoints(handle, reviewer: str) -> None:

@@ -154,11 +154,16 @@ def signal_events(out: Outcome) -> list:
 
 def scheduled_ids(out: Outcome, activity_type: str) -> list[int]:
     """Event ids at which ``activity_type`` was scheduled, or recorded as a local activity's marker (a
-    stage's ``<stage>_hook`` also where a batch ran that stage's hooks)."""
+    stage's ``<stage>_hook`` also where a batch ran that stage's hooks, and ``after_planning_hook`` where a
+    planning activity was scheduled to run them on its plan)."""
     found = []
     for e in out.history.events:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            if e.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
+            scheduled = e.activity_task_scheduled_event_attributes.activity_type.name
+            summary = data_converter.payload_converter.from_payload(e.user_metadata.summary, str)
+            if scheduled == activity_type or (
+                activity_type == "after_planning_hook" and scheduled == "plan" and " with after_planning:" in summary
+            ):
                 found.append(e.event_id)
         elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
             marker = e.marker_recorded_event_attributes

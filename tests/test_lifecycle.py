@@ -12,11 +12,13 @@ from client.settings import Settings
 from demo.pipeline import demo_hooks
 from workflows.models import RequestStatus, Stage
 
+from .conftest import with_payload_store
 from .harness import Harness
 
 
 async def test_quote_request_runs_every_stage_as_labelled_activities(client, tmp_path):
-    async with Harness(client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
+    stored_client = with_payload_store(client, tmp_path)  # as a deployment's worker has by default
+    async with Harness(stored_client, tmp_path, hooks=demo_hooks(Settings(state_dir=tmp_path))) as h:
         out = await h.run("What is the price of ACME?")
 
     assert out.failure is None
@@ -27,7 +29,7 @@ async def test_quote_request_runs_every_stage_as_labelled_activities(client, tmp
         "before_planning_hook",
         "before_planning_hook",
         "plan",
-        "after_planning_hook",  # a local activity, which also writes the accepted plan's snapshot
+        "after_planning_hook",  # run by the planning activity, which also writes the accepted plan's snapshot
         "before_tool_hook",  # the allow-list plugin, a local activity
         "execute_tool_step",
         "after_tool_hook",  # the redact plugin, a local activity

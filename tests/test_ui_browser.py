@@ -109,16 +109,16 @@ NAMELESS = {"before_planning_hook", "after_planning_hook", "before_tool_hook", "
 
 def hook_row(rows: list[str], stage: str, hook: str) -> int:
     """The index of the Timeline row of ``hook`` at ``stage``: labelled by its type (``stage:hook``), by
-    its summary (``stage · hook``), or — a tool call's hooks, run with their tool — by the tool step's
-    summary (``execute_tool_step • execute · <tool> (<step>) with stage:hook + hook · stage:hook``)."""
+    its summary (``stage · hook``), or — a tool call's hooks, run with their tool, and a phase's
+    after_planning hooks, run with its planning — by the activity's summary (``execute_tool_step • execute ·
+    <tool> (<step>) with stage:hook + hook · stage:hook``, ``plan • plan · phase 1 with stage:hook``)."""
 
     def names(row: str) -> bool:
         if row.startswith(f"{stage} · {hook}"):
             return True
         head = (row.splitlines()[0] if row else "").split(" • ", 1)[-1]  # "<type> • <summary>"
-        groups = (
-            head.split(" with ", 1)[1].split(" · ") if head.startswith("execute · ") and " with " in head else [head]
-        )
+        with_hooks = head.startswith(("execute · ", "plan · ")) and " with " in head
+        groups = head.split(" with ", 1)[1].split(" · ") if with_hooks else [head]
         return any(g.startswith(f"{stage}:") and hook in g.removeprefix(f"{stage}:").split(" + ") for g in groups)
 
     return next(i for i, row in enumerate(rows) if names(row))
