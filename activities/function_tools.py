@@ -26,7 +26,7 @@ import re
 import types
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, overload
+from typing import Annotated, Any, ClassVar, TypedDict, Unpack, overload
 
 import pydantic
 from pydantic import BaseModel, Field, JsonValue
@@ -193,43 +193,30 @@ def function_tool(
     return cls()
 
 
+class ToolOptions(TypedDict, total=False):
+    """The options ``@tool(...)`` takes; :func:`function_tool` says what each means and its default."""
+
+    name: str | None
+    agent: str
+    namespace: str
+    description: str | None
+    read_only: bool
+    approval_required: bool
+
+
 @overload
 def tool(fn: Callable[..., Any], /) -> FunctionTool: ...
 
 
 @overload
-def tool(
-    *,
-    name: str | None = None,
-    agent: str = DEFAULT_AGENT,
-    namespace: str = DEFAULT_NAMESPACE,
-    description: str | None = None,
-    read_only: bool = False,
-    approval_required: bool = False,
-) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+def tool(**options: Unpack[ToolOptions]) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
 def tool(
-    fn: Callable[..., Any] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    agent: str = DEFAULT_AGENT,
-    namespace: str = DEFAULT_NAMESPACE,
-    description: str | None = None,
-    read_only: bool = False,
-    approval_required: bool = False,
+    fn: Callable[..., Any] | None = None, /, **options: Unpack[ToolOptions]
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Make a tool of a typed function: ``@tool`` or ``@tool(agent="desk", read_only=True)``; see
     :func:`function_tool` for the options."""
-    options: dict[str, Any] = {
-        "name": name,
-        "agent": agent,
-        "namespace": namespace,
-        "description": description,
-        "read_only": read_only,
-        "approval_required": approval_required,
-    }
     if fn is not None:
         return function_tool(fn, **options)
     return lambda f: function_tool(f, **options)

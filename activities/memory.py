@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from hooks.memory import ActivitySignal, EpisodicEvent, KnowledgeFragment, ReadResult, UserFact, WriteResult
 from storage import sqlite
@@ -244,6 +244,11 @@ class ConversationMemoryStore:
         with sqlite.immediate(self.path, busy_timeout_seconds=self.busy_timeout_seconds) as db:
             yield EscapedStatements(db)
 
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """The rows of one query, read in a transaction of its own."""
+        with self._transaction() as db:
+            return db.execute(sql, params).fetchall()
+
     def _save(self, candidate: MemoryCandidate, request_id: str) -> None:
         with self._transaction() as db:
             db.execute(
@@ -261,12 +266,11 @@ class ConversationMemoryStore:
             )
 
     def _recent(self, conversation_id: str, limit: int) -> list[MemoryCandidate]:
-        with self._transaction() as db:
-            rows = db.execute(
-                "SELECT request, answer, facts FROM conversation_memory WHERE conversation_id = ? "
-                "ORDER BY saved_at DESC LIMIT ?",
-                (conversation_id, limit),
-            ).fetchall()
+        rows = self._rows(
+            "SELECT request, answer, facts FROM conversation_memory WHERE conversation_id = ? "
+            "ORDER BY saved_at DESC LIMIT ?",
+            (conversation_id, limit),
+        )
         return [
             MemoryCandidate(conversation_id=conversation_id, request=r, answer=a, facts=json.loads(f))
             for r, a, f in reversed(rows)
@@ -280,12 +284,11 @@ class ConversationMemoryStore:
         return row[0] if row else ""
 
     def _older(self, conversation_id: str, keep: int) -> list[tuple[str, MemoryCandidate]]:
-        with self._transaction() as db:
-            rows = db.execute(
-                "SELECT request_id, request, answer, facts FROM conversation_memory WHERE conversation_id = ? "
-                "ORDER BY saved_at DESC",
-                (conversation_id,),
-            ).fetchall()
+        rows = self._rows(
+            "SELECT request_id, request, answer, facts FROM conversation_memory WHERE conversation_id = ? "
+            "ORDER BY saved_at DESC",
+            (conversation_id,),
+        )
         return [
             (i, MemoryCandidate(conversation_id=conversation_id, request=r, answer=a, facts=json.loads(f)))
             for i, r, a, f in reversed(rows[keep:])
@@ -475,12 +478,11 @@ class MemoryStore(ConversationMemoryStore):
 
     async def user_facts(self, user_id: str, *, limit: int) -> ReadResult[UserFact]:
         def read() -> list[UserFact]:
-            with self._transaction() as db:
-                rows = db.execute(
-                    "SELECT key, value, source_request_id, recorded_at FROM user_facts WHERE user_id = ? "
-                    "ORDER BY recorded_at DESC LIMIT ?",
-                    (user_id, limit),
-                ).fetchall()
+            rows = self._rows(
+                "SELECT key, value, source_request_id, recorded_at FROM user_facts WHERE user_id = ? "
+                "ORDER BY recorded_at DESC LIMIT ?",
+                (user_id, limit),
+            )
             return [
                 UserFact(user_id=user_id, key=k, value=v, source_request_id=s, recorded_at=_ts(t))
                 for k, v, s, t in rows
@@ -521,13 +523,12 @@ class MemoryStore(ConversationMemoryStore):
             if not keys:
                 return []
             marks = ",".join("?" * len(keys))
-            with self._transaction() as db:
-                rows = db.execute(
-                    "SELECT DISTINCT f.fragment_id, f.title, f.text, f.entities, f.source_request_id, f.recorded_at "
-                    "FROM knowledge_fragments f JOIN knowledge_entities x ON x.fragment_id = f.fragment_id "
-                    f"WHERE f.agent_domain = ? AND x.entity IN ({marks}) ORDER BY f.recorded_at DESC LIMIT ?",
-                    (agent_domain, *keys, limit),
-                ).fetchall()
+            rows = self._rows(
+                "SELECT DISTINCT f.fragment_id, f.title, f.text, f.entities, f.source_request_id, f.recorded_at "
+                "FROM knowledge_fragments f JOIN knowledge_entities x ON x.fragment_id = f.fragment_id "
+                f"WHERE f.agent_domain = ? AND x.entity IN ({marks}) ORDER BY f.recorded_at DESC LIMIT ?",
+                (agent_domain, *keys, limit),
+            )
             return [_fragment(agent_domain, r) for r in rows]
 
         return await self._read("related_fragments", read)
@@ -536,12 +537,11 @@ class MemoryStore(ConversationMemoryStore):
         """Every fragment of the domain, newest first (for inspection; not fail-open)."""
 
         def read() -> list[KnowledgeFragment]:
-            with self._transaction() as db:
-                rows = db.execute(
-                    "SELECT fragment_id, title, text, entities, source_request_id, recorded_at FROM knowledge_fragments "
-                    "WHERE agent_domain = ? ORDER BY recorded_at DESC",
-                    (agent_domain,),
-                ).fetchall()
+            rows = self._rows(
+                "SELECT fragment_id, title, text, entities, source_request_id, recorded_at FROM knowledge_fragments "
+                "WHERE agent_domain = ? ORDER BY recorded_at DESC",
+                (agent_domain,),
+            )
             return [_fragment(agent_domain, r) for r in rows]
 
         return await asyncio.to_thread(read)
@@ -595,12 +595,11 @@ class MemoryStore(ConversationMemoryStore):
 
     async def active(self) -> ReadResult[ActivitySignal]:
         def read() -> list[ActivitySignal]:
-            with self._transaction() as db:
-                rows = db.execute(
-                    "SELECT signal_id, agent, activity, entities, request_id, announced_at, expires_at, renewals "
-                    "FROM activity_signals WHERE expires_at > ? ORDER BY announced_at",
-                    (self.clock(),),
-                ).fetchall()
+            rows = self._rows(
+                "SELECT signal_id, agent, activity, entities, request_id, announced_at, expires_at, renewals "
+                "FROM activity_signals WHERE expires_at > ? ORDER BY announced_at",
+                (self.clock(),),
+            )
             return [_signal(r) for r in rows]
 
         return await self._read("active signals", read)

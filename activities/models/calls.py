@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from workflows.extras import missing_extra
 
@@ -610,18 +610,13 @@ class _Gathered:
         ]
 
 
-class ChatStream:
-    """The text chunks of one streamed answer, as they arrive; once exhausted, ``text`` is the whole
-    answer and ``call`` its record (usage from the stream's last chunk). Closing it early (``aclose``, or
-    cancelling the consumer) closes the HTTP response; the call is recorded as cancelled."""
+class TextChunks:
+    """An async iterator of text chunks (``async for chunk in stream``) drawn from the generator
+    ``chunks``; ``aclose()`` closes that generator."""
 
     chunks: AsyncGenerator[str, None]
 
-    def __init__(self) -> None:
-        self.text = ""
-        self.call: ModelCall | None = None
-
-    def __aiter__(self) -> ChatStream:
+    def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> str:
@@ -629,3 +624,13 @@ class ChatStream:
 
     async def aclose(self) -> None:
         await self.chunks.aclose()
+
+
+class ChatStream(TextChunks):
+    """The text chunks of one streamed answer, as they arrive; once exhausted, ``text`` is the whole
+    answer and ``call`` its record (usage from the stream's last chunk). Closing it early (``aclose``, or
+    cancelling the consumer) closes the HTTP response; the call is recorded as cancelled."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.call: ModelCall | None = None

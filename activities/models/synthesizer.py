@@ -31,7 +31,7 @@ from workflows.models import SynthesizeInput, SynthesizeOutput
 from workflows.models._model_calls import ModelCall, ModelUsage
 
 from ..planning import context_sections, system_message
-from .calls import ChatModel, ChatStream, ModelCallLog, RoutedChat, TokenCounter
+from .calls import ChatModel, ChatStream, ModelCallLog, RoutedChat, TextChunks, TokenCounter
 from .settings import ModelSettings
 
 SYNTHESIZER_SYSTEM_PROMPT = """\
@@ -136,7 +136,7 @@ class OpenAISynthesizer(RoutedChat):
         return SynthesisStream(self._chat(input).stream(log, self.messages(input)), input, log)
 
 
-class SynthesisStream:
+class SynthesisStream(TextChunks):
     """An async iterator of an answer's text chunks (``async for chunk in stream``). Once exhausted:
     ``text`` is the whole answer, ``call`` the model call (with its usage), ``usage`` the invocation's
     sum and ``output`` the :class:`SynthesizeOutput`. Errors are raised from the iteration, as the
@@ -145,16 +145,10 @@ class SynthesisStream:
     def __init__(self, chat: ChatStream, input: SynthesizeInput, log: ModelCallLog) -> None:
         self._chat, self._input, self.log = chat, input, log
         self.output: SynthesizeOutput | None = None
-        self._chunks = self._run()
-
-    def __aiter__(self) -> SynthesisStream:
-        return self
-
-    async def __anext__(self) -> str:
-        return await self._chunks.__anext__()
+        self.chunks = self._run()
 
     async def aclose(self) -> None:
-        await self._chunks.aclose()
+        await super().aclose()
         await self._chat.aclose()
 
     async def _run(self) -> AsyncGenerator[str, None]:

@@ -199,24 +199,18 @@ class _Replay:
         if proposal is not None and proposal.kind == "cache" and self._cached_later(proposal):
             proposal = None  # an entry written after the request started: its gate could not have served it
         if proposal is not None and recorded is None:
-            if proposal.kind == "cache":
-                self.add(
-                    FindingKind.DEPENDS_ON_UNRECORDED,
-                    stage=Stage.BEFORE_PLANNING,
-                    hook=run.ended_by.name,  # type: ignore[union-attr]
-                    recorded="planned",
-                    candidate=f"answered from the cache ({proposal.source})",
-                    detail="the cache's contents now are not what the request saw",
-                )
-                return True
+            # A cache's answer depends on what the cache holds now, so the replay goes on to the recorded
+            # plans; any other short-circuit is a changed decision, and the replay ends there.
+            cached = proposal.kind == "cache"
             self.add(
-                FindingKind.SHORT_CIRCUIT_CHANGED,
+                FindingKind.DEPENDS_ON_UNRECORDED if cached else FindingKind.SHORT_CIRCUIT_CHANGED,
                 stage=Stage.BEFORE_PLANNING,
                 hook=run.ended_by.name,  # type: ignore[union-attr]
                 recorded="planned",
-                candidate=f"answered before planning ({proposal.source})",
+                candidate=f"answered {'from the cache' if cached else 'before planning'} ({proposal.source})",
+                detail="the cache's contents now are not what the request saw" if cached else "",
             )
-            return False
+            return cached
         if recorded is not None and proposal is None:
             self.add(
                 FindingKind.DEPENDS_ON_UNRECORDED if recorded.kind == "cache" else FindingKind.SHORT_CIRCUIT_CHANGED,

@@ -6,9 +6,10 @@ is not, or that raises ``NotReplayed``, is listed as not replayed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
 
 from hooks.contracts import HookRejection, NotReplayed, PipelineContext, hook_option
 from workflows import decisions
@@ -18,8 +19,6 @@ from workflows.models import (
     HookEntry,
     HookOutcome,
     HookRequestView,
-    Plan,
-    PlanStep,
     RunMode,
     ShortCircuitProposal,
     Stage,
@@ -27,7 +26,7 @@ from workflows.models import (
 )
 from workflows.stages import STAGES, ResultRejected, StageSpec
 
-from ..hook_stages import call_hook
+from ..hook_stages import _Checks, call_hook
 
 if TYPE_CHECKING:
     from ..lifecycle import LifecycleActivities
@@ -53,23 +52,12 @@ class StageRun:
         return not self.not_replayed
 
 
-class _ShadowChecks:
-    """What a stage's judge asks of the candidate worker (``workflows.stages.Checks``), without a span."""
+class _ShadowChecks(_Checks):
+    """What a stage's judge asks of the candidate worker (``workflows.stages.Checks``): the worker's own
+    checks, but a short-circuit judged in shadow is neither measured nor spanned."""
 
     def __init__(self, pipeline: LifecycleActivities) -> None:
-        self._pipeline = pipeline
-
-    def plan_problems(
-        self, plan: Plan, phase: int, prior_step_ids: Sequence[str], available: Sequence[str] | None = None
-    ) -> list[str]:
-        return self._pipeline.plan_problems(plan, phase, prior_step_ids, available)
-
-    def argument_problems(self, step: PlanStep) -> list[str]:
-        return self._pipeline.tools.argument_problems(step, resolved=True)
-
-    def tool_descriptions(self, keys: Sequence[str]) -> dict[str, str]:
-        tools = self._pipeline.tools
-        return {key: tool.description for key in keys if (tool := tools.get(key)) is not None}
+        super().__init__(pipeline, trace.INVALID_SPAN)
 
     def short_circuit_judged(self, call: HookCall, proposal: ShortCircuitProposal, decision: HookDecision) -> None:
         return None
