@@ -123,6 +123,10 @@ def configure_telemetry(
     With ``temporal_metrics`` (a process that runs a worker) also the Temporal runtime that exports the
     SDK's own metrics; call this before any Temporal client connects.
 
+    A signal that goes nowhere gets no provider: OpenTelemetry's default one records nothing, so spans
+    and metrics nobody reads cost nothing. A span still carries its request's trace context (the trace id
+    the record keeps, the context passed on to activities and children).
+
     Raises:
         TelemetryConfigError: an exporter this process cannot use (not installed, an address in use).
     """
@@ -131,18 +135,22 @@ def configure_telemetry(
     if runtime is not None:
         Runtime.set_default(runtime, error_if_already_set=False)
     resource = Resource.create({"service.name": telemetry.service_name or service_name})
-    tracer_provider = TracerProvider(resource=resource)
-    for processor in [*(BatchSpanProcessor(exporter) for exporter in span_exporters), *span_processors]:
-        tracer_provider.add_span_processor(processor)
-    trace.set_tracer_provider(tracer_provider)
+    processors = [*(BatchSpanProcessor(exporter) for exporter in span_exporters), *span_processors]
+    if processors:
+        tracer_provider = TracerProvider(resource=resource)
+        for processor in processors:
+            tracer_provider.add_span_processor(processor)
+        trace.set_tracer_provider(tracer_provider)
+        _configured.append(tracer_provider)
     interval = telemetry.metric_export_interval_ms
     readers = [
         *(PeriodicExportingMetricReader(exporter, export_interval_millis=interval) for exporter in metric_exporters),
         *metric_readers,
     ]
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
-    metrics.set_meter_provider(meter_provider)
-    _configured.extend((tracer_provider, meter_provider))
+    if readers:
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+        metrics.set_meter_provider(meter_provider)
+        _configured.append(meter_provider)
 
 
 # The providers configure_telemetry made in this process: the only ones shutdown_telemetry stops (a process

@@ -41,6 +41,7 @@ try:
     from openai import AsyncOpenAI
     from openai.types.chat import (
         ChatCompletion,
+        ChatCompletionChunk,
         ChatCompletionMessage,
         ChatCompletionMessageFunctionToolCall,
         ChatCompletionMessageToolCallUnion,
@@ -74,6 +75,12 @@ CANCELLED = "Cancelled"
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 # A provider's Retry-After is obeyed up to this bound: a wrong header must not park a request for hours.
 MAX_RETRY_DELAY = timedelta(minutes=10)
+
+# Chat Completions, sent as the client's ``post``: the request is JSON this module built, so the client's
+# walk of its request types (a copy of every message, the largest part of a call's own CPU) has nothing
+# to convert. Its headers, retries, auth and response parsing are the client's, as ``create`` has them.
+COMPLETIONS_PATH = "/chat/completions"
+_SEND_OPTIONS: openai.RequestOptions = {"security": {"bearer_auth": True}}
 
 TOKEN_USAGE_METRIC = "gen_ai.client.token.usage"
 OPERATION_DURATION_METRIC = "gen_ai.client.operation.duration"
@@ -407,7 +414,9 @@ class ChatModel:
         request, call, span, started = self._begin(log, messages, tools, phase, turn, streamed=False)
         try:
             with trace.use_span(span, end_on_exit=False):
-                completion: ChatCompletion = await self.client.chat.completions.create(**request)
+                completion = await self.client.post(
+                    COMPLETIONS_PATH, body=request, cast_to=ChatCompletion, options=_SEND_OPTIONS
+                )
         except openai.APIError as err:
             raise self._provider_error(log, call, span, started, err) from None
         except BaseException as err:  # cancelled, or a client bug: recorded, then as it was
@@ -494,8 +503,13 @@ class ChatModel:
         error; a stream closed early, cancelled or broken is recorded as abandoned."""
         try:
             with trace.use_span(span, end_on_exit=False):
-                stream = await self.client.chat.completions.create(
-                    **request, stream=True, stream_options={"include_usage": True}
+                stream = await self.client.post(
+                    COMPLETIONS_PATH,
+                    body={**request, "stream": True, "stream_options": {"include_usage": True}},
+                    cast_to=ChatCompletion,
+                    options=_SEND_OPTIONS,
+                    stream=True,
+                    stream_cls=openai.AsyncStream[ChatCompletionChunk],
                 )
             try:
                 async for chunk in stream:
