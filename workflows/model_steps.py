@@ -182,7 +182,8 @@ class ModelSteps:
         write = None
         if state.manifest.payload_store and payload_bytes(state.record) <= MAX_RECORD_WITH_PLAN_BYTES:
             write = AcceptedPlanWrite(record=state.record, started=started, plan_phase=phase)
-        return FusedPlanning(PlanHooks(after=[c.model_dump(mode="json") for c in calls], write=write), started)
+        built = [call.model_dump(mode="json", exclude_defaults=True) for call in calls]
+        return FusedPlanning(PlanHooks(after=built, write=write), started)
 
     async def _plan_activity(
         self,

@@ -169,8 +169,8 @@ class ToolCalls:
                     call,
                     self.key(step, call.arguments),
                     ToolStepHooks(
-                        before=[c.model_dump(mode="json") for c in before[1]],
-                        after=[c.model_dump(mode="json") for c in after[1]],
+                        before=[c.model_dump(mode="json", exclude_defaults=True) for c in before[1]],
+                        after=[c.model_dump(mode="json", exclude_defaults=True) for c in after[1]],
                         first_run_id=workflow.info().first_execution_run_id,
                     ),
                 ),

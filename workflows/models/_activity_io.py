@@ -34,8 +34,8 @@ class RememberInput(ByReference):
 
 class PlanHooks(BaseModel):
     """A phase's in-process after_planning hooks, for the planning activity to run on the plan it produced:
-    their calls as the workflow built them before the plan existed (as JSON: the activity puts in the plan,
-    and the token budget the planner's calls left), and the accepted plan's snapshot to write after them,
+    their calls as the workflow built them before the plan existed (as JSON without the fields that hold
+    their default: the activity puts in the plan, and the token budget the planner's calls left), and the accepted plan's snapshot to write after them,
     built on the record as it stood when planning started (``AcceptedPlanWrite``: ``started`` is when
     planning was scheduled; the activity moves it on by the time the planner took)."""
 
@@ -96,7 +96,7 @@ class PlanOutput(ByReference):
 class ToolStepHooks(BaseModel):
     """A step's in-process tool hooks, for its activity to run around the tool: the before_tool calls and
     the after_tool calls (as the workflow built them before the tool ran: the activity puts in the call as
-    it ran and its outcome), as JSON."""
+    it ran and its outcome), as JSON without the fields that hold their default."""
 
     before: list[dict[str, JsonValue]] = Field(default_factory=list)
     after: list[dict[str, JsonValue]] = Field(default_factory=list)
