@@ -343,19 +343,11 @@ class HookStageActivities(abc.ABC):
 
     def _context(self, call: HookCall, stage: Stage) -> PipelineContext:
         view = call.view
-        return PipelineContext.create(
-            request=view.request,
-            metadata=view.metadata,
-            enrichments=view.enrichments,
-            request_id=view.request_id,
-            workflow_id=view.workflow_id,
+        return PipelineContext.of_view(
+            view,
             stage=stage,
             hook_name=call.hook.name,
-            gate=view.gate,
-            plan_phase=view.plan_phase,
             hook=self.registry.hook(call.hook.name),
-            instructions=view.instructions,
-            facts=view.facts,
             state=view.state,
             managed_leases=view.leases,
             conversation_id=view.conversation_id,

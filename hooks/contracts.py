@@ -34,6 +34,7 @@ from workflows.models import (
     FailurePolicy,
     GateState,
     HookChain,
+    HookRequestView,
     LeaseObservation,
     ManagedLease,
     PipelineHookEffect,
@@ -190,6 +191,27 @@ class PipelineContext:
             managed_leases=tuple(managed_leases),
             shadow=shadow,
             conversation_id=conversation_id,
+        )
+
+    @classmethod
+    def of_view(cls, view: HookRequestView, *, stage: Stage, hook_name: str, hook: Any, **more: Any) -> PipelineContext:
+        """The context of one invocation of ``hook`` on ``view``, the request as the workflow showed it to
+        the hook; ``more``: what else this invocation is given (its private state, its leases and
+        conversation; or that it is a shadow run)."""
+        return cls.create(
+            request=view.request,
+            metadata=view.metadata,
+            enrichments=view.enrichments,
+            request_id=view.request_id,
+            workflow_id=view.workflow_id,
+            stage=stage,
+            hook_name=hook_name,
+            gate=view.gate,
+            plan_phase=view.plan_phase,
+            hook=hook,
+            instructions=view.instructions,
+            facts=view.facts,
+            **more,
         )
 
     def report_effect(

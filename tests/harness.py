@@ -165,8 +165,11 @@ class Outcome:
     result: RequestResult | None
     failure: ApplicationError | None
     record: ExecutionRecord | None  # None when the input never decoded
+    # Every activity's input and result as the activity received and returned it (a payload the store
+    # holds read from there); ``stored_history``: the history as the server holds it, references and all.
     history: WorkflowHistory
     store: SQLiteExecutionStore
+    stored_history: WorkflowHistory
 
     @property
     def scheduled(self) -> list[ScheduledActivity]:
@@ -391,7 +394,7 @@ class Harness:
             record = await handle.query("execution_record", result_type=ExecutionRecord)
         except WorkflowQueryFailedError:
             record = None  # an input that never decoded: the SDK cannot instantiate the workflow to answer
-        return Outcome(handle.id, result, failure, record, await self._stored_read(history), self.store)
+        return Outcome(handle.id, result, failure, record, await self._stored_read(history), self.store, history)
 
     async def _stored_read(self, history: WorkflowHistory) -> WorkflowHistory:
         """``history`` with every activity's input and result as the activity received and returned it:

@@ -100,7 +100,7 @@ async def test_the_ui_reads_a_plan_stored_by_reference_decoded_and_masked(client
     async with Harness(client, tmp_path, tools=[Echo()], planner=planner) as h:
         out = await h.run("say it", {"cache": "bypass"})
     assert out.failure is None, out.failure
-    stored = plan_result(out.history)
+    stored = plan_result(out.stored_history)
     assert stored.metadata["encoding"] == b"json/protobuf" and b"padding" not in stored.data  # a reference
 
     codec = Codec(process_data_converter(Settings(state_dir=tmp_path)).external_storage)
@@ -134,7 +134,7 @@ async def test_references_resolve_in_either_form_the_sdk_writes_and_an_unknown_d
     async with Harness(client, tmp_path, tools=[Echo()], planner=planner) as h:
         out = await h.run("say it", {"cache": "bypass"})
     assert out.failure is None, out.failure
-    stored = plan_result(out.history)
+    stored = plan_result(out.stored_history)
     name, claim = storage_reference(stored) or pytest.fail("the plan was not stored by reference")
     codec = Codec(process_data_converter(Settings(state_dir=tmp_path)).external_storage)
     [as_written] = await codec.decode([stored])
@@ -182,7 +182,7 @@ async def test_an_encrypted_plan_is_ciphertext_in_the_store_and_decrypted_and_ma
     async with Harness(client, tmp_path, tools=[Echo()], planner=planner) as h:
         out = await h.run("say it", {"cache": "bypass"})
     assert out.failure is None, out.failure
-    stored = plan_result(out.history)
+    stored = plan_result(out.stored_history)
     name, claim = storage_reference(stored) or pytest.fail("the plan was not stored by reference")
     [kept] = await process_data_converter(settings).external_storage.drivers[0].retrieve(None, [claim])  # type: ignore[union-attr, arg-type]
     assert kept.metadata["encoding"] == ENCODING and b"padding" not in kept.data  # ciphertext in the store too

@@ -83,7 +83,7 @@ class Observe(PipelineHook):
 
 
 def history_bytes(out) -> int:
-    return sum(e.ByteSize() for e in out.history.events)
+    return sum(e.ByteSize() for e in out.stored_history.events)
 
 
 @pytest.mark.parametrize("stored", [True, False], ids=["payload store", "no payload store"])

@@ -119,22 +119,7 @@ class ShadowStages:
         return result
 
     async def _invoke(self, spec: StageSpec, entry: HookEntry, hook: Any, call: HookCall) -> HookOutcome:
-        view = call.view
-        ctx = PipelineContext.create(
-            request=view.request,
-            metadata=view.metadata,
-            enrichments=view.enrichments,
-            request_id=view.request_id,
-            workflow_id=view.workflow_id,
-            stage=spec.stage,
-            hook_name=entry.name,
-            gate=view.gate,
-            plan_phase=view.plan_phase,
-            hook=hook,
-            instructions=view.instructions,
-            facts=view.facts,
-            shadow=True,
-        )
+        ctx = PipelineContext.of_view(call.view, stage=spec.stage, hook_name=entry.name, hook=hook, shadow=True)
         try:
             prepared = spec.prepare(call, self._checks)
             async with asyncio.timeout(entry.timeout_seconds):
