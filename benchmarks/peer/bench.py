@@ -11,7 +11,7 @@ own (:mod:`benchmarks.peer.model_server`), each framework with its own worker pr
 hooks applications put in most (:mod:`benchmarks.peer.policy`):
 
 - ``lifecycle``: the lifecycle's defaults, requests started through the project's client
-  (``AgentClient.start`` and ``AgentClient.result``: listed from their start, stamped for this release);
+  (``AgentClient.start`` and ``AgentClient.result``: listed from their start);
 - ``lifecycle_plain``: the same pipeline, requests started through a plain Temporal client with only the
   project's data converter (``start_workflow("RequestLifecycle", {"request": ...})``);
 - ``openai_agents``: the OpenAI Agents SDK on Temporal (:mod:`benchmarks.peer.agents_peer`);
