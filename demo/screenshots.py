@@ -151,15 +151,19 @@ class Browser:
     async def show_row(self, text: str) -> None:
         """Scroll the Timeline (already read by :meth:`timeline`) until the row that says ``text`` is in
         the middle of the view."""
+        height = (self.page.viewport_size or {"height": 800})["height"]
         for _ in range(200):
             row = self.page.locator("#event-history-timeline-graph li", has_text=text)
             if await row.count():
                 try:  # the UI redraws the rows in view as the page scrolls: one may go while it is found
                     await row.first.evaluate("row => row.scrollIntoView({block: 'center'})", timeout=2_000)
+                    await asyncio.sleep(0.5)
+                    box = await row.first.bounding_box(timeout=2_000)
                 except Exception:  # noqa: BLE001 - gone meanwhile: look again
                     continue
-                await asyncio.sleep(0.5)
-                return
+                if box is not None and 0 <= box["y"] <= height - box["height"]:
+                    return
+            # Not drawn yet, or drawn where scrolling it into view does not reach: scroll the page on.
             await self.page.evaluate(_SCROLL_DOWN)
             await asyncio.sleep(0.1)
         raise AssertionError(f"no Timeline row says {text!r}")
