@@ -92,9 +92,10 @@ class PlannedPhase:
 
 @dataclass
 class FusedPlanning:
-    """A planning activity handed the phase's after_planning hooks: their calls as built before the plan
-    existed, and when the activity was scheduled."""
+    """A planning activity handed the phase's after_planning hooks: the hooks, their calls as built before
+    the plan existed, and when the activity was scheduled."""
 
+    entries: list[HookEntry]
     hooks: PlanHooks
     started: datetime
 
@@ -183,7 +184,7 @@ class ModelSteps:
         if state.manifest.payload_store and payload_bytes(state.record) <= MAX_RECORD_WITH_PLAN_BYTES:
             write = AcceptedPlanWrite(record=state.record, started=started, plan_phase=phase)
         built = [call.model_dump(mode="json", exclude_defaults=True) for call in calls]
-        return FusedPlanning(PlanHooks(after=built, write=write), started)
+        return FusedPlanning(hooks, PlanHooks(after=built, write=write), started)
 
     async def _plan_activity(
         self,
@@ -201,9 +202,8 @@ class ModelSteps:
         summary = f"plan · phase {phase}" + (f" · attempt {attempt + 1}" if attempt else "")
         timeout = settings.plan_timeout_seconds
         if fused is not None:
-            hooks = state.manifest.participants(Stage.AFTER_PLANNING)
-            summary += " with after_planning:" + " + ".join(dict.fromkeys(hook.name for hook in hooks))
-            timeout += hooks_budget(hooks)
+            summary += " with after_planning:" + " + ".join(dict.fromkeys(hook.name for hook in fused.entries))
+            timeout += hooks_budget(fused.entries)
 
         def arg(route: Route, asked: FallbackRequest | None) -> PlanInput:
             return PlanInput(
