@@ -4,6 +4,7 @@ finalizers. Workflow code only."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from temporalio import workflow
@@ -82,29 +83,23 @@ def request_result(
     )
 
 
+@dataclass
 class RunEnding:
-    """Ends one request (see the module docstring)."""
+    """Ends one request (see the module docstring), through the request workflow's own parts: its hook
+    runner, scheduler, stage listing and record keeper."""
 
-    def __init__(
-        self,
-        state: RunState,
-        runner: HookRunner,
-        scheduler: Scheduler,
-        listing: StageListing,
-        records: RecordKeeper,
-    ) -> None:
-        self._state = state
-        self._runner = runner
-        self._scheduler = scheduler
-        self._listing = listing
-        self._records = records
+    state: RunState
+    runner: HookRunner
+    scheduler: Scheduler
+    listing: StageListing
+    records: RecordKeeper
 
     async def finish(
         self, status: RequestStatus, exit: Exit, *, response: str | None = None, error: RequestError | None = None
     ) -> None:
         """Managed-lease cleanup (renewal joined first), finalizers, then the terminal record."""
-        state = self._state
-        self._runner.unreached()
+        state = self.state
+        self.runner.unreached()
         try:
             await self._release_leases(exit)
             cache = cache_verdict(state.record, state.manifest.tools, exit, state.synthesized)
@@ -115,7 +110,7 @@ class RunEnding:
 
     def stopped(self, stop: RunStopped) -> RequestResult:
         """The result of a run a hook stopped, with the hook's text as its answer."""
-        state = self._state
+        state = self.state
         info = StopInfo(extension=stop.extension, phase=stop.phase, reason=stop.reason)
         state.record.stopped = info
         state.record.final_response = stop.text
@@ -130,17 +125,17 @@ class RunEnding:
             type=error.type,
             message=error.message,
             details=error.details,
-            steps=self._state.step_summaries(),
+            steps=self.state.step_summaries(),
         )
 
     async def _release_leases(self, exit: Exit) -> None:
         """Stop and join every lease keeper, then release each lease (see ``workflows.leases``)."""
-        state = self._state
+        state = self.state
         if not state.leases:
             return
-        self._listing.enter(RELEASING_LEASES)
+        self.listing.enter(RELEASING_LEASES)
         effects = await state.leases.release_all(
-            exit, state.manifest.settings, state.record.effect, self._scheduler.note_worker_lost
+            exit, state.manifest.settings, state.record.effect, self.scheduler.note_worker_lost
         )
         record_effects(state.record, effects)
 
@@ -150,51 +145,51 @@ class RunEnding:
         """on_error for each error the run recovered from, in order, and for the error or cancellation that
         ended it; then on_finish: once per hook, whatever happened, also for hooks whose other stages were
         never reached. Their failures are diagnostics only."""
-        record = self._state.record
-        observed = [*self._state.recovered, *([error] if error is not None else [])]
+        record = self.state.record
+        observed = [*self.state.recovered, *([error] if error is not None else [])]
         if observed:
-            self._listing.enter(stages.Stage.ON_ERROR)
+            self.listing.enter(stages.Stage.ON_ERROR)
         for seen in observed:
-            await self._runner.run(stages.STAGES[stages.Stage.ON_ERROR], seen)
-        self._listing.enter(stages.Stage.ON_FINISH)
+            await self.runner.run(stages.STAGES[stages.Stage.ON_ERROR], seen)
+        self.listing.enter(stages.Stage.ON_FINISH)
         outcome = RunOutcomeView(
             status=exit, response=response, stopped=record.stopped, error=error, diagnostics=[], cache=cache
         )
         # Each observer sees the diagnostics of the ones before it.
-        await self._runner.run(
+        await self.runner.run(
             stages.STAGES[stages.Stage.ON_FINISH],
             outcome,
             refresh=lambda seen: seen.model_copy(update={"diagnostics": list(record.diagnostics)}),
         )
 
     async def _terminal(self, status: RequestStatus, error: RequestError | None) -> None:
-        state = self._state
+        state = self.state
         record = state.record
         record.status = status
         record.error = error
         terminal = COMPLETED if status is RequestStatus.SUCCEEDED else str(status)
         record.completed_at = workflow.now()
-        self._listing.enter(
+        self.listing.enter(
             terminal,
             outcome=self._outcome(status, error),
             more=story.reviewed_lines(record.checkpoints, with_text=state.manifest.ui_shows_text),
         )
-        self._listing.publish()
+        self.listing.publish()
         tried, wrote = self._written_with_hooks(status)
         try:
-            await self._records.persist(LifecycleBoundary.TERMINAL, tried, wrote=wrote)
+            await self.records.persist(LifecycleBoundary.TERMINAL, tried, wrote=wrote)
         except ApplicationError as err:
             if err.type == decisions.RECORD_NOT_STORED:
                 # Listed as it ends: failed, whatever it was listed as a moment ago.
-                self._listing.enter(str(RequestStatus.FAILED), outcome=story.failure_headline(err.type, err.message))
-                self._listing.publish()
+                self.listing.enter(str(RequestStatus.FAILED), outcome=story.failure_headline(err.type, err.message))
+                self.listing.publish()
             raise
 
     def _written_with_hooks(self, status: RequestStatus) -> tuple[SnapshotAttempt | None, ExecutionRecord | None]:
         """The terminal snapshot the local activity of the run's last hooks tried to write (see
         ``HookRunner.run``'s ``end``), and the snapshot it wrote, for ``RecordKeeper.persist``: only a run
         that completed can be that snapshot; any other end is written with the next revision."""
-        ended = self._state.end_attempt
+        ended = self.state.end_attempt
         if ended is None:
             return None, None
         if status is not RequestStatus.SUCCEEDED:
@@ -204,10 +199,10 @@ class RunEnding:
     def _outcome(self, status: RequestStatus, error: RequestError | None) -> str:
         """How the request ended, in one line: the failure's type and reason, who stopped it, or the answer
         (where the UI may show no text: the type, who stopped it, the status)."""
-        with_text = self._state.manifest.ui_shows_text
+        with_text = self.state.manifest.ui_shows_text
         if error is not None:
             return story.failure_outcome(error.type, error.message, with_text=with_text)
-        record = self._state.record
+        record = self.state.record
         stopped = record.stopped
         if not with_text:
             return f"stopped by {stopped.extension} at {stopped.phase}" if stopped is not None else status.value

@@ -70,9 +70,7 @@ class MemoryStages:
                 summary=f"recall · {conversation}",
             )
         except (ActivityError, ApplicationError) as err:
-            raise_if_cancelled(err)
-            outcome.error = error_text(err)
-            state.recover("memory", "MemoryError", outcome.error, {"conversation_id": conversation})
+            outcome.error = self._recover(err, conversation)
             return
         outcome.exchanges, outcome.summary_chars = len(memory.exchanges), len(memory.summary)
 
@@ -134,18 +132,25 @@ class MemoryStages:
                 summary=f"remember · {candidate.conversation_id}",
             )
         except (ActivityError, ApplicationError) as err:
-            raise_if_cancelled(err)
+            error = self._recover(err, candidate.conversation_id)
             if isinstance(err, ActivityError):  # the summarizer's calls, made before the memory failed
                 state.record.model_calls.extend(model_calls_in(activity_error_details(err).get("model_calls")))
             state.record.diagnostics.append(
-                Diagnostic(extension="(memory)", phase="remember", error=error_text(err), error_type="MemoryError")
+                Diagnostic(extension="(memory)", phase="remember", error=error, error_type="MemoryError")
             )
-            state.recover("memory", "MemoryError", error_text(err), {"conversation_id": candidate.conversation_id})
             return
         state.record.model_calls.extend(saved.model_calls)
         state.record.memory = saved.model_copy(
             update={"by": replaced_by[-1] if replaced_by else None, "model_calls": []}
         )
+
+    def _recover(self, err: ActivityError | ApplicationError, conversation: str) -> str:
+        """A memory that could not be loaded or saved: the run goes on without it (a cancellation is raised
+        again), keeping the failure as a ``memory`` error on_error observes. Returns the failure's text."""
+        raise_if_cancelled(err)
+        error = error_text(err)
+        self._state.recover("memory", "MemoryError", error, {"conversation_id": conversation})
+        return error
 
 
 def with_recalled_memory(enrichments: dict[str, Any], memory: RecalledMemory) -> dict[str, Any]:

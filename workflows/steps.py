@@ -66,7 +66,6 @@ class StepExecutor:
     ) -> None:
         self._state = state
         self._runner = runner
-        self._scheduler = scheduler
         self._listing = listing
         self._reviews = reviews
         self._tools = ToolCalls(state, scheduler, listing, workflow_type=workflow_type)
@@ -208,7 +207,7 @@ class StepExecutor:
                     result.error or "",
                     {"step_id": step.step_id, "tool": step.tool_key},
                 )
-            await self._stages.after_tool(step, call, result, prepared.steps, self._after_prerun(fused, call, result))
+            await self._stages.after_tool(step, prepared, self._after_prerun(fused, call, result))
         except BaseException:
             # A step with an outcome — its tool ran, or it was skipped for a reason — stays in the record,
             # whatever ends the run after it (a hook that fails closed, a stop); one cut off mid-call does not.

@@ -140,19 +140,14 @@ class ToolStages:
 
         await self._run(Stage.ON_TOOL_ERROR, step, call, failed, on_outcome, call=call)
 
-    async def after_tool(
-        self,
-        step: PlanStep,
-        call: ToolCall,
-        result: StepResult,
-        steps: list[StepSummary],
-        prerun: PreRun | None = None,
-    ) -> None:
-        """Chain result rewrites over every outcome; the execution status never changes here. ``steps``: the
-        request's steps finished when the call was prepared."""
+    async def after_tool(self, step: PlanStep, prepared: PreparedCall, prerun: PreRun | None = None) -> None:
+        """Chain result rewrites over the outcome of ``prepared``'s call, whatever it was (run, failed,
+        skipped, denied); the execution status never changes here. The hooks see the request's steps as they
+        were when the call was prepared."""
+        call, result = prepared.call, prepared.result
 
         def on_outcome(hook: HookEntry, outcome: stages.execution.AfterToolOutcome, before: Any, folded: Fold) -> None:
             result.result = outcome.result
 
         outcome = outcome_view(result)
-        await self._run(Stage.AFTER_TOOL, step, call, outcome, on_outcome, prerun, call=call, steps=steps)
+        await self._run(Stage.AFTER_TOOL, step, call, outcome, on_outcome, prerun, call=call, steps=prepared.steps)
