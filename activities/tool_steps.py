@@ -133,10 +133,11 @@ class ToolSteps:
         if problems:
             return ToolStepOutput(problems=problems, withheld=True)
         answer = ToolStepOutput()
-        call = ToolCall.model_validate(hooks.before[0]["call"]) if hooks.before else None
-        if hooks.before:
-            answer.before, ran, _ = await self._hooks.run_stage(Stage.BEFORE_TOOL, hooks.before)
-            passed = let_through(STAGES[Stage.BEFORE_TOOL], ran) if len(ran) == len(hooks.before) else None
+        before = hooks.before_calls()
+        call = ToolCall.model_validate(before[0]["call"]) if before else None
+        if before:
+            answer.before, ran, _ = await self._hooks.run_stage(Stage.BEFORE_TOOL, before)
+            passed = let_through(STAGES[Stage.BEFORE_TOOL], ran) if len(ran) == len(before) else None
             if passed is None:
                 answer.withheld = True
                 return answer
@@ -163,7 +164,8 @@ class ToolSteps:
             result = StepResult(step_id=step.step_id, tool=step.tool, status=StepStatus.SKIPPED)
             apply_output(result, answer)
             outcome = outcome_view(result).model_dump(mode="json")
-            ran_call = call.model_dump(mode="json") if call is not None else hooks.after[0]["call"]
-            calls = [{**template, "call": ran_call, "outcome": outcome} for template in hooks.after]
+            templates = hooks.after_calls()
+            ran_call = call.model_dump(mode="json") if call is not None else templates[0]["call"]
+            calls = [{**template, "call": ran_call, "outcome": outcome} for template in templates]
             answer.after, _, _ = await self._hooks.run_stage(Stage.AFTER_TOOL, calls)
         return answer

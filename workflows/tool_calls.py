@@ -168,11 +168,7 @@ class ToolCalls:
                     step,
                     call,
                     self.key(step, call.arguments),
-                    ToolStepHooks(
-                        before=[c.model_dump(mode="json", exclude_defaults=True) for c in before[1]],
-                        after=[c.model_dump(mode="json", exclude_defaults=True) for c in after[1]],
-                        first_run_id=workflow.info().first_execution_run_id,
-                    ),
+                    ToolStepHooks.of(before[1], after[1], workflow.info().first_execution_run_id),
                 ),
                 result_type=ToolStepOutput,
                 timeout=settings.tool_timeout_seconds + budget,

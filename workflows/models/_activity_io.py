@@ -11,7 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from ._common import ByReference
 from ._hook_calls import MemoryCandidate
 from ._model_calls import ModelCall
-from ._pipeline import DetachedWork, HookBatchEntry, HookBatchFailure, ManagedLease, PipelineHookEffect, SnapshotAttempt
+from ._pipeline import (
+    DetachedWork,
+    HookBatchEntry,
+    HookBatchFailure,
+    HookCall,
+    ManagedLease,
+    PipelineHookEffect,
+    SnapshotAttempt,
+)
 from ._plans import ExecutionResult, ModelTurn, Plan, PlanRepair, PlanStep, PriorTurn, StepResult
 from ._record import AcceptedPlanWrite, Checkpoint, ModelDraft
 
@@ -96,11 +104,28 @@ class PlanOutput(ByReference):
 class ToolStepHooks(BaseModel):
     """A step's in-process tool hooks, for its activity to run around the tool: the before_tool calls and
     the after_tool calls (as the workflow built them before the tool ran: the activity puts in the call as
-    it ran and its outcome), as JSON without the fields that hold their default."""
+    it ran and its outcome), as JSON without the fields that hold their default. The fields every call
+    of the step holds alike (the request's view, the call as planned) travel once, in ``shared``."""
 
+    shared: dict[str, JsonValue] = Field(default_factory=dict)
     before: list[dict[str, JsonValue]] = Field(default_factory=list)
     after: list[dict[str, JsonValue]] = Field(default_factory=list)
     first_run_id: str  # with the workflow id, what the call's idempotency key is scoped to
+
+    @classmethod
+    def of(cls, before: list[HookCall], after: list[HookCall], first_run_id: str) -> ToolStepHooks:
+        dumped = [[call.model_dump(mode="json", exclude_defaults=True) for call in calls] for calls in (before, after)]
+        every = [*dumped[0], *dumped[1]]
+        first, rest = (every[0], every[1:]) if every else ({}, [])
+        shared = {key: value for key, value in first.items() if all(c.get(key) == value for c in rest)}
+        own = [[{k: v for k, v in call.items() if k not in shared} for call in calls] for calls in dumped]
+        return cls(shared=shared, before=own[0], after=own[1], first_run_id=first_run_id)
+
+    def before_calls(self) -> list[dict[str, JsonValue]]:
+        return [{**self.shared, **call} for call in self.before]
+
+    def after_calls(self) -> list[dict[str, JsonValue]]:
+        return [{**self.shared, **call} for call in self.after]
 
 
 class ToolStepInput(ByReference):

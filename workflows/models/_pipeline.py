@@ -159,6 +159,8 @@ class ReviewSettings(BaseModel):
 class PipelineManifest(ByReference):
     """The pipeline a request runs with: hook order and stages, tools, cache variation, limits."""
 
+    defaults_omitted = True
+
     pipeline: str
     hooks: list[HookEntry] = Field(default_factory=list)
     tools: list[ToolSpec] = Field(default_factory=list)
