@@ -34,6 +34,7 @@ from workflows.models import (
     ToolCall,
     ToolErrorResolution,
     ToolOutcomeView,
+    ToolStepHooks,
 )
 from workflows.stages import STAGES, hands_on, hook_activity_type, hook_stage_of, next_call, stages_activity_type
 from workflows.stages._base import MAX_HOOK_ACTIVITY_TYPE
@@ -49,6 +50,7 @@ from workflows.stages.execution import (
     AfterExecutionCall,
     AfterToolCall,
     AfterToolOutcome,
+    BeforeToolCall,
     ToolErrorCall,
     ToolErrorOutcome,
 )
@@ -235,3 +237,25 @@ def test_a_marker_holding_one_hooks_outcome_does_not_decode_as_a_batch_in_which_
     with pytest.raises(pydantic.ValidationError, match="entries"):
         HookBatchOutcome.model_validate(lone)
     assert HookBatchOutcome.model_validate({"entries": []}).entries == []
+
+
+def test_a_tool_step_sends_what_its_hook_calls_share_once_and_its_activity_gets_each_call_whole():
+    call = ToolCall(step_id="s1", namespace="n", agent="a", capability="quote", arguments={"symbol": "AAA"})
+    before = [
+        BeforeToolCall(hook=entry("allow", Stage.BEFORE_TOOL), view=view(), call=call),
+        BeforeToolCall(hook=entry("audit", Stage.BEFORE_TOOL), view=view(state={"n": 1}), call=call),
+    ]
+    after = [
+        AfterToolCall(
+            hook=entry("redact", Stage.AFTER_TOOL), view=view(), call=call, outcome=ToolOutcomeView(status="skipped")
+        )
+    ]
+    hooks = ToolStepHooks.of(before, after, "run-1")
+
+    whole = [c.model_dump(mode="json", exclude_defaults=True) for c in [*before, *after]]
+    assert [*hooks.before_calls(), *hooks.after_calls()] == whole
+    assert set(hooks.shared) == {"call"}  # the views differ in one hook's private state
+    assert all("call" not in own for own in [*hooks.before, *hooks.after])
+    alike = ToolStepHooks.of(before[:1], after, "run-1")
+    assert set(alike.shared) == {"call", "view"}
+    assert ToolStepHooks.model_validate_json(alike.model_dump_json()).after_calls() == [whole[2]]
