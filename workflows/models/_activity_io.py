@@ -4,6 +4,7 @@ detached effects and managed leases."""
 from __future__ import annotations
 
 from datetime import datetime
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
@@ -113,7 +114,7 @@ class ToolStepHooks(BaseModel):
     first_run_id: str  # with the workflow id, what the call's idempotency key is scoped to
 
     @classmethod
-    def of(cls, before: list[HookCall], after: list[HookCall], first_run_id: str) -> ToolStepHooks:
+    def of(cls, before: Sequence[HookCall], after: Sequence[HookCall], first_run_id: str) -> ToolStepHooks:
         dumped = [[call.model_dump(mode="json", exclude_defaults=True) for call in calls] for calls in (before, after)]
         every = [*dumped[0], *dumped[1]]
         first, rest = (every[0], every[1:]) if every else ({}, [])
