@@ -316,8 +316,9 @@ def _omitting() -> list[type[ByReference]]:
     return sorted(found, key=lambda m: m.__name__)
 
 
-def test_the_planning_tool_and_synthesis_payloads_travel_without_their_defaults():
+def test_the_manifest_planning_tool_and_synthesis_payloads_travel_without_their_defaults():
     assert [m.__name__ for m in _omitting()] == [
+        "PipelineManifest",
         "PlanInput",
         "PlanOutput",
         "SynthesizeInput",

@@ -24,6 +24,30 @@ from ._pipeline import (
 from ._plans import ExecutionResult, ModelTurn, Plan, PlanRepair, PlanStep, PriorTurn, StepResult
 from ._record import AcceptedPlanWrite, Checkpoint, ModelDraft
 
+__all__ = [
+    "DetachedEffectInput",
+    "DetachedWorkResult",
+    "EffectUpdateInput",
+    "EffectUpdateSignal",
+    "LeaseCall",
+    "LeaseKeeperInput",
+    "LeaseKeeperReport",
+    "LeaseObservation",
+    "LeaseRenewal",
+    "PlanHooks",
+    "PlanInput",
+    "PlanOutput",
+    "RecallInput",
+    "RememberInput",
+    "ReviewNotificationInput",
+    "ReviewNotificationResult",
+    "SynthesizeInput",
+    "SynthesizeOutput",
+    "ToolStepHooks",
+    "ToolStepInput",
+    "ToolStepOutput",
+]
+
 
 class RecallInput(ByReference):
     request_id: str

@@ -9,6 +9,36 @@ from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, PrivateAttr
 
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "ENRICHMENT_ACTIVITY_COORDINATION",
+    "ENRICHMENT_CONVERSATION_HISTORY",
+    "ENRICHMENT_RAG_CONTEXT",
+    "ENRICHMENT_USER_PROFILE",
+    "MAX_EFFECT_VALUE_BYTES",
+    "MAX_ENRICHMENT_BYTES",
+    "MAX_INLINE_PAYLOAD_BYTES",
+    "MAX_METADATA_BYTES",
+    "MAX_RECORDED_PROMPT_CHARS",
+    "MAX_REQUEST_CHARS",
+    "MAX_STORED_PAYLOAD_BYTES",
+    "MAX_TOOL_OUTPUT_BYTES",
+    "METADATA_CACHE",
+    "METADATA_CONVERSATION_TURNS",
+    "METADATA_MAX_MODEL_TOKENS",
+    "REQUEST_ID_PATTERN",
+    "STORED_REFERENCE_BYTES",
+    "TASK_PAYLOAD_BUDGET_BYTES",
+    "ByReference",
+    "DecisionAction",
+    "FailurePolicy",
+    "RunMode",
+    "Stage",
+    "bounded_value",
+    "estimate_tokens",
+    "json_size",
+]
+
 MAX_REQUEST_CHARS = 8_000
 # A pipeline's or a request's instructions (what the model is told before the request).
 MAX_INSTRUCTIONS_CHARS = 8_000

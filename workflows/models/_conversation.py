@@ -8,6 +8,27 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+__all__ = [
+    "CONVERSATION_PREFIX",
+    "DONE_TURNS_KEPT",
+    "INVALID_TURN",
+    "MAX_TURN_MESSAGE_CHARS",
+    "ClaimTurnInput",
+    "ConversationInput",
+    "ConversationResult",
+    "ConversationTurns",
+    "TurnAccepted",
+    "TurnClaim",
+    "TurnEntry",
+    "TurnOpenInput",
+    "TurnRelease",
+    "TurnRequest",
+    "TurnStatus",
+    "conversation_id_problem",
+    "conversation_workflow_id",
+    "turn_workflow_id",
+]
+
 CONVERSATION_PREFIX = "conversation-"
 MAX_TURN_MESSAGE_CHARS = 16_000
 MAX_CONVERSATION_ID_CHARS = 200

@@ -9,6 +9,28 @@ from pydantic import BaseModel, Field, JsonValue
 
 from ._request import Diagnostic, StepSummary, StopInfo
 
+__all__ = [
+    "AnswerView",
+    "CacheVerdict",
+    "ErrorOrigin",
+    "FallbackRequest",
+    "MemoryCandidate",
+    "MemoryExchange",
+    "RecalledMemory",
+    "RecallPatch",
+    "RecallView",
+    "RunErrorView",
+    "RunOutcomeView",
+    "RunPatch",
+    "RunView",
+    "SkipMemory",
+    "SkipReason",
+    "Stop",
+    "ToolDecision",
+    "ToolErrorResolution",
+    "ToolOutcomeView",
+]
+
 # --------------------------------------------------------------------------------------------------
 # before_run: rewrite the ask, instructions or facts, or stop the run
 # --------------------------------------------------------------------------------------------------

@@ -19,6 +19,16 @@ from pydantic import BaseModel, Field
 
 from ._common import TextDigest
 
+__all__ = [
+    "ANSWER_TOPIC",
+    "MAX_MODEL_ERROR_CHARS",
+    "MAX_MODEL_PREVIEW_CHARS",
+    "AnswerChunk",
+    "ModelCall",
+    "ModelText",
+    "ModelUsage",
+]
+
 MAX_MODEL_PREVIEW_CHARS = 200
 MAX_MODEL_ERROR_CHARS = 500
 

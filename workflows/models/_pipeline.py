@@ -15,6 +15,47 @@ from ._common import ByReference, DecisionAction, FailurePolicy, RunMode, Stage,
 from ._model_calls import ModelCall
 from ._plans import ToolCall, ToolSpec
 
+__all__ = [
+    "CHAIN_RESERVE_SECONDS",
+    "MAX_CHECKPOINT_EXPIRY_SECONDS",
+    "MAX_EFFECTS_PER_INVOCATION",
+    "MIN_CHAIN_START_SECONDS",
+    "DetachedWork",
+    "EffectStatus",
+    "EnrichmentChange",
+    "EnrichmentOperation",
+    "GateState",
+    "HookBatchCall",
+    "HookBatchEntry",
+    "HookBatchFailure",
+    "HookBatchOutcome",
+    "HookBatchSegment",
+    "HookCall",
+    "HookChain",
+    "HookDecision",
+    "HookEntry",
+    "HookInvocation",
+    "HookOutcome",
+    "HookRequestView",
+    "InvocationOutcome",
+    "LostAttempt",
+    "ManagedLease",
+    "ObserveOutcome",
+    "PipelineHookEffect",
+    "PipelineManifest",
+    "PipelineShortCircuit",
+    "PipelineShortCircuitDecision",
+    "RecordedOutcome",
+    "ResolvePipelineInput",
+    "ReviewerKey",
+    "ReviewSettings",
+    "ShortCircuitKind",
+    "ShortCircuitProposal",
+    "SnapshotAttempt",
+    "StageSettings",
+    "WorkerLoss",
+]
+
 if TYPE_CHECKING:
     from ._record import AcceptedPlanWrite, TerminalWrite
 

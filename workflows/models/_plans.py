@@ -8,6 +8,24 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
+__all__ = [
+    "MAX_PLAN_ATTEMPTS",
+    "NO_STEP_CONFIDENCE",
+    "ExecutionResult",
+    "ModelToolCall",
+    "ModelTurn",
+    "Plan",
+    "PlanRepair",
+    "PlanStep",
+    "PriorTurn",
+    "RecoveredError",
+    "StepResult",
+    "StepStatus",
+    "ToolCall",
+    "ToolMetrics",
+    "ToolSpec",
+]
+
 MAX_OBSERVED_ERROR_CHARS = 2_000  # of a step's error, in what after_execution hooks receive
 # Attempts at planning one phase: the first, and one retry of a malformed plan the planner may correct.
 MAX_PLAN_ATTEMPTS = 2

@@ -16,6 +16,36 @@ from ._pipeline import HookBatchCall, HookInvocation, PipelineHookEffect, Stage,
 from ._plans import Plan, StepResult, ToolMetrics
 from ._request import Diagnostic, RequestError, RequestStatus, ShortCircuitInfo, StopInfo
 
+__all__ = [
+    "MAX_IGNORED_FIELD_CHARS",
+    "MAX_IGNORED_MESSAGES",
+    "MAX_INBOUND_PAYLOAD_BYTES",
+    "MAX_REVIEW_COMMENT_CHARS",
+    "MAX_REVIEW_ID_CHARS",
+    "AcceptedPlan",
+    "AcceptedPlanWrite",
+    "ApprovalCall",
+    "ApprovalReason",
+    "ApproveSignal",
+    "Checkpoint",
+    "CheckpointStatus",
+    "ExecutionRecord",
+    "IgnoredReview",
+    "LifecycleBoundary",
+    "MemoryOutcome",
+    "ModelDraft",
+    "PersistRecordInput",
+    "PersistRecordOutput",
+    "RecallOutcome",
+    "RecordLifecycle",
+    "RejectSignal",
+    "ReviewAck",
+    "ReviewRequest",
+    "TerminalEnd",
+    "TerminalPart",
+    "TerminalWrite",
+]
+
 # --------------------------------------------------------------------------------------------------
 # Human-in-the-loop checkpoints and the reviews they receive
 # --------------------------------------------------------------------------------------------------

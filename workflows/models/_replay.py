@@ -10,6 +10,21 @@ from pydantic import BaseModel, Field, JsonValue
 
 from ._pipeline import Stage
 
+__all__ = [
+    "DECISION_CHANGES",
+    "FindingKind",
+    "ListRecordsInput",
+    "ListRecordsOutput",
+    "PolicyReplayInput",
+    "PolicyReplayResult",
+    "ReplayBatchInput",
+    "ReplayBatchOutput",
+    "ReplayFinding",
+    "ReplayProgress",
+    "ReplayWindow",
+    "RequestReplay",
+]
+
 
 class FindingKind(StrEnum):
     """How the candidate's decision differs from the recorded one (or why it cannot be compared)."""

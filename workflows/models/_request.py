@@ -16,6 +16,22 @@ from ._common import (
     json_size,
 )
 
+__all__ = [
+    "LOOP_DEPTH_EXCEEDED",
+    "MAX_SUBAGENT_DEPTH",
+    "METADATA_PARENT_WORKFLOW",
+    "METADATA_SUBAGENT_DEPTH",
+    "Diagnostic",
+    "RequestError",
+    "RequestInput",
+    "RequestResult",
+    "RequestStatus",
+    "ShortCircuitInfo",
+    "StepSummary",
+    "StopInfo",
+    "subagent_depth",
+]
+
 
 class RequestInput(BaseModel):
     """The input of one ``RequestLifecycle`` execution."""
