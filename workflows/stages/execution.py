@@ -34,12 +34,21 @@ from ..models import (
     ToolErrorResolution,
     ToolOutcomeView,
 )
-from ._base import Chaining, Checks, Fold, ObserverSpec, StageSpec, rejected, returned
+from ._base import CallT, Chaining, Checks, Fold, ObserverSpec, OutcomeT, StageSpec, rejected, returned
 
 if TYPE_CHECKING:
     from hooks.contracts import PipelineContext
 
 __all__ = ["AfterExecutionHook", "AfterToolHook", "BeforeToolHook", "OnToolErrorHook"]
+
+
+class _ToolStageSpec(StageSpec[CallT, OutcomeT]):
+    """A stage each tool step passes through: invoked per plan step (``matcher`` / ``subagent_only`` filter
+    its hooks); a hook's failure ends the run unless the hook declares otherwise."""
+
+    failure_policy = FailurePolicy.FAIL_CLOSED
+    tool_stage = True
+
 
 # --------------------------------------------------------------------------------------------------
 # before_tool: allow / modify / deny / stop one call
@@ -76,7 +85,7 @@ _TOOL_VERDICTS = {
 }
 
 
-class BeforeToolSpec(StageSpec[BeforeToolCall, BeforeToolOutcome]):
+class BeforeToolSpec(_ToolStageSpec[BeforeToolCall, BeforeToolOutcome]):
     """Modifications chain; the first deny or stop ends the stage. A modify is validated against the
     tool's parameters in the activity, so invalid rewritten arguments never reach execution."""
 
@@ -84,10 +93,8 @@ class BeforeToolSpec(StageSpec[BeforeToolCall, BeforeToolOutcome]):
     call = BeforeToolCall
     outcome = BeforeToolOutcome
     protocols = {"before_tool": BeforeToolHook}
-    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.GATE
     subject_field = "call"
-    tool_stage = True
 
     def judge(self, call: BeforeToolCall, value: Any, ctx: PipelineContext, checks: Checks) -> BeforeToolOutcome:
         verdict = returned(value, "before_tool", ToolDecision) or ToolDecision()
@@ -151,15 +158,13 @@ class ToolErrorOutcome(HookOutcome):
     resolution: ToolErrorResolution
 
 
-class OnToolErrorSpec(StageSpec[ToolErrorCall, ToolErrorOutcome]):
+class OnToolErrorSpec(_ToolStageSpec[ToolErrorCall, ToolErrorOutcome]):
     stage = Stage.ON_TOOL_ERROR
     call = ToolErrorCall
     outcome = ToolErrorOutcome
     protocols = {"on_tool_error": OnToolErrorHook}
-    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.FIRST_WINS
     subject_field = "outcome"
-    tool_stage = True
 
     def arguments(self, call: ToolErrorCall, ctx: PipelineContext) -> tuple[Any, ...]:
         return call.call.model_copy(deep=True), call.outcome.model_copy()
@@ -202,16 +207,14 @@ class AfterToolOutcome(HookOutcome):
     result: str
 
 
-class AfterToolSpec(StageSpec[AfterToolCall, AfterToolOutcome]):
+class AfterToolSpec(_ToolStageSpec[AfterToolCall, AfterToolOutcome]):
     stage = Stage.AFTER_TOOL
     call = AfterToolCall
     outcome = AfterToolOutcome
     protocols = {"after_tool": AfterToolHook}
-    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.CHAIN
     subject_field = "outcome"
     echo = "result"
-    tool_stage = True
 
     def echoed(self, call: AfterToolCall) -> str:
         return call.outcome.result

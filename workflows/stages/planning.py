@@ -5,7 +5,7 @@ validated after each hook; the required gate; or stop the run)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pydantic
@@ -222,6 +222,13 @@ class ToolDescriptor(BaseModel):
         return self.key in names or self.key.split("/", 1)[-1] in names
 
 
+def _with_descriptions(tools: Sequence[ToolDescriptor], checks: Checks) -> list[ToolDescriptor]:
+    """``tools`` with what each does, as the worker's tools describe themselves (the workflow records tools
+    without their descriptions); a tool the worker does not describe keeps the description it has."""
+    descriptions = checks.tool_descriptions([tool.key for tool in tools])
+    return [tool.model_copy(update={"description": descriptions.get(tool.key, tool.description)}) for tool in tools]
+
+
 class PlanAttempt(BaseModel):
     """What before_plan sees: one attempt at planning one phase. ``attempt`` is 0 for the phase's first
     attempt and counts the retries after a malformed plan; ``tools`` are what the planner may still use;
@@ -283,9 +290,8 @@ class BeforePlanSpec(StageSpec[BeforePlanCall, BeforePlanOutcome]):
     subject_field = "attempt"
 
     def prepare(self, call: BeforePlanCall, checks: Checks) -> BeforePlanCall:
-        described = checks.tool_descriptions(call.attempt.tool_keys)
-        tools = [t.model_copy(update={"description": described.get(t.key, t.description)}) for t in call.attempt.tools]
-        return call.model_copy(update={"attempt": call.attempt.model_copy(update={"tools": tools})})
+        attempt = call.attempt.model_copy(update={"tools": _with_descriptions(call.attempt.tools, checks)})
+        return call.model_copy(update={"attempt": attempt})
 
     def judge(self, call: BeforePlanCall, value: Any, ctx: PipelineContext, checks: Checks) -> BeforePlanOutcome:
         patch = returned(value, "before_plan", PlanAttemptPatch)
@@ -358,9 +364,7 @@ class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
     own_policy = False
 
     def prepare(self, call: AfterPlanningCall, checks: Checks) -> AfterPlanningCall:
-        described = checks.tool_descriptions([t.key for t in call.tools])
-        tools = [t.model_copy(update={"description": described.get(t.key, t.description)}) for t in call.tools]
-        return call.model_copy(update={"tools": tools})
+        return call.model_copy(update={"tools": _with_descriptions(call.tools, checks)})
 
     def policy(self, hook: HookEntry) -> FailurePolicy:
         return FailurePolicy.FAIL_CLOSED if hook.required else self.failure_policy
