@@ -24,13 +24,15 @@ and cleaned up. Counters describe submissions and errors, not the coordinator's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 
-from workflows.models import ENRICHMENT_ACTIVITY_COORDINATION, EffectStatus
+from workflows.models import ENRICHMENT_ACTIVITY_COORDINATION
 
 from ..contracts import LeaseContext, LeaseObservation, PipelineContext, PipelineHook
 from ..memory import ActivityCoordinator, ActivitySignal
-from .memory_model import extract_entities
+from .memory_model import extract_entities, report_call
 
 RENEWAL_EFFECT_ID = "activity_signal_renewal"
 CLEANUP_EFFECT_ID = "activity_signal_cleanup"
@@ -41,6 +43,7 @@ def activity_signal_id(agent: str, request_id: str) -> str:
     return f"{agent}:{request_id}"
 
 
+@dataclass(eq=False)
 class ActivityAnnouncementHook(PipelineHook):
     """before_planning: announce this request's activity and inject other agents' concurrent activities.
 
@@ -59,30 +62,16 @@ class ActivityAnnouncementHook(PipelineHook):
         entity_extractor: Finds the entities of a request.
     """
 
-    name = "activity-announcement"
+    coordinator: ActivityCoordinator
+    _: KW_ONLY
+    agent: str
+    ttl_seconds: float = 120.0
+    renew_interval_seconds: float | None = None
+    managed: bool = True
+    max_signals: int = 5
+    entity_extractor: Callable[[str], list[str]] = extract_entities
+    name: str = "activity-announcement"
     timeout_seconds = 10.0
-
-    def __init__(
-        self,
-        coordinator: ActivityCoordinator,
-        *,
-        agent: str,
-        ttl_seconds: float = 120.0,
-        renew_interval_seconds: float | None = None,
-        managed: bool = True,
-        max_signals: int = 5,
-        entity_extractor=extract_entities,
-        name: str | None = None,
-    ) -> None:
-        self.coordinator = coordinator
-        self.agent = agent
-        self.ttl_seconds = ttl_seconds
-        self.renew_interval_seconds = renew_interval_seconds
-        self.managed = managed
-        self.max_signals = max_signals
-        self.entity_extractor = entity_extractor
-        if name:
-            self.name = name
 
     async def before_planning(self, ctx: PipelineContext) -> None:
         if ctx.shadow:
@@ -96,10 +85,11 @@ class ActivityAnnouncementHook(PipelineHook):
             request_id=ctx.request_id,
         )
         announced = await self.coordinator.announce(signal, ttl_seconds=self.ttl_seconds)
-        ctx.report_effect(
+        report_call(
+            ctx,
             "activity_signal",
+            announced,
             name="Activity signal",
-            status=EffectStatus.SUCCEEDED if announced.ok else EffectStatus.FAILED,
             data={
                 "signal_id": signal.signal_id,
                 "agent": self.agent,
@@ -110,7 +100,6 @@ class ActivityAnnouncementHook(PipelineHook):
                 "provider_call_status": announced.provider_call_status,
                 **announced.detail,
             },
-            error=announced.error,
             summary="signal submitted" if announced.ok else "signal submission failed",
         )
         if announced.ok and self.managed:
@@ -137,16 +126,16 @@ class ActivityAnnouncementHook(PipelineHook):
             )
         )
         selected = others[: self.max_signals]
-        ctx.report_effect(
+        report_call(
+            ctx,
             "activity_context",
+            active,
             name="Concurrent activities",
-            status=EffectStatus.SUCCEEDED if active.ok else EffectStatus.FAILED,
             data={
                 "read_status": active.status,
                 "discovered": len(others),
                 "selected": [{"signal_id": s.signal_id, "agent": s.agent, "entities": s.entities} for s in selected],
             },
-            error=active.error,
             summary=f"{len(selected)} concurrent activit{'y' if len(selected) == 1 else 'ies'} selected",
         )
         if selected:
@@ -183,6 +172,7 @@ class ActivityAnnouncementHook(PipelineHook):
         )
 
 
+@dataclass(eq=False)
 class ActivityCleanupHook(PipelineHook):
     """after_synthesis: remove this request's signal — only when no request owner holds it.
 
@@ -196,24 +186,22 @@ class ActivityCleanupHook(PipelineHook):
         agent: The agent name the announcement hook uses.
     """
 
-    name = "activity-cleanup"
+    coordinator: ActivityCoordinator
+    _: KW_ONLY
+    agent: str
+    name: str = "activity-cleanup"
     timeout_seconds = 10.0
-
-    def __init__(self, coordinator: ActivityCoordinator, *, agent: str, name: str | None = None) -> None:
-        self.coordinator = coordinator
-        self.agent = agent
-        if name:
-            self.name = name
 
     async def after_synthesis(self, ctx: PipelineContext, response: str) -> str:
         signal_id = activity_signal_id(self.agent, ctx.request_id)
         if signal_id in ctx.managed_leases:
             return response
         removed = await self.coordinator.remove(signal_id)
-        ctx.report_effect(
+        report_call(
+            ctx,
             CLEANUP_EFFECT_ID,
+            removed,
             name="Activity signal cleanup",
-            status=EffectStatus.SUCCEEDED if removed.ok else EffectStatus.FAILED,
             data={
                 "signal_id": signal_id,
                 "mode": "direct",
@@ -222,7 +210,6 @@ class ActivityCleanupHook(PipelineHook):
                 "provider_call_status": removed.provider_call_status,
                 **removed.detail,
             },
-            error=removed.error,
             summary="direct removal submitted" if removed.ok else "direct removal failed",
         )
         return response

@@ -8,12 +8,15 @@ holds, prefer request metadata (``conversation_turns``), which is promoted into 
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass
+
 from workflows.models import ENRICHMENT_CONVERSATION_HISTORY, EffectStatus
 
 from ..contracts import PipelineContext, PipelineHook
 from ..memory import ConversationHistorySource
 
 
+@dataclass(eq=False)
 class ConversationHistoryHook(PipelineHook):
     """before_planning: the last ``max_turns`` remembered exchanges, oldest first, ahead of any history
     promoted from request metadata. No-op without ``metadata["conversation_id"]``. Fails open: the hook's
@@ -25,17 +28,12 @@ class ConversationHistoryHook(PipelineHook):
         max_chars: Each side of an exchange is cut to this many characters.
     """
 
-    name = "conversation-history"
+    source: ConversationHistorySource
+    _: KW_ONLY
+    max_turns: int = 10
+    max_chars: int = 1000
+    name: str = "conversation-history"
     timeout_seconds = 10.0
-
-    def __init__(
-        self, source: ConversationHistorySource, *, max_turns: int = 10, max_chars: int = 1000, name: str | None = None
-    ) -> None:
-        self.source = source
-        self.max_turns = max_turns
-        self.max_chars = max_chars
-        if name:
-            self.name = name
 
     async def before_planning(self, ctx: PipelineContext) -> None:
         conversation_id = ctx.metadata.get("conversation_id")

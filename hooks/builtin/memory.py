@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -46,6 +47,7 @@ from .memory_model import (
     model_prompt,
     parse_json_answer,
     readable_result,
+    report_call,
     strings_in,
 )
 
@@ -122,6 +124,7 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(eq=False)
 class MemoryEnrichmentHook(PipelineHook):
     """before_planning: what this agent domain did recently, about these entities, into ``rag_context``.
 
@@ -137,22 +140,12 @@ class MemoryEnrichmentHook(PipelineHook):
     read injects nothing and the request plans without memory.
     """
 
-    name = "memory-enrichment"
+    memory: EpisodicMemory
+    _: KW_ONLY
+    options: MemoryOptions = field(default_factory=MemoryOptions)
+    knowledge: KnowledgeStore | None = None
+    name: str = "memory-enrichment"
     timeout_seconds = 10.0
-
-    def __init__(
-        self,
-        memory: EpisodicMemory,
-        *,
-        options: MemoryOptions | None = None,
-        knowledge: KnowledgeStore | None = None,
-        name: str | None = None,
-    ) -> None:
-        self.memory = memory
-        self.knowledge = knowledge
-        self.options = options or MemoryOptions()
-        if name:
-            self.name = name
 
     async def before_planning(self, ctx: PipelineContext) -> None:
         opts = self.options
@@ -163,10 +156,11 @@ class MemoryEnrichmentHook(PipelineHook):
             since=_utcnow() - timedelta(seconds=opts.lookback_seconds),
             limit=opts.query_limit,
         )
-        ctx.report_effect(
+        report_call(
+            ctx,
             "memory_episodic_read",
+            read,
             name="Episodic memory read",
-            status=EffectStatus.SUCCEEDED if read.ok else EffectStatus.FAILED,
             data={
                 "status": read.status,
                 "returned_events": len(read.items),
@@ -174,7 +168,6 @@ class MemoryEnrichmentHook(PipelineHook):
                 "lookback_seconds": opts.lookback_seconds,
                 "event_ids": [e.event_id for e in read.items],
             },
-            error=read.error,
             summary=f"{read.status}: {len(read.items)} event(s)",
         )
         ctx.report_effect(
@@ -259,6 +252,7 @@ class MemoryEnrichmentHook(PipelineHook):
         return ("\n".join(lines) if sections else ""), view
 
 
+@dataclass(eq=False)
 class MemoryRecordHook(PipelineHook):
     """after_execution: submit one episodic event per step — entities, outcome, importance, a summary.
 
@@ -274,25 +268,17 @@ class MemoryRecordHook(PipelineHook):
     summaries came from the model and how many from the heuristic, and why).
     """
 
-    name = "memory-record"
+    memory: EpisodicMemory
+    _: KW_ONLY
+    model: MemoryModel | None = None
+    options: MemoryOptions = field(default_factory=MemoryOptions)
+    name: str = "memory-record"
     max_attempts = 2
     run_mode = RunMode.ACTIVITY  # a model call of up to minutes: its own heartbeated task
 
-    def __init__(
-        self,
-        memory: EpisodicMemory,
-        *,
-        model: MemoryModel | None = None,
-        options: MemoryOptions | None = None,
-        name: str | None = None,
-    ) -> None:
-        self.memory = memory
-        self.model = model
-        self.options = options or MemoryOptions()
+    def __post_init__(self) -> None:
         # The invocation's own bound leaves room for the summarizer's, plus the write.
         self.timeout_seconds = min(600.0, self.options.summarizer_timeout_seconds + 30.0)
-        if name:
-            self.name = name
 
     async def after_execution(self, ctx: PipelineContext, execution: ExecutionResult) -> None:
         opts = self.options
@@ -417,6 +403,7 @@ class MemoryRecordHook(PipelineHook):
         return summaries, coverage
 
 
+@dataclass(eq=False)
 class KnowledgeExtractionHook(PipelineHook):
     """after_synthesis: distil 0–3 reusable knowledge fragments from the request and its answer — later.
 
@@ -428,22 +415,12 @@ class KnowledgeExtractionHook(PipelineHook):
     unchanged, always.
     """
 
-    name = "knowledge-extraction"
+    knowledge: KnowledgeStore
+    _: KW_ONLY
+    model: MemoryModel = field(default_factory=HeuristicMemoryModel)
+    options: MemoryOptions = field(default_factory=MemoryOptions)
+    name: str = "knowledge-extraction"
     timeout_seconds = 10.0
-
-    def __init__(
-        self,
-        knowledge: KnowledgeStore,
-        *,
-        model: MemoryModel | None = None,
-        options: MemoryOptions | None = None,
-        name: str | None = None,
-    ) -> None:
-        self.knowledge = knowledge
-        self.model = model or HeuristicMemoryModel()
-        self.options = options or MemoryOptions()
-        if name:
-            self.name = name
 
     def after_synthesis(self, ctx: PipelineContext, response: str) -> str:
         # Context this request was given is not new knowledge: lines repeating it are left out.

@@ -1,5 +1,6 @@
-"""What the memory hooks share: entity extraction, the prompt format they send a :class:`MemoryModel`,
-and a deterministic rule-based model so a pipeline runs (and the demo shows memory) without an LLM.
+"""What the memory hooks share: entity extraction, how they report a provider call, the prompt format they
+send a :class:`MemoryModel`, and a deterministic rule-based model so a pipeline runs (and the demo shows
+memory) without an LLM.
 
 Every memory prompt has the same shape — a ``<task>`` line, instructions, and the data as JSON inside
 ``<input>…</input>`` — and every answer is JSON. A real model reads the instructions; the heuristic model
@@ -14,6 +15,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from workflows.models import EffectStatus
+
+from ..contracts import PipelineContext
+from ..memory import ReadResult, WriteResult
+
 _SYMBOL = re.compile(r"\b[A-Z][A-Z0-9]{1,5}\b")
 _NOT_ENTITIES = {"USD", "EUR", "GBP", "OK", "AM", "PM", "CEO", "API", "FAQ", "JSON", "ID", "I", "A"}
 _TASK = re.compile(r"<task>(.*?)</task>", re.DOTALL)
@@ -25,6 +31,27 @@ def extract_entities(text: str, *, limit: int = 8) -> list[str]:
     """The default entity extractor: ticker-like symbols (``ACME``, ``MSFT``), in order of appearance."""
     found = [m for m in _SYMBOL.findall(text or "") if m not in _NOT_ENTITIES]
     return list(dict.fromkeys(found))[:limit]
+
+
+def report_call(
+    ctx: PipelineContext,
+    effect_id: str,
+    result: ReadResult[Any] | WriteResult,
+    *,
+    name: str,
+    data: dict[str, Any],
+    summary: str = "",
+) -> None:
+    """Report a memory provider's call as the effect ``effect_id``: succeeded or failed as the provider said,
+    with its error."""
+    ctx.report_effect(
+        effect_id,
+        name=name,
+        status=EffectStatus.SUCCEEDED if result.ok else EffectStatus.FAILED,
+        data=data,
+        error=result.error,
+        summary=summary,
+    )
 
 
 def model_prompt(task: str, instructions: str, data: dict[str, Any]) -> str:

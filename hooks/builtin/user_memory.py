@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import KW_ONLY, dataclass, field
 
 from workflows.models import ENRICHMENT_USER_PROFILE, EffectStatus, RunMode
 
 from ..contracts import PipelineContext, PipelineHook
 from ..memory import MemoryModel, UserFact, UserMemory
-from .memory_model import HeuristicMemoryModel, model_prompt, parse_json_answer
+from .memory_model import HeuristicMemoryModel, model_prompt, parse_json_answer, report_call
 
 # Facts that identify the user are always recalled; others only when they share a word with the request.
 IDENTITY_KEYS = frozenset({"name", "preferred_name", "home_city", "timezone", "language"})
@@ -26,6 +27,7 @@ def _user_id(ctx: PipelineContext) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
+@dataclass(eq=False)
 class UserMemoryEnrichmentHook(PipelineHook):
     """before_planning: the user's identity facts and the facts relevant to this request, as a
     preformatted ``<user_profile>…</user_profile>`` block in ``user_profile`` (which the default prompt
@@ -39,14 +41,11 @@ class UserMemoryEnrichmentHook(PipelineHook):
         max_facts: At most this many facts are read and injected.
     """
 
-    name = "user-memory-enrichment"
+    memory: UserMemory
+    _: KW_ONLY
+    max_facts: int = 20
+    name: str = "user-memory-enrichment"
     timeout_seconds = 10.0
-
-    def __init__(self, memory: UserMemory, *, max_facts: int = 20, name: str | None = None) -> None:
-        self.memory = memory
-        self.max_facts = max_facts
-        if name:
-            self.name = name
 
     async def before_planning(self, ctx: PipelineContext) -> None:
         user_id = _user_id(ctx)
@@ -57,23 +56,24 @@ class UserMemoryEnrichmentHook(PipelineHook):
         recalled = [
             f for f in read.items if f.key in IDENTITY_KEYS or words & set(_WORD.findall(f"{f.key} {f.value}".lower()))
         ]
-        ctx.report_effect(
+        report_call(
+            ctx,
             "user_memory_read",
+            read,
             name="User memory read",
-            status=EffectStatus.SUCCEEDED if read.ok else EffectStatus.FAILED,
             data={
                 "status": read.status,
                 "user_id": user_id,
                 "returned_facts": len(read.items),
                 "recalled_keys": [f.key for f in recalled],
             },
-            error=read.error,
         )
         if recalled:
             lines = "\n".join(f"- {f.key}: {f.value}" for f in recalled)
             ctx.enrichments[ENRICHMENT_USER_PROFILE] = f"<user_profile>\n{lines}\n</user_profile>"
 
 
+@dataclass(eq=False)
 class UserMemoryExtractionHook(PipelineHook):
     """after_synthesis: store durable facts the user stated about themselves; the response is returned
     unchanged, whatever happens.
@@ -89,23 +89,15 @@ class UserMemoryExtractionHook(PipelineHook):
         extraction_timeout_seconds: Bound on the model call.
     """
 
-    name = "user-memory-extraction"
+    memory: UserMemory
+    _: KW_ONLY
+    model: MemoryModel = field(default_factory=HeuristicMemoryModel)
+    extraction_timeout_seconds: float = 30.0
+    name: str = "user-memory-extraction"
     run_mode = RunMode.ACTIVITY  # a model call: its own heartbeated task
 
-    def __init__(
-        self,
-        memory: UserMemory,
-        *,
-        model: MemoryModel | None = None,
-        extraction_timeout_seconds: float = 30.0,
-        name: str | None = None,
-    ) -> None:
-        self.memory = memory
-        self.model = model or HeuristicMemoryModel()
-        self.extraction_timeout_seconds = extraction_timeout_seconds
-        self.timeout_seconds = min(600.0, extraction_timeout_seconds + 15.0)
-        if name:
-            self.name = name
+    def __post_init__(self) -> None:
+        self.timeout_seconds = min(600.0, self.extraction_timeout_seconds + 15.0)
 
     async def after_synthesis(self, ctx: PipelineContext, response: str) -> str:
         user_id = _user_id(ctx)
@@ -154,5 +146,7 @@ def build_user_memory_hooks(
     """The per-user memory hooks, in order: enrichment (before_planning), extraction (after_synthesis)."""
     return [
         UserMemoryEnrichmentHook(memory, max_facts=max_facts),
-        UserMemoryExtractionHook(memory, model=model, extraction_timeout_seconds=extraction_timeout_seconds),
+        UserMemoryExtractionHook(
+            memory, model=model or HeuristicMemoryModel(), extraction_timeout_seconds=extraction_timeout_seconds
+        ),
     ]
