@@ -342,16 +342,8 @@ class HookStageActivities(abc.ABC):
         return await self._invoke(call, spec.stage, run)
 
     def _context(self, call: HookCall, stage: Stage) -> PipelineContext:
-        view = call.view
-        return PipelineContext.of_view(
-            view,
-            stage=stage,
-            hook_name=call.hook.name,
-            hook=self.registry.hook(call.hook.name),
-            state=view.state,
-            managed_leases=view.leases,
-            conversation_id=view.conversation_id,
-        )
+        name = call.hook.name
+        return PipelineContext.of_view(call.view, stage=stage, hook_name=name, hook=self.registry.hook(name))
 
     async def _invoke(self, call: HookCall, stage: Stage, run: Run) -> Any:
         """Run ``run(hook, ctx, span)`` inside the hook's span and translate failures into the

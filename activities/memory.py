@@ -196,6 +196,42 @@ def _ts(value: float) -> datetime:
     return datetime.fromtimestamp(value, UTC)
 
 
+# The columns each model is read back from, by name (``_decoded``).
+_EVENT_COLUMNS = (
+    "event_id",
+    "agent_domain",
+    "request_id",
+    "step_id",
+    "tool",
+    "entities",
+    "outcome",
+    "importance",
+    "summary",
+    "occurred_at",
+    "recorded_at",
+)
+_FACT_COLUMNS = ("key", "value", "source_request_id", "recorded_at")
+_FRAGMENT_COLUMNS = ("fragment_id", "title", "text", "entities", "source_request_id", "recorded_at")
+_SIGNAL_COLUMNS = ("signal_id", "agent", "activity", "entities", "request_id", "announced_at", "expires_at", "renewals")
+
+
+def _listed(columns: Sequence[str], table: str = "") -> str:
+    """``columns`` as a SELECT lists them, each of the table aliased ``table`` where one is given."""
+    return ", ".join(f"{table}.{c}" if table else c for c in columns)
+
+
+def _decoded(columns: Sequence[str], row: Sequence[Any]) -> dict[str, Any]:
+    """``row``, read as ``columns``, by name as the models take it: ``entities`` from its JSON and the
+    ``*_at`` columns (seconds since the epoch) as times."""
+    values = dict(zip(columns, row, strict=True))
+    if "entities" in values:
+        values["entities"] = json.loads(values["entities"])
+    for name in columns:
+        if name.endswith("_at"):
+            values[name] = _ts(values[name])
+    return values
+
+
 def _entity_keys(entities: Sequence[str]) -> list[str]:
     return sorted({e.strip().lower() for e in entities if e and e.strip()})
 
@@ -422,10 +458,7 @@ class MemoryStore(ConversationMemoryStore):
     ) -> ReadResult[EpisodicEvent]:
         def read() -> list[EpisodicEvent]:
             keys = _entity_keys(entities)
-            columns = (
-                "e.event_id, e.agent_domain, e.request_id, e.step_id, e.tool, e.entities, e.outcome, "
-                "e.importance, e.summary, e.occurred_at, e.recorded_at"
-            )
+            columns = _listed(_EVENT_COLUMNS, "e")
             with self._transaction() as db:
                 related = []
                 if keys:
@@ -442,22 +475,7 @@ class MemoryStore(ConversationMemoryStore):
                     (agent_domain, since.timestamp(), limit),
                 ).fetchall()
             rows = list({row[0]: row for row in [*related, *recent]}.values())[:limit]
-            return [
-                EpisodicEvent(
-                    event_id=r[0],
-                    agent_domain=r[1],
-                    request_id=r[2],
-                    step_id=r[3],
-                    tool=r[4],
-                    entities=json.loads(r[5]),
-                    outcome=r[6],
-                    importance=r[7],
-                    summary=r[8],
-                    occurred_at=_ts(r[9]),
-                    recorded_at=_ts(r[10]),
-                )
-                for r in rows
-            ]
+            return [EpisodicEvent(**_decoded(_EVENT_COLUMNS, r)) for r in rows]
 
         return await self._read("recent_events", read)
 
@@ -479,14 +497,10 @@ class MemoryStore(ConversationMemoryStore):
     async def user_facts(self, user_id: str, *, limit: int) -> ReadResult[UserFact]:
         def read() -> list[UserFact]:
             rows = self._rows(
-                "SELECT key, value, source_request_id, recorded_at FROM user_facts WHERE user_id = ? "
-                "ORDER BY recorded_at DESC LIMIT ?",
+                f"SELECT {_listed(_FACT_COLUMNS)} FROM user_facts WHERE user_id = ? ORDER BY recorded_at DESC LIMIT ?",
                 (user_id, limit),
             )
-            return [
-                UserFact(user_id=user_id, key=k, value=v, source_request_id=s, recorded_at=_ts(t))
-                for k, v, s, t in rows
-            ]
+            return [UserFact(user_id=user_id, **_decoded(_FACT_COLUMNS, r)) for r in rows]
 
         return await self._read("user_facts", read)
 
@@ -524,12 +538,12 @@ class MemoryStore(ConversationMemoryStore):
                 return []
             marks = ",".join("?" * len(keys))
             rows = self._rows(
-                "SELECT DISTINCT f.fragment_id, f.title, f.text, f.entities, f.source_request_id, f.recorded_at "
+                f"SELECT DISTINCT {_listed(_FRAGMENT_COLUMNS, 'f')} "
                 "FROM knowledge_fragments f JOIN knowledge_entities x ON x.fragment_id = f.fragment_id "
                 f"WHERE f.agent_domain = ? AND x.entity IN ({marks}) ORDER BY f.recorded_at DESC LIMIT ?",
                 (agent_domain, *keys, limit),
             )
-            return [_fragment(agent_domain, r) for r in rows]
+            return [KnowledgeFragment(agent_domain=agent_domain, **_decoded(_FRAGMENT_COLUMNS, r)) for r in rows]
 
         return await self._read("related_fragments", read)
 
@@ -538,11 +552,11 @@ class MemoryStore(ConversationMemoryStore):
 
         def read() -> list[KnowledgeFragment]:
             rows = self._rows(
-                "SELECT fragment_id, title, text, entities, source_request_id, recorded_at FROM knowledge_fragments "
+                f"SELECT {_listed(_FRAGMENT_COLUMNS)} FROM knowledge_fragments "
                 "WHERE agent_domain = ? ORDER BY recorded_at DESC",
                 (agent_domain,),
             )
-            return [_fragment(agent_domain, r) for r in rows]
+            return [KnowledgeFragment(agent_domain=agent_domain, **_decoded(_FRAGMENT_COLUMNS, r)) for r in rows]
 
         return await asyncio.to_thread(read)
 
@@ -596,11 +610,10 @@ class MemoryStore(ConversationMemoryStore):
     async def active(self) -> ReadResult[ActivitySignal]:
         def read() -> list[ActivitySignal]:
             rows = self._rows(
-                "SELECT signal_id, agent, activity, entities, request_id, announced_at, expires_at, renewals "
-                "FROM activity_signals WHERE expires_at > ? ORDER BY announced_at",
+                f"SELECT {_listed(_SIGNAL_COLUMNS)} FROM activity_signals WHERE expires_at > ? ORDER BY announced_at",
                 (self.clock(),),
             )
-            return [_signal(r) for r in rows]
+            return [ActivitySignal(**_decoded(_SIGNAL_COLUMNS, r)) for r in rows]
 
         return await self._read("active signals", read)
 
@@ -610,35 +623,9 @@ class MemoryStore(ConversationMemoryStore):
         def read() -> ActivitySignal | None:
             with self._transaction() as db:
                 row = db.execute(
-                    "SELECT signal_id, agent, activity, entities, request_id, announced_at, expires_at, renewals "
-                    "FROM activity_signals WHERE signal_id = ?",
+                    f"SELECT {_listed(_SIGNAL_COLUMNS)} FROM activity_signals WHERE signal_id = ?",
                     (signal_id,),
                 ).fetchone()
-            return _signal(row) if row else None
+            return ActivitySignal(**_decoded(_SIGNAL_COLUMNS, row)) if row else None
 
         return await asyncio.to_thread(read)
-
-
-def _fragment(agent_domain: str, r: tuple) -> KnowledgeFragment:
-    return KnowledgeFragment(
-        fragment_id=r[0],
-        agent_domain=agent_domain,
-        title=r[1],
-        text=r[2],
-        entities=json.loads(r[3]),
-        source_request_id=r[4],
-        recorded_at=_ts(r[5]),
-    )
-
-
-def _signal(r: tuple) -> ActivitySignal:
-    return ActivitySignal(
-        signal_id=r[0],
-        agent=r[1],
-        activity=r[2],
-        entities=json.loads(r[3]),
-        request_id=r[4],
-        announced_at=_ts(r[5]),
-        expires_at=_ts(r[6]),
-        renewals=r[7],
-    )

@@ -154,64 +154,29 @@ class PipelineContext:
         return self._cancel.is_set()
 
     @classmethod
-    def create(
-        cls,
-        *,
-        request: str,
-        metadata: Mapping[str, JsonValue],
-        enrichments: Mapping[str, JsonValue],
-        request_id: str,
-        workflow_id: str,
-        stage: Stage,
-        hook_name: str,
-        gate: GateState,
-        plan_phase: int | None = None,
-        hook: Any = None,
-        instructions: str = "",
-        facts: Mapping[str, JsonValue] | None = None,
-        state: Mapping[str, JsonValue] | None = None,
-        managed_leases: tuple[str, ...] | list[str] = (),
-        shadow: bool = False,
-        conversation_id: str | None = None,
+    def of_view(
+        cls, view: HookRequestView, *, stage: Stage, hook_name: str, hook: Any, shadow: bool = False
     ) -> PipelineContext:
-        return cls(
-            request=request,
-            metadata=MappingProxyType(copy.deepcopy(dict(metadata))),
-            enrichments=copy.deepcopy(dict(enrichments)),
-            request_id=request_id,
-            workflow_id=workflow_id,
-            stage=stage,
-            hook_name=hook_name,
-            gate=PipelineGate(gate),
-            plan_phase=plan_phase,
-            instructions=instructions,
-            facts=MappingProxyType(copy.deepcopy(dict(facts or {}))),
-            state=copy.deepcopy(dict(state or {})),
-            _hook=hook,
-            managed_leases=tuple(managed_leases),
-            shadow=shadow,
-            conversation_id=conversation_id,
-        )
-
-    @classmethod
-    def of_view(cls, view: HookRequestView, *, stage: Stage, hook_name: str, hook: Any, **more: Any) -> PipelineContext:
         """The context of one invocation of ``hook`` on ``view``, the request as the workflow showed it to
-        the hook; ``more``: what else this invocation is given (its private state, its leases and
-        conversation; or that it is a shadow run)."""
-        return cls.create(
+        the hook with the hook's private state, leases and conversation; ``shadow`` when a policy replay
+        runs it. The context holds copies: nothing the hook does to it reaches ``view``."""
+        return cls(
             request=view.request,
-            metadata=view.metadata,
-            enrichments=view.enrichments,
+            metadata=MappingProxyType(copy.deepcopy(view.metadata)),
+            enrichments=copy.deepcopy(view.enrichments),
             request_id=view.request_id,
             workflow_id=view.workflow_id,
             stage=stage,
             hook_name=hook_name,
-            gate=view.gate,
+            gate=PipelineGate(view.gate),
             plan_phase=view.plan_phase,
-            hook=hook,
             instructions=view.instructions,
-            facts=view.facts,
-            **more,
+            facts=MappingProxyType(copy.deepcopy(view.facts)),
+            state=copy.deepcopy(view.state),
+            _hook=hook,
+            managed_leases=tuple(view.leases),
+            shadow=shadow,
+            conversation_id=view.conversation_id,
         )
 
     def report_effect(

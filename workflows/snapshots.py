@@ -7,7 +7,7 @@ local activity where there were two."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -81,6 +81,30 @@ def ended_at(invocations: Sequence[HookInvocation], otherwise: datetime) -> date
     return last.started_at + timedelta(milliseconds=last.duration_ms)
 
 
+def _record_ran(
+    record: ExecutionRecord,
+    stage: Stage,
+    first_sequence: int,
+    plan_phase: int | None,
+    started: datetime,
+    ran: Iterable[tuple[str, HookOutcome, float]],
+) -> list[HookInvocation]:
+    """Record in ``record`` the invocations of ``stage``'s hooks that ran one after another from ``started``
+    (``ran``: each hook's name, its outcome and the milliseconds it took), each with its decision, effects
+    and model calls; returns their entries."""
+    invocations: list[HookInvocation] = []
+    at = started
+    for offset, (hook, outcome, duration_ms) in enumerate(ran):
+        invocation = invocation_entry(hook, stage, first_sequence + offset, plan_phase, None, at, duration_ms)
+        at += timedelta(milliseconds=duration_ms)
+        invocation.decision = outcome.decision
+        invocations.append(invocation)
+        record.pipeline_hooks.append(invocation)
+        record_effects(record, outcome.effects)
+        record.model_calls.extend(outcome.model_calls)
+    return invocations
+
+
 def accepted_plan_snapshot(
     write: AcceptedPlanWrite,
     ran: Sequence[tuple[HookCall, HookOutcome]],
@@ -95,26 +119,16 @@ def accepted_plan_snapshot(
     for the same outcomes. ``in_place``: built on ``write.record`` itself, for a write used once (as an
     activity decoded it), rather than on a copy."""
     record = write.record if in_place else write.record.model_copy(deep=True)
-    clock = write.started
-    invocations: list[HookInvocation] = []
-    for offset, ((call, outcome), entry) in enumerate(zip(ran, entries, strict=True)):
-        invocation = invocation_entry(
-            call.hook.name,
-            Stage.AFTER_PLANNING,
-            write.first_sequence + offset,
-            write.plan_phase,
-            None,
-            clock,
-            entry.duration_ms,
-        )
-        clock += timedelta(milliseconds=entry.duration_ms)
-        invocation.decision = outcome.decision
-        invocations.append(invocation)
-        record.pipeline_hooks.append(invocation)
-        record_effects(record, outcome.effects)
-        record.model_calls.extend(outcome.model_calls)
+    invocations = _record_ran(
+        record,
+        Stage.AFTER_PLANNING,
+        write.first_sequence,
+        write.plan_phase,
+        write.started,
+        [(call.hook.name, outcome, entry.duration_ms) for (call, outcome), entry in zip(ran, entries, strict=True)],
+    )
     plan = STAGES[Stage.AFTER_PLANNING].subject(ran[0][0])
-    record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=ended_at(invocations, clock)))
+    record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=ended_at(invocations, write.started)))
     stamp(record, LifecycleBoundary.ACCEPTED_PLAN)
     return record
 
@@ -146,22 +160,18 @@ def terminal_snapshot(
     clock = write.started
     ended = clock
     for part, part_entries in zip(write.parts, entries, strict=True):
-        at = clock
-        invocations: list[HookInvocation] = []
-        for offset, entry in enumerate(part_entries):
-            invocation = invocation_entry(
-                entry.hook, part.stage, part.first_sequence + offset, part.plan_phase, None, at, entry.duration_ms
-            )
-            at += timedelta(milliseconds=entry.duration_ms)
-            outcome = HookOutcome.model_validate(entry.outcome)  # the stage's own fields are not needed here
-            invocation.decision = outcome.decision
-            invocations.append(invocation)
-            record.pipeline_hooks.append(invocation)
-            record_effects(record, outcome.effects)
-            record.model_calls.extend(outcome.model_calls)
+        invocations = _record_ran(
+            record,
+            part.stage,
+            part.first_sequence,
+            part.plan_phase,
+            clock,
+            # the stage's own fields of an outcome are not needed here
+            [(entry.hook, HookOutcome.model_validate(entry.outcome), entry.duration_ms) for entry in part_entries],
+        )
         if part.stage is Stage.AFTER_PLANNING and write.plan is not None:
             plan = write.plan
-            record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=ended_at(invocations, at)))
+            record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=ended_at(invocations, clock)))
         ended = ended_at(invocations, ended)
         clock += spent(part_entries)
     end = write.end

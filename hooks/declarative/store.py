@@ -32,7 +32,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -148,7 +148,7 @@ class Statements(Protocol):
 
 @dataclass
 class ExecutionRow:
-    """One audit row as written (and as read back)."""
+    """One audit row as written (and as read back): its fields are the columns of ``hook_executions``."""
 
     dedup_key: str
     hook_id: str | None
@@ -171,6 +171,9 @@ class ExecutionRow:
     metadata: dict[str, Any] | None = None
     created_at: float = 0.0
     id: int | None = None
+
+
+_EXECUTION_COLUMNS = tuple(f.name for f in fields(ExecutionRow))
 
 
 @dataclass
@@ -242,6 +245,11 @@ class HookStore:
         assert self.path is not None
         with sqlite.connection(self.path, foreign_keys=True) as db:
             return EscapedStatements(db).execute(sql, params).fetchall()
+
+    def _named(self, columns: Sequence[str], rest: str, params: tuple = ()) -> list[dict[str, Any]]:
+        """The rows of ``SELECT columns rest``, each a map of column name to value."""
+        rows = self._read(f"SELECT {', '.join(columns)} {rest}", params)
+        return [dict(zip(columns, row, strict=True)) for row in rows]
 
     # ------------------------------------------------------------------------------------------------
     # Definitions and state
@@ -315,10 +323,8 @@ class HookStore:
 
     def breaker_events(self, hook_id: str | None = None) -> list[dict[str, Any]]:
         where, params = ("WHERE hook_id = ?", (hook_id,)) if hook_id else ("", ())
-        rows = self._read(
-            f"SELECT hook_id, action, detail, actor, created_at FROM hook_breaker_events {where} ORDER BY id", params
-        )
-        return [dict(zip(("hook_id", "action", "detail", "actor", "created_at"), r, strict=True)) for r in rows]
+        columns = ("hook_id", "action", "detail", "actor", "created_at")
+        return self._named(columns, f"FROM hook_breaker_events {where} ORDER BY id", params)
 
     # ------------------------------------------------------------------------------------------------
     # The audit table and the breaker
@@ -471,40 +477,8 @@ class HookStore:
             clauses.append("workflow_id = ?")
             params.append(workflow_id)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._read(
-            "SELECT id, dedup_key, hook_id, hook_label, hook_version, event, handler_type, tenant_id, workflow_id, run_id, "
-            "activity_id, request_id, decision, reason, status, duration_ms, error, error_detail, error_nonce, metadata, "
-            f"created_at FROM hook_executions {where} ORDER BY id LIMIT ?",
-            (*params, limit),
-        )
-        result = []
-        for r in rows:
-            result.append(
-                ExecutionRow(
-                    id=r[0],
-                    dedup_key=r[1],
-                    hook_id=r[2],
-                    hook_label=r[3],
-                    hook_version=r[4],
-                    event=r[5],
-                    handler_type=r[6],
-                    tenant_id=r[7],
-                    workflow_id=r[8],
-                    run_id=r[9],
-                    activity_id=r[10],
-                    request_id=r[11],
-                    decision=r[12],
-                    reason=r[13],
-                    status=r[14],
-                    duration_ms=r[15],
-                    error=r[16],
-                    error_detail=r[17],
-                    error_nonce=r[18],
-                    metadata=json.loads(r[19]),
-                    created_at=r[20],
-                )
-            )
-        return result
+        rows = self._named(_EXECUTION_COLUMNS, f"FROM hook_executions {where} ORDER BY id LIMIT ?", (*params, limit))
+        return [ExecutionRow(**{**row, "metadata": json.loads(row["metadata"])}) for row in rows]
 
     # ------------------------------------------------------------------------------------------------
     # Prompt decision cache and tenant budgets
