@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, get_args, get_origin
 
 from ..decisions import (
     HOOK_CONTRACT_ERROR,
@@ -166,6 +166,11 @@ class Fold:
     ends: bool = False
     carries: bool = True
 
+    @classmethod
+    def end(cls, subject: Any) -> Fold:
+        """The stage is over, and the workflow acts on it (a denial, a stop, a skip)."""
+        return cls(subject, ends=True, carries=False)
+
 
 CallT = TypeVar("CallT", bound=HookCall)
 OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
@@ -174,8 +179,9 @@ OutcomeT = TypeVar("OutcomeT", bound=HookOutcome)
 class StageSpec(Generic[CallT, OutcomeT]):
     """One stage. Subclasses set the class attributes and override what differs from the defaults:
 
-    - ``call``/``outcome``: the models one invocation receives and returns; ``subject_field`` the field of
-      the call that holds what the stage's hooks work on (the plan, the answer, the tool call, ...).
+    - ``call``/``outcome``: the models one invocation receives and returns, read from the class's type
+      parameters (``StageSpec[TheCall, TheOutcome]``); ``subject_field`` the field of the call that holds
+      what the stage's hooks work on (the plan, the answer, the tool call, ...).
     - ``methods`` and ``protocols``: the hook methods that implement the stage and the Protocol declaring
       each one's signature (the registry checks hooks against them).
     - :meth:`arguments` (what the method receives after ``ctx``) and :meth:`judge` (what its return value
@@ -186,7 +192,9 @@ class StageSpec(Generic[CallT, OutcomeT]):
     call: ClassVar[type[HookCall]]
     outcome: ClassVar[type[HookOutcome]]
     protocols: ClassVar[dict[str, type]]  # hook method -> the Protocol that declares it
-    failure_policy: ClassVar[FailurePolicy]  # unless the hook sets its own (where ``own_policy`` allows)
+    # Unless the hook sets its own (where ``own_policy`` allows): a stage that decides or transforms fails
+    # closed; the pipeline stages and the observers fail open.
+    failure_policy: ClassVar[FailurePolicy] = FailurePolicy.FAIL_CLOSED
     chaining: ClassVar[Chaining]
     subject_field: ClassVar[str | None] = None  # None: the stage's hooks work on nothing but the request
     # The outcome field that hands the stage's subject back whole (the plan, the answer, ...), where the
@@ -196,6 +204,17 @@ class StageSpec(Generic[CallT, OutcomeT]):
     tool_stage: ClassVar[bool] = False  # invoked per plan step; ``matcher`` / ``subagent_only`` filter it
     own_policy: ClassVar[bool] = True  # a hook's ``failure_policy`` replaces the default here
     finalizer: ClassVar[bool] = False  # runs on every exit; a failure is a diagnostic, never the run's outcome
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Reads ``call`` and ``outcome`` from the type arguments the subclass gives its base."""
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            parameters = getattr(get_origin(base), "__parameters__", ())
+            for parameter, argument in zip(parameters, get_args(base), strict=False):
+                if isinstance(argument, type) and parameter is CallT:
+                    cls.call = argument
+                elif isinstance(argument, type) and parameter is OutcomeT:
+                    cls.outcome = argument
 
     @property
     def methods(self) -> tuple[str, ...]:

@@ -6,17 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..decisions import REASON_ACCEPTED, REASON_MEMORY_REPLACED, REASON_MEMORY_SKIPPED, REASON_REWRITTEN
-from ..models import (
-    AnswerView,
-    DecisionAction,
-    FailurePolicy,
-    HookCall,
-    HookOutcome,
-    MemoryCandidate,
-    SkipMemory,
-    Stage,
-    Stop,
-)
+from ..models import AnswerView, DecisionAction, HookCall, HookOutcome, MemoryCandidate, SkipMemory, Stage, Stop
 from ._base import Chaining, Checks, Fold, StageSpec, rejected, returned
 
 if TYPE_CHECKING:
@@ -49,10 +39,7 @@ class AfterSynthesisOutcome(HookOutcome):
 
 class AfterSynthesisSpec(StageSpec[AfterSynthesisCall, AfterSynthesisOutcome]):
     stage = Stage.AFTER_SYNTHESIS
-    call = AfterSynthesisCall
-    outcome = AfterSynthesisOutcome
     protocols = {"after_synthesis": AfterSynthesisHook}
-    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.CHAIN
     subject_field = "response"
     echo = "response"
@@ -94,10 +81,7 @@ class AfterAnswerOutcome(HookOutcome):
 
 class AfterAnswerSpec(StageSpec[AfterAnswerCall, AfterAnswerOutcome]):
     stage = Stage.AFTER_ANSWER
-    call = AfterAnswerCall
-    outcome = AfterAnswerOutcome
     protocols = {"after_answer": AfterAnswerHook}
-    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.CHAIN
     subject_field = "answer"
     echo = "text"
@@ -119,7 +103,7 @@ class AfterAnswerSpec(StageSpec[AfterAnswerCall, AfterAnswerOutcome]):
 
     def fold(self, subject: AnswerView, outcome: AfterAnswerOutcome) -> Fold:
         if outcome.stop is not None:
-            return Fold(subject, ends=True, carries=False)
+            return Fold.end(subject)
         return Fold(subject.model_copy(update={"text": outcome.text}))
 
 
@@ -151,10 +135,7 @@ class BeforeRememberOutcome(HookOutcome):
 
 class BeforeRememberSpec(StageSpec[BeforeRememberCall, BeforeRememberOutcome]):
     stage = Stage.BEFORE_REMEMBER
-    call = BeforeRememberCall
-    outcome = BeforeRememberOutcome
     protocols = {"before_remember": BeforeRememberHook}
-    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.GATE
     subject_field = "candidate"
     echo = "candidate"
@@ -171,7 +152,7 @@ class BeforeRememberSpec(StageSpec[BeforeRememberCall, BeforeRememberOutcome]):
 
     def fold(self, subject: MemoryCandidate, outcome: BeforeRememberOutcome) -> Fold:
         if outcome.skip is not None:
-            return Fold(subject, ends=True, carries=False)
+            return Fold.end(subject)
         return Fold(outcome.candidate)
 
 

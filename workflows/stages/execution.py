@@ -20,7 +20,6 @@ from ..decisions import (
 from ..models import (
     DecisionAction,
     ExecutionResult,
-    FailurePolicy,
     HookCall,
     HookDecision,
     HookEntry,
@@ -46,7 +45,6 @@ class _ToolStageSpec(StageSpec[CallT, OutcomeT]):
     """A stage each tool step passes through: invoked per plan step (``matcher`` / ``subagent_only`` filter
     its hooks); a hook's failure ends the run unless the hook declares otherwise."""
 
-    failure_policy = FailurePolicy.FAIL_CLOSED
     tool_stage = True
 
 
@@ -90,8 +88,6 @@ class BeforeToolSpec(_ToolStageSpec[BeforeToolCall, BeforeToolOutcome]):
     tool's parameters in the activity, so invalid rewritten arguments never reach execution."""
 
     stage = Stage.BEFORE_TOOL
-    call = BeforeToolCall
-    outcome = BeforeToolOutcome
     protocols = {"before_tool": BeforeToolHook}
     chaining = Chaining.GATE
     subject_field = "call"
@@ -126,7 +122,7 @@ class BeforeToolSpec(_ToolStageSpec[BeforeToolCall, BeforeToolOutcome]):
         if verdict.action == "modify":
             return Fold(subject.model_copy(update={"arguments": dict(verdict.arguments or {})}))
         if verdict.action in ("deny", "stop"):
-            return Fold(subject, ends=True, carries=False)
+            return Fold.end(subject)
         return Fold(subject)
 
 
@@ -160,8 +156,6 @@ class ToolErrorOutcome(HookOutcome):
 
 class OnToolErrorSpec(_ToolStageSpec[ToolErrorCall, ToolErrorOutcome]):
     stage = Stage.ON_TOOL_ERROR
-    call = ToolErrorCall
-    outcome = ToolErrorOutcome
     protocols = {"on_tool_error": OnToolErrorHook}
     chaining = Chaining.FIRST_WINS
     subject_field = "outcome"
@@ -209,8 +203,6 @@ class AfterToolOutcome(HookOutcome):
 
 class AfterToolSpec(_ToolStageSpec[AfterToolCall, AfterToolOutcome]):
     stage = Stage.AFTER_TOOL
-    call = AfterToolCall
-    outcome = AfterToolOutcome
     protocols = {"after_tool": AfterToolHook}
     chaining = Chaining.CHAIN
     subject_field = "outcome"
@@ -253,8 +245,6 @@ class AfterExecutionCall(HookCall):
 
 class AfterExecutionSpec(ObserverSpec[AfterExecutionCall, ObserveOutcome]):
     stage = Stage.AFTER_EXECUTION
-    call = AfterExecutionCall
-    outcome = ObserveOutcome
     protocols = {"after_execution": AfterExecutionHook}
     subject_field = "execution"
 

@@ -136,8 +136,6 @@ class BeforePlanningSpec(StageSpec[BeforePlanningCall, BeforePlanningOutcome]):
     the gate accepts ends the stage, and the request with it."""
 
     stage = Stage.BEFORE_PLANNING
-    call = BeforePlanningCall
-    outcome = BeforePlanningOutcome
     protocols = {"before_planning": BeforePlanningHook, "before_planning_decision": BeforePlanningDecisionHook}
     failure_policy = FailurePolicy.FAIL_OPEN
     chaining = Chaining.FIRST_WINS
@@ -282,10 +280,7 @@ class BeforePlanSpec(StageSpec[BeforePlanCall, BeforePlanOutcome]):
     description (filled in by the worker, which has the tools)."""
 
     stage = Stage.BEFORE_PLAN
-    call = BeforePlanCall
-    outcome = BeforePlanOutcome
     protocols = {"before_plan": BeforePlanHook}
-    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.CHAIN
     subject_field = "attempt"
 
@@ -354,8 +349,6 @@ class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
     hook, which fails closed whatever it declares: its failure ends the request before any tool runs."""
 
     stage = Stage.AFTER_PLANNING
-    call = AfterPlanningCall
-    outcome = AfterPlanningOutcome
     protocols = {"after_planning": AfterPlanningHook}
     failure_policy = FailurePolicy.FAIL_OPEN
     chaining = Chaining.CHAIN
@@ -385,7 +378,7 @@ class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
 
     def fold(self, subject: Plan, outcome: AfterPlanningOutcome) -> Fold:
         if outcome.stop is not None:
-            return Fold(subject, ends=True, carries=False)
+            return Fold.end(subject)
         return Fold(outcome.plan)
 
     def on_plan(self, built: Mapping[str, Any], plan: Plan, planner_tokens: int) -> AfterPlanningCall:

@@ -11,7 +11,6 @@ from ..decisions import REASON_MODIFIED
 from ..models import (
     MAX_ENRICHMENT_BYTES,
     DecisionAction,
-    FailurePolicy,
     FallbackRequest,
     HookCall,
     HookDecision,
@@ -74,10 +73,7 @@ class BeforeRunSpec(StageSpec[BeforeRunCall, BeforeRunOutcome]):
     (rare enough that the next hook may wait for it)."""
 
     stage = Stage.BEFORE_RUN
-    call = BeforeRunCall
-    outcome = BeforeRunOutcome
     protocols = {"before_run": BeforeRunHook}
-    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.GATE
     subject_field = "run"
 
@@ -97,7 +93,7 @@ class BeforeRunSpec(StageSpec[BeforeRunCall, BeforeRunOutcome]):
 
     def fold(self, subject: RunView, outcome: BeforeRunOutcome) -> Fold:
         if outcome.stop is not None:
-            return Fold(subject, ends=True, carries=False)
+            return Fold.end(subject)
         if outcome.patch is not None:
             return Fold(patched_run(subject, outcome.patch), carries=False)
         return Fold(subject)
@@ -132,10 +128,7 @@ class AfterRecallSpec(StageSpec[AfterRecallCall, AfterRecallOutcome]):
     """Patches chain in order: each hook sees the memory the one before left."""
 
     stage = Stage.AFTER_RECALL
-    call = AfterRecallCall
-    outcome = AfterRecallOutcome
     protocols = {"after_recall": AfterRecallHook}
-    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.CHAIN
     subject_field = "recall"
 
@@ -183,10 +176,7 @@ class BeforeFallbackSpec(StageSpec[BeforeFallbackCall, BeforeFallbackOutcome]):
     ends the run."""
 
     stage = Stage.BEFORE_FALLBACK
-    call = BeforeFallbackCall
-    outcome = BeforeFallbackOutcome
     protocols = {"before_fallback": BeforeFallbackHook}
-    failure_policy = FailurePolicy.FAIL_CLOSED
     chaining = Chaining.GATE
     subject_field = "fallback"
 
@@ -206,7 +196,7 @@ class BeforeFallbackSpec(StageSpec[BeforeFallbackCall, BeforeFallbackOutcome]):
 
     def fold(self, subject: FallbackRequest, outcome: BeforeFallbackOutcome) -> Fold:
         if outcome.stop is not None:
-            return Fold(subject, ends=True, carries=False)
+            return Fold.end(subject)
         return Fold(outcome.request or subject)
 
 
@@ -249,21 +239,18 @@ class OnFinishCall(HookCall):
 class _FinalizerSpec(ObserverSpec[CallT, ObserveOutcome]):
     """Runs on every exit; a hook's failure is a diagnostic, whatever its policy, never the run's outcome."""
 
-    outcome = ObserveOutcome
     own_policy = False
     finalizer = True
 
 
 class OnErrorSpec(_FinalizerSpec[OnErrorCall]):
     stage = Stage.ON_ERROR
-    call = OnErrorCall
     protocols = {"on_error": OnErrorHook}
     subject_field = "error"
 
 
 class OnFinishSpec(_FinalizerSpec[OnFinishCall]):
     stage = Stage.ON_FINISH
-    call = OnFinishCall
     protocols = {"on_finish": OnFinishHook}
     subject_field = "outcome"
 
