@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from hooks.memory import ActivitySignal, EpisodicEvent, KnowledgeFragment, ReadResult, UserFact, WriteResult
 from storage import sqlite
-from storage.schema import Migration, from_sqlite_schema, store_errors
+from storage.schema import Migration, from_sqlite_schema, located, store_errors
 from storage.text import EscapedStatements, escape_existing
 from workflows.models import CHARS_PER_TOKEN, MemoryCandidate, MemoryExchange, RecalledMemory, estimate_tokens
 
@@ -245,18 +244,13 @@ class ConversationMemoryStore:
     """
 
     def __init__(self, location: str | Path | Database, *, busy_timeout_seconds: float = 5.0) -> None:
-        # a file path, or a PostgreSQL Database (whose driver a SQLite deployment never imports)
-        self.database = None if isinstance(location, (str, os.PathLike)) else location
-        self.path = Path(location) if isinstance(location, (str, os.PathLike)) else None
+        self.database, self.path = located(location)
         self.busy_timeout_seconds = busy_timeout_seconds
         if self.database is not None:
             self.database.require(self._migrations())
         else:
             assert self.path is not None
-            sqlite.private_directory(self.path.parent)
-            with sqlite.connection(self.path, busy_timeout_seconds=busy_timeout_seconds) as db:
-                db.executescript(self._schema())
-            sqlite.migrate(self.path, self._escapes(), busy_timeout_seconds=busy_timeout_seconds)
+            sqlite.prepare(self.path, self._schema(), self._escapes(), busy_timeout_seconds=busy_timeout_seconds)
 
     def _schema(self) -> str:
         return _SCHEMA + ";\n" + _SUMMARY_SCHEMA

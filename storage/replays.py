@@ -9,7 +9,6 @@ replay never counts a request twice.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING
 from workflows.models import RequestReplay
 
 from . import sqlite
-from .schema import Migration, from_sqlite_schema
+from .schema import Migration, from_sqlite_schema, located
 from .text import EscapedStatements, escape_existing
 
 if TYPE_CHECKING:
@@ -51,18 +50,13 @@ class ReplayReportStore:
     """
 
     def __init__(self, location: str | Path | Database, *, clock=time.time) -> None:
-        # a file path, or a PostgreSQL Database (whose driver a SQLite deployment never imports)
-        self.database = None if isinstance(location, (str, os.PathLike)) else location
-        self.path = Path(location) if isinstance(location, (str, os.PathLike)) else None
+        self.database, self.path = located(location)
         self._clock = clock
         if self.database is not None:
             self.database.require(MIGRATIONS)
         else:
             assert self.path is not None
-            sqlite.private_directory(self.path.parent)
-            with sqlite.connection(self.path) as db:
-                db.executescript(_SCHEMA)
-            sqlite.migrate(self.path, _ESCAPES)
+            sqlite.prepare(self.path, _SCHEMA, _ESCAPES)
 
     def migrate(self) -> None:
         """Create the table now (a worker at start-up), not at the first write."""

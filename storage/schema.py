@@ -4,10 +4,15 @@ the PostgreSQL driver, so a deployment on SQLite never imports it (``storage.pos
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+DatabaseT = TypeVar("DatabaseT")
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -21,6 +26,14 @@ class Migration:
     component: str
     version: int
     sql: str
+
+
+def located(location: str | os.PathLike[str] | DatabaseT) -> tuple[DatabaseT | None, Path | None]:
+    """Where a store keeps its rows: ``(None, path)`` for a SQLite file, ``(database, None)`` for a
+    PostgreSQL ``Database`` (whose driver a SQLite deployment never imports)."""
+    if isinstance(location, (str, os.PathLike)):
+        return None, Path(location)
+    return location, None
 
 
 def from_sqlite_schema(schema: str) -> str:

@@ -136,6 +136,15 @@ def migrate(path: str | Path, migrations: Sequence[Migration], **options) -> Non
             )
 
 
+def prepare(path: str | Path, schema: str, migrations: Sequence[Migration], **options) -> None:
+    """Make a store's file ready for use: its directory created private, the tables of ``schema`` (each
+    ``IF NOT EXISTS``) and then each of ``migrations`` the file has not recorded."""
+    private_directory(Path(path).parent)
+    with connection(path, **options) as db:
+        db.executescript(schema)
+    migrate(path, migrations, **options)
+
+
 class ThreadConnections:
     """One open :func:`connect` connection to ``path`` per thread, kept for the thread's life: for a
     store whose writes are small and frequent, opening a connection costs more than the write."""

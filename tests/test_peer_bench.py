@@ -31,7 +31,7 @@ from benchmarks.peer import (
     SYSTEMS,
     policy,
 )
-from benchmarks.peer.bench import Options, run, table_rows
+from benchmarks.peer.bench import Options, combined, run, table_rows
 from benchmarks.peer.loopback import MARK, is_loopback
 from benchmarks.peer.model_server import ScriptedModel, expected_answer
 from demo.tools import quote_price
@@ -281,3 +281,23 @@ async def test_the_short_benchmark_answers_correctly_on_every_system_and_fills_t
     assert rows[-1][2].startswith(f"{events['median']:g} events [{events['min']:g} – {events['max']:g}] (")
     table = next(text for text in printed if text.startswith("| model latency"))
     assert len(table.splitlines()) == 2 + len(rows) + 2
+
+    # Several runs' outputs combine into one table: every run and burst pooled, the medians over them all.
+    output = json.loads(json.dumps(figures))
+    twice = combined([output, output])
+    for block, pooled in zip(figures["latencies"], twice["latencies"], strict=True):
+        for system in SYSTEMS:
+            one, both = block["systems"][system], pooled["systems"][system]
+            assert len(both["runs"]) == 2 * len(one["runs"]) and len(both["bursts"]) == 2 * len(one["bursts"])
+            for key in ("p50_ms", "rps", "cpu_ms_per_request"):
+                assert (both[key]["median"], both[key]["min"], both[key]["max"]) == (
+                    one[key]["median"],
+                    one[key]["min"],
+                    one[key]["max"],
+                )
+            assert both["model_calls"]["per_request"] == one["model_calls"]["per_request"]
+    assert [row[1:] for row in table_rows(twice)] == [row[1:] for row in rows]
+    other = json.loads(json.dumps(figures))
+    other["options"]["concurrency"] += 1
+    with pytest.raises(ValueError, match="different model latencies or concurrency"):
+        combined([output, other])

@@ -4,6 +4,7 @@
     python -m benchmarks.peer --timeline           # also one request of each system, event by event
     python -m benchmarks.peer --short              # CI mode: a few requests each (about a minute)
     python -m benchmarks.peer --output peer.json   # also write every figure and run as JSON
+    python -m benchmarks.peer --combine a.json b.json   # one table of several runs' JSON, pooled
 
 Four systems answer the same request on one dev server (set up to measure like a deployed server:
 :data:`benchmarks.processes.SERVER_DYNAMIC_CONFIG`), all calling one model server in a process of its
@@ -454,20 +455,60 @@ async def measure_latency(rig: Rig, latency: float, options: Options) -> dict[st
             "requests": counted[system],
             "per_request": round(delta["calls"] / counted[system], 3),
         }
-    result: dict[str, Any] = {"model_latency_ms": latency, "systems": {}}
-    for system in SYSTEMS:
-        result["systems"][system] = {
-            "p50_ms": spread([r["p50_ms"] for r in runs[system]]),
-            "p95_ms": spread([r["p95_ms"] for r in runs[system]]),
-            "rps": spread([b["rps"] for b in bursts[system]]),
-            "cpu_ms_per_request": spread([b["cpu_ms_per_request"] for b in bursts[system]]),
-            "server_cpu_ms_per_request": spread([b["server_cpu_ms_per_request"] for b in bursts[system]]),
-            "worker_cpu_ms_per_request": spread([b["worker_cpu_ms_per_request"] for b in bursts[system]]),
-            "model_calls": model_calls[system],
-            "runs": runs[system],
-            "bursts": bursts[system],
+    systems = {system: system_figures(runs[system], bursts[system], model_calls[system]) for system in SYSTEMS}
+    return {"model_latency_ms": latency, "systems": systems}
+
+
+def system_figures(
+    runs: list[dict[str, Any]], bursts: list[dict[str, float]], model_calls: dict[str, Any]
+) -> dict[str, Any]:
+    """One system's figures at one model latency: the spread of its runs' p50 and p95 and of its bursts'
+    throughput and CPU, its model calls, and every run and burst."""
+    return {
+        "p50_ms": spread([r["p50_ms"] for r in runs]),
+        "p95_ms": spread([r["p95_ms"] for r in runs]),
+        "rps": spread([b["rps"] for b in bursts]),
+        "cpu_ms_per_request": spread([b["cpu_ms_per_request"] for b in bursts]),
+        "server_cpu_ms_per_request": spread([b["server_cpu_ms_per_request"] for b in bursts]),
+        "worker_cpu_ms_per_request": spread([b["worker_cpu_ms_per_request"] for b in bursts]),
+        "model_calls": model_calls,
+        "runs": runs,
+        "bursts": bursts,
+    }
+
+
+def combined(outputs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Several full runs' figures (each as ``--output`` wrote it) as one: every run and burst of every
+    output pooled per system and model latency, the medians and ranges taken over all of them, the model
+    calls summed, the histories' samples pooled. The outputs must have measured the same latencies at the
+    same concurrency (``ValueError`` otherwise): a table of them compares like with like."""
+    if not outputs:
+        raise ValueError("no benchmark output to combine")
+    first = outputs[0]
+    shape = (first["options"]["concurrency"], [b["model_latency_ms"] for b in first["latencies"]])
+    for output in outputs[1:]:
+        if (output["options"]["concurrency"], [b["model_latency_ms"] for b in output["latencies"]]) != shape:
+            raise ValueError("the outputs measured different model latencies or concurrency")
+    blocks = []
+    for index, block in enumerate(first["latencies"]):
+        systems = {}
+        for system in SYSTEMS:
+            each = [output["latencies"][index]["systems"][system] for output in outputs]
+            calls: dict[str, Any] = {k: sum(e["model_calls"][k] for e in each) for k in ("calls", "requests")}
+            calls["per_request"] = round(calls["calls"] / calls["requests"], 3)
+            runs = [run for e in each for run in e["runs"]]
+            systems[system] = system_figures(runs, [b for e in each for b in e["bursts"]], calls)
+        blocks.append({"model_latency_ms": block["model_latency_ms"], "systems": systems})
+    history = {
+        system: {
+            "over_requests": {
+                key: spread([v for output in outputs for v in output["history"][system]["over_requests"][key]["each"]])
+                for key in ("events", "markers", "bytes", "by_reference_bytes")
+            }
         }
-    return result
+        for system in SYSTEMS
+    }
+    return {"options": first["options"], "latencies": blocks, "history": history}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -648,7 +689,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--histories", type=int, help="requests per system whose histories are counted (default 10)")
     parser.add_argument("--timeline", action="store_true", help="print one request of each system, event by event")
     parser.add_argument("--output", type=Path, help="also write every figure as JSON to this file")
+    parser.add_argument(
+        "--combine",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: print one table of the runs these --output files hold, every run and burst pooled",
+    )
     args = parser.parse_args(argv)
+    if args.combine:
+        figures = combined([json.loads(path.read_text(encoding="utf-8")) for path in args.combine])
+        print(format_table(figures))
+        print(f"\nEvery run of {len(args.combine)} outputs:")
+        print(format_runs(figures))
+        return 0
     options = Options.short() if args.short else Options()
     if args.latencies:
         options.latencies = tuple(float(v) for v in args.latencies.split(","))
@@ -673,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["Options", "WrongAnswer", "format_table", "main", "run", "table_rows"]
+__all__ = ["Options", "WrongAnswer", "combined", "format_table", "main", "run", "table_rows"]
 
 if __name__ == "__main__":
     sys.exit(main())

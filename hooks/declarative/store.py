@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import sqlite
-from storage.schema import Migration, from_sqlite_schema
+from storage.schema import Migration, from_sqlite_schema, located
 from storage.text import EscapedStatements, escape_existing
 
 from .security import SecretBox
@@ -212,9 +211,7 @@ class HookStore:
         default_budget: int = DEFAULT_MONTHLY_TOKEN_BUDGET,
         clock=time.time,
     ) -> None:
-        # a file path, or a PostgreSQL Database (whose driver a SQLite deployment never imports)
-        self.database = None if isinstance(location, (str, os.PathLike)) else location
-        self.path = Path(location) if isinstance(location, (str, os.PathLike)) else None
+        self.database, self.path = located(location)
         self.secrets = secrets
         self.breaker_threshold = breaker_threshold
         self.breaker_window_seconds = breaker_window_seconds
@@ -224,10 +221,7 @@ class HookStore:
             self.database.require(MIGRATIONS)
         else:
             assert self.path is not None
-            sqlite.private_directory(self.path.parent)
-            with sqlite.connection(self.path) as db:
-                db.executescript(_SCHEMA)
-            sqlite.migrate(self.path, _AFTER_SCHEMA)
+            sqlite.prepare(self.path, _SCHEMA, _AFTER_SCHEMA)
 
     def _transaction(self, work):
         """``work(db, now)`` in one transaction that behaves as if it ran alone (on SQLite an immediate one,
