@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -297,6 +298,28 @@ async def test_the_short_benchmark_answers_correctly_on_every_system_and_fills_t
                 )
             assert both["model_calls"]["per_request"] == one["model_calls"]["per_request"]
     assert [row[1:] for row in table_rows(twice)] == [row[1:] for row in rows]
+    # A second output with other figures: the medians are the pooled samples', the model calls summed.
+    slower = json.loads(json.dumps(figures))
+    for block in slower["latencies"]:
+        for figures_of in block["systems"].values():
+            for burst in figures_of["bursts"]:
+                burst["cpu_ms_per_request"] += 100
+    pooled = combined([output, slower])
+    for index, block in enumerate(pooled["latencies"]):
+        for system in SYSTEMS:
+            samples = [
+                b["cpu_ms_per_request"]
+                for source in (output, slower)
+                for b in source["latencies"][index]["systems"][system]["bursts"]
+            ]
+            cpu = block["systems"][system]["cpu_ms_per_request"]
+            assert (cpu["median"], cpu["min"], cpu["max"]) == (
+                round(statistics.median(samples), 2),
+                min(samples),
+                max(samples),
+            )
+            calls = output["latencies"][index]["systems"][system]["model_calls"]
+            assert block["systems"][system]["model_calls"]["calls"] == 2 * calls["calls"]
     other = json.loads(json.dumps(figures))
     other["options"]["concurrency"] += 1
     with pytest.raises(ValueError, match="different model latencies or concurrency"):
