@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
@@ -69,7 +69,8 @@ class Scheduler:
         lost (each loss kept in the record), ``WorkerLost`` after the pipeline's limit of lost dispatches;
         with a ``deadline``, finished by then whatever its retries and dispatches (``dispatch.execute``)."""
         settings = self._state.manifest.settings
-        inline = self._inline_bytes(self.check_payload(summary, arg))
+        sent, size = self.encoded(summary, arg)
+        inline = self._inline_bytes(size)
         self._listing.publish(untimed=True)
 
         call = _Call(activity, summary)
@@ -91,7 +92,7 @@ class Scheduler:
         try:
             return await dispatch.execute(
                 activity,
-                arg,
+                sent,
                 result_type=result_type,
                 start_to_close_timeout=timedelta(seconds=timeout),
                 retry_policy=retry_policy,
@@ -143,10 +144,20 @@ class Scheduler:
         """What a payload of ``size`` bytes adds to a workflow task: itself, or its reference in the store."""
         return STORED_REFERENCE_BYTES if self._state.manifest.payload_store and size >= STORED_REFERENCE_BYTES else size
 
+    def encoded(self, summary: str, arg: Any) -> tuple[RawValue, int]:
+        """``arg`` as the data converter sends it, and its size in bytes: converted once, here, and sent as
+        these very bytes (the converter passes a ``RawValue`` on as it is). Refused as :meth:`check_size`
+        says."""
+        payload = workflow.payload_converter().to_payloads([arg])[0]
+        return RawValue(payload), self.check_size(summary, payload.ByteSize())
+
     def check_payload(self, summary: str, arg: Any) -> int:
+        """:meth:`check_size` of ``arg`` as the data converter would send it."""
+        return self.check_size(summary, payload_bytes(arg))
+
+    def check_size(self, summary: str, size: int) -> int:
         """Refuse to send what Temporal (or the payload store) cannot carry: a typed failure now, instead of
-        a workflow task that fails on every retry. Returns the payload's size."""
-        size = payload_bytes(arg)
+        a workflow task that fails on every retry. Returns ``size``."""
         stored = self._state.manifest.payload_store
         limit = MAX_STORED_PAYLOAD_BYTES if stored else MAX_INLINE_PAYLOAD_BYTES
         if size > limit:
