@@ -57,8 +57,10 @@ from workflows.models import (
 )
 from workflows.notification import NOTIFY_REVIEWERS_ACTIVITY
 from workflows.plan_validation import plan_problems
-from workflows.snapshots import accepted_plan_snapshot, took_plan
-from workflows.stages.planning import AFTER_PLANNING
+from workflows.snapshots import BeforePlanningRan, accepted_plan_snapshot, took_plan
+from workflows.stages import let_through
+from workflows.stages.planning import AFTER_PLANNING, BEFORE_PLANNING
+from workflows.support import error_details, model_calls_in
 
 from . import telemetry
 from .answer_stream import publish_answer, publish_plan, streaming_planner, streaming_synthesizer
@@ -285,8 +287,30 @@ class LifecycleActivities(HookStageActivities):
     @heartbeating
     async def plan(self, input: PlanInput) -> PlanOutput:
         """Build the planning prompt from the enrichments and ask the planner for a valid plan; run the
-        phase's after_planning hooks on it where the workflow sent them."""
+        request's before_planning hooks first and the phase's after_planning hooks on the plan, where the
+        workflow sent them."""
         started = time.monotonic()
+        if input.hooks is None or not input.hooks.before:
+            return self.bounded_result(await self._plan(input, started), "plan")
+        before = input.hooks.before
+        entries, ran, _ = await self.run_stage(Stage.BEFORE_PLANNING, before)
+        enrichments = let_through(BEFORE_PLANNING, ran) if len(ran) == len(before) else None
+        planner = getattr(self.planner, "name", type(self.planner).__name__)
+        output = PlanOutput(prompt="", planner=planner, before=entries, planned=False)
+        if enrichments is not None:
+            try:
+                enriched = BeforePlanningRan(ran, entries)
+                output = await self._plan(input.model_copy(update={"enrichments": enrichments}), started, enriched)
+            except Exception as err:  # noqa: BLE001 - the hooks' entries stand; the workflow plans the attempt
+                # A planning failure would lose the before_planning hooks' entries with it: they are
+                # answered instead, with the model calls the failure reported, and the workflow asks the
+                # planner again as it asks for any attempt (retries, fallback and typed failure as usual).
+                logger.warning("planning after the before_planning hooks failed; the workflow plans: %s", err)
+                output.model_calls = model_calls_in(error_details(err).get("model_calls"))
+            output.before = entries
+        return self.bounded_result(output, "plan")
+
+    async def _plan(self, input: PlanInput, started: float, enriched: BeforePlanningRan | None = None) -> PlanOutput:
         tools = self.manifest.tools
         if input.tools is not None:  # before_plan hooks narrowed what this attempt may use
             offered = set(input.tools)
@@ -334,7 +358,7 @@ class LifecycleActivities(HookStageActivities):
                     problems=need.problems,
                     repair=need.repair,
                 )
-                return self.bounded_result(output, "plan")
+                return output
             raise ApplicationError(
                 f"the planner's plan was still invalid on attempt {input.attempt + 1}: " + "; ".join(need.problems),
                 {"problems": need.problems, "model_calls": [call.model_dump(mode="json") for call in calls.calls]},
@@ -369,22 +393,25 @@ class LifecycleActivities(HookStageActivities):
             model_turn=calls.turn,
             draft=draft,
         )
-        if input.hooks is not None:
-            await self._after_planning(input, output, started)
-        return self.bounded_result(output, "plan")
+        if input.hooks is not None and input.hooks.after:
+            await self._after_planning(input, output, started, enriched)
+        return output
 
-    async def _after_planning(self, input: PlanInput, output: PlanOutput, started: float) -> None:
+    async def _after_planning(
+        self, input: PlanInput, output: PlanOutput, started: float, enriched: BeforePlanningRan | None
+    ) -> None:
         """Run the phase's after_planning hooks on the plan (``PlanInput.hooks``), in order, each exactly as a
         local batch runs it (its attempts, timeout, span and checks); their entries go back in ``output``, a
         hook's failure among them, never raised (the planner is not asked again for it). Where the workflow
         handed over the accepted plan's snapshot, the plan has steps (a plan without is recorded by the
         next write) and every hook left the plan and the run as they were, write it as the workflow would
-        build it from the same outcomes."""
+        build it from the same outcomes (with ``enriched``, the before_planning hooks this activity ran
+        first)."""
         hooks, plan = input.hooks, output.plan
         assert hooks is not None and plan is not None
         output.hooks_after_ms = round((time.monotonic() - started) * 1000.0, 3)
         spent = ModelUsage.of(output.model_calls).total_tokens
-        calls = [AFTER_PLANNING.on_plan(built, plan, spent) for built in hooks.after]
+        calls = [AFTER_PLANNING.on_plan(built, plan, spent, input.enrichments) for built in hooks.after]
         output.after, ran, ran_on = await self.run_stage(Stage.AFTER_PLANNING, calls)
         write = hooks.write
         if write is None or not ran_on or not plan.steps:
@@ -392,10 +419,11 @@ class LifecycleActivities(HookStageActivities):
         took_plan(write.record, output)
         write.record.handled_by = input.route
         write.record.lifecycle_stage = str(Stage.AFTER_PLANNING)
-        write.started += timedelta(milliseconds=output.hooks_after_ms)
-        entries = output.after
+        entries, after_ms = output.after, output.hooks_after_ms
         output.snapshot = await self._write_snapshot(
-            write.record, lambda: accepted_plan_snapshot(write, ran, entries, in_place=True), "accepted plan"
+            write.record,
+            lambda: accepted_plan_snapshot(write, ran, entries, after_ms=after_ms, enriched=enriched, in_place=True),
+            "accepted plan",
         )
 
     @activity.defn(name="synthesize")

@@ -143,13 +143,20 @@ class ScheduledActivity:
 
 
 def _plan_invocations(summary: str, result: Any) -> list[ScheduledActivity]:
-    """A planning activity that ran the phase's in-process after_planning hooks on its plan (``plan · phase
-    <n> with after_planning:<hook> + <hook>``): the planning, then each hook invocation its result records,
-    as a batch's are reported (none when the activity never completed: the workflow ran them)."""
-    found = [ScheduledActivity("plan", summary.split(" with ", 1)[0])]
+    """A planning activity that ran in-process planning hooks (``plan · phase <n> with
+    before_planning:<hook> + <hook> · after_planning:<hook> + <hook>``): each before_planning invocation its
+    result records, the planning (unless those hooks stopped it), then each after_planning invocation, as a
+    batch's are reported (the planning alone when the activity never completed: the workflow ran them)."""
+    planning = ScheduledActivity("plan", summary.split(" with ", 1)[0])
     if result is None:
-        return found
+        return [planning]
     output = data_converter.payload_converter.from_payloads(result)[0]
+    found = [
+        ScheduledActivity(STAGES[Stage.BEFORE_PLANNING].activity, f"before_planning · {e['hook']}", True, True)
+        for e in output.get("before", [])
+    ]
+    if output.get("planned", True):
+        found.append(planning)
     found += [
         ScheduledActivity(STAGES[Stage.AFTER_PLANNING].activity, f"after_planning · {e['hook']}", True, True)
         for e in output.get("after", [])

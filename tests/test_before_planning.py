@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +17,7 @@ from activities.telemetry import SHORT_CIRCUIT_METRIC
 from demo.agent import RulePlanner
 from hooks import HookRejection, PipelineHook, PipelineShortCircuit, PipelineShortCircuitDecision
 from hooks.builtin import ResponseCacheHook
+from workflows.converter import data_converter
 from workflows.models import MAX_RECORDED_PROMPT_CHARS, InvocationOutcome, Plan, PlanOutput, RequestStatus, Stage
 
 from .doubles import decision
@@ -921,3 +922,108 @@ async def test_each_invocation_has_a_span_with_its_decision(client, tmp_path, sp
         assert span.attributes["pipeline.hook.decision.action"] == "continue"
         assert span.attributes["pipeline.hook.decision.reason"] == "accepted"
         assert span.attributes["pipeline.request_id"] == out.workflow_id
+
+
+# --------------------------------------------------------------------------------------------------
+# The request's first planning activity runs the stage
+# --------------------------------------------------------------------------------------------------
+
+
+def planning_summaries(out: Outcome) -> list[str]:
+    """What the Temporal UI shows for each planning activity the request scheduled, in order."""
+    converter = data_converter.payload_converter
+    return [
+        converter.from_payload(e.user_metadata.summary, str)
+        for e in out.history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "plan"
+    ]
+
+
+def local_hook_types(out: Outcome) -> list[str]:
+    """The local activities that ran hooks, by the type history records."""
+    return [recorded for recorded, _ in out.local_results() if recorded != "resolve_pipeline"]
+
+
+class FlakyPlanner(CapturingPlanner):
+    """Fails its first request as a dropped connection would, then plans as the rule planner does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 1
+
+    async def plan(self, request: PlanningRequest) -> Plan:
+        if self.failures:
+            self.failures -= 1
+            self.requests.append(request)
+            raise ConnectionResetError("the model endpoint reset the connection")
+        return await super().plan(request)
+
+
+async def test_the_first_planning_activity_runs_the_stage_and_plans_on_what_it_left(client, tmp_path):
+    """In-process before_planning hooks run in the request's first planning activity, before the planner: no
+    local activity of their own, the activity's summary names them, each is still its own recorded
+    invocation (its sequence, its decision, each enrichment change as it ended), and the planner is asked on
+    the enrichments they left."""
+    first = Enrich("first", lambda e: e.update(desk="equities"))
+    second = AsyncEnrich("second", lambda e: e.update(region="emea"))
+    planner = CapturingPlanner()
+    async with Harness(client, tmp_path, hooks=[first, second], planner=planner) as h:
+        out = await h.run(QUOTE)
+
+    assert_planned(out)
+    assert not [t for t in local_hook_types(out) if t.startswith("before_planning")]
+    [fused, *_] = planning_summaries(out)
+    assert fused.startswith("plan · phase 1 with before_planning:first + second")
+    assert second.seen == [{"desk": "equities"}]
+    assert [r.enrichments for r in planner.requests] == [{"desk": "equities", "region": "emea"}]
+    stored = await out.stored()
+    invocations = stored.invocations(Stage.BEFORE_PLANNING)
+    assert [(i.hook, i.sequence, i.outcome) for i in invocations] == [
+        ("first", 1, InvocationOutcome.SUCCEEDED),
+        ("second", 2, InvocationOutcome.SUCCEEDED),
+    ]
+    ended = [i.started_at + timedelta(milliseconds=i.duration_ms) for i in invocations]
+    changes = [(e.effect_id, e.hook, e.started_at) for e in stored.effects if e.effect_id.startswith("planning_")]
+    assert changes == [
+        ("planning_enrichment:desk", "first", ended[0]),
+        ("planning_enrichment:region", "second", ended[1]),
+    ]
+    assert stored.enrichments == {"desk": "equities", "region": "emea"}
+    assert [o.get("planned", True) for o in out.planning_outputs()] == [True]
+
+
+async def test_a_short_circuit_in_the_planning_activity_asks_no_planner(client, tmp_path):
+    served = Legacy("served", "ACME closed at 12.")
+    planner = CapturingPlanner()
+    async with Harness(client, tmp_path, hooks=[served], planner=planner) as h:
+        out = await h.run(QUOTE)
+
+    assert_short_circuited(out, "served")
+    assert out.result.response == "ACME closed at 12."
+    assert planner.requests == []
+    [answered] = out.planning_outputs()
+    assert answered["planned"] is False and len(answered["before"]) == 1
+    stored = await out.stored()
+    assert stored.planner is None and stored.model_calls == [] and stored.planning_prompt is None
+
+
+async def test_a_planning_failure_after_the_hooks_keeps_their_entries_and_the_workflow_plans_again(client, tmp_path):
+    """A planner that fails after the stage's hooks ran in its activity loses none of their work: the
+    activity answers their entries, the hooks ran once and are recorded once, and the workflow asks the
+    planner again as it asks for any planning attempt."""
+    enrich = Enrich("enrich", lambda e: e.update(desk="equities"))
+    planner = FlakyPlanner()
+    async with Harness(client, tmp_path, hooks=[enrich], planner=planner) as h:
+        out = await h.run(QUOTE)
+
+    assert_planned(out)
+    assert len(enrich.seen) == 1
+    assert [r.enrichments for r in planner.requests] == [{"desk": "equities"}] * 2
+    assert [o.get("planned", True) for o in out.planning_outputs()] == [False, True]
+    assert [s.split(" with ")[0] for s in planning_summaries(out)] == ["plan · phase 1"] * 2
+    stored = await out.stored()
+    assert [(i.hook, i.outcome) for i in stored.invocations(Stage.BEFORE_PLANNING)] == [
+        ("enrich", InvocationOutcome.SUCCEEDED)
+    ]
+    assert stored.enrichments == {"desk": "equities"}

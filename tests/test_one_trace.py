@@ -45,8 +45,9 @@ async def test_a_request_started_without_a_client_span_is_one_trace_named_in_its
 
 
 class Auditor:
-    """An in-process before_planning hook (a local activity) that adds nothing, and after_planning hook
-    (run by the planning activity on its plan) that keeps the plan."""
+    """In-process before_planning and after_planning hooks (run by the request's first planning activity,
+    before and after the planner) that change nothing, and an after_synthesis hook (a local activity) that
+    keeps the answer."""
 
     name = "auditor"
 
@@ -55,6 +56,9 @@ class Auditor:
 
     async def after_planning(self, ctx, plan):
         return plan
+
+    async def after_synthesis(self, ctx, response):
+        return response
 
 
 async def test_local_activities_trace_only_what_they_do_in_the_request_trace(client, tmp_path, spans):
@@ -72,17 +76,18 @@ async def test_local_activities_trace_only_what_they_do_in_the_request_trace(cli
         out = await h.run("What is the price of ACME?", metadata={"cache": "bypass"})
 
     assert out.result is not None and out.record is not None
-    assert "before_planning_hook" in out.activity_types() and "persist_execution_record" in out.activity_types()
+    assert "after_synthesis_hook" in out.activity_types() and "persist_execution_record" in out.activity_types()
     finished = spans.get_finished_spans()
     trace_id = int(out.record.trace_id, 16)
     in_trace = [s for s in finished if s.context.trace_id == trace_id]
     names = {s.name for s in in_trace}
-    [hook_span] = [s for s in in_trace if s.name == "pipeline.hook.before_planning.auditor"]
+    [hook_span] = [s for s in in_trace if s.name == "pipeline.hook.after_synthesis.auditor"]
     [run_workflow] = [s for s in in_trace if s.name == "RunWorkflow:RequestLifecycle"]
     assert hook_span.parent is not None and hook_span.parent.span_id == run_workflow.parent.span_id
-    [planned_hook] = [s for s in in_trace if s.name == "pipeline.hook.after_planning.auditor"]
     [run_plan] = [s for s in in_trace if s.name == "RunActivity:plan"]
-    assert planned_hook.parent is not None and planned_hook.parent.span_id == run_plan.context.span_id
+    for stage in ("before_planning", "after_planning"):
+        [planned_hook] = [s for s in in_trace if s.name == f"pipeline.hook.{stage}.auditor"]
+        assert planned_hook.parent is not None and planned_hook.parent.span_id == run_plan.context.span_id
     assert {"RunActivity:plan", "StartActivity:plan", "RunActivity:execute_tool_step"} <= names
-    local = ("before_planning_hook", "resolve_pipeline", "persist_execution_record", "run_hook_batch")
+    local = ("after_synthesis_hook", "resolve_pipeline", "persist_execution_record", "run_hook_batch")
     assert not [n for n in names if n.split(":")[-1] in local], sorted(names)

@@ -347,9 +347,15 @@ async def test_after_planning_hooks_that_accept_the_plan_write_its_snapshot_them
         ("accepted_plan", "pending", 1, 1, "running", (1, True)),
         ("terminal", "completed", 2, 2, "succeeded", (2, True)),
     ]
-    # What the hooks' activity wrote is what the workflow went on with: the same invocations (their times
-    # too), and the plan accepted as the last of them ended.
+    # The planning activity ran the before_planning hook too, then the planner, then the after_planning
+    # hooks; what it wrote is what the workflow went on with: the same invocations (their times too), the
+    # same effects (each enrichment change as its hook ended) and enrichments, and the plan accepted as the
+    # last hook ended.
+    [planning] = [o for o in out.planning_outputs() if o.get("before")]
+    assert [e["hook"] for e in planning["before"]] == ["enrich"] and planning == after_planning_marker(out)
     assert written.pipeline_hooks == final.pipeline_hooks[:3]
+    assert written.effects == final.effects[: len(written.effects)]
+    assert written.enrichments == final.enrichments
     assert written.plans == final.plans
     last = final.pipeline_hooks[-1]
     assert final.plans[0].accepted_at == last.started_at + timedelta(milliseconds=last.duration_ms)

@@ -845,11 +845,10 @@ async def test_after_recall_runs_on_into_before_planning_while_it_leaves_the_mem
             if a.recorded_type and a.recorded_type.startswith(("after_recall:", "before_planning:"))
         )
     )
-    if forget:  # the memory changed: before_planning ran on its own, on the view after_recall left
-        assert types == [
-            "after_recall:forget-acme + recall-audit → before_planning:recall-audit",
-            "before_planning:recall-audit",
-        ]
+    if forget:  # the memory changed: before_planning ran in the planning activity, on the view after_recall left
+        assert types == ["after_recall:forget-acme + recall-audit → before_planning:recall-audit"]
+        [fused] = [a for a in out.scheduled if a.summary == "before_planning · recall-audit"]
+        assert (fused.batched, fused.recorded_type) == (True, None)  # reported by the planning activity
         assert audit.seen == ["after_recall:0", "before_planning:"]
     else:
         assert types == ["after_recall:recall-audit → before_planning:recall-audit"]

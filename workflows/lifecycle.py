@@ -49,7 +49,6 @@ with workflow.unsafe.imports_passed_through():
         AnswerChunk,
         ApproveSignal,
         Checkpoint,
-        EffectStatus,
         EffectUpdateSignal,
         ExecutionRecord,
         ExecutionResult,
@@ -57,7 +56,6 @@ with workflow.unsafe.imports_passed_through():
         HookEntry,
         LifecycleBoundary,
         LostAttempt,
-        PipelineHookEffect,
         PipelineManifest,
         Plan,
         RejectSignal,
@@ -71,7 +69,6 @@ with workflow.unsafe.imports_passed_through():
         ShortCircuitInfo,
         ShortCircuitProposal,
         TerminalEnd,
-        bounded_value,
         conversation_id_problem,
         subagent_depth,
     )
@@ -409,7 +406,8 @@ class RequestLifecycleWorkflow:
         return [Ahead(Stage.BEFORE_PLANNING, promote_metadata(self._state.input.metadata))]
 
     async def _before_planning(self) -> RequestResult | None:
-        """Enrich, and stop at the first accepted short-circuit."""
+        """Enrich, and stop at the first accepted short-circuit. Where it can, the request's first planning
+        activity runs the stage's hooks before it plans (``ModelSteps.plan_ahead``)."""
         state = self._state
         served: list[RequestResult] = []
 
@@ -417,11 +415,20 @@ class RequestLifecycleWorkflow:
             hook: HookEntry, outcome: stages.planning.BeforePlanningOutcome, before: Any, folded: Fold
         ) -> None:
             state.enrichments = folded.subject
-            record_enrichment_changes(state.record, hook, outcome, state.enrichments)
+            # recorded as the invocation ended (its entry: this hook's last at the stage, which runs once)
+            invocations = state.record.pipeline_hooks
+            invocation = next(
+                i for i in reversed(invocations) if (i.hook, i.stage) == (hook.name, Stage.BEFORE_PLANNING)
+            )
+            at = snapshots.ended_at([invocation], invocation.started_at)
+            snapshots.record_enrichment_changes(
+                state.record, hook.name, outcome.enrichment_changes, state.enrichments, at
+            )
             if folded.ends and outcome.short_circuit is not None:
                 served.append(self._short_circuit_result(outcome.short_circuit, outcome.decision))
 
-        await self._hooks.stage(Stage.BEFORE_PLANNING, state.enrichments, on_outcome)
+        ran = await self._models.plan_ahead()
+        await self._hooks.stage(Stage.BEFORE_PLANNING, state.enrichments, on_outcome, prerun=ran)
         return served[0] if served else None
 
     def _short_circuit_result(self, proposal: ShortCircuitProposal, decision: HookDecision) -> RequestResult:
@@ -505,36 +512,6 @@ class RequestLifecycleWorkflow:
         at = snapshots.ended_at(record.pipeline_hooks[first_entry:], workflow.now())
         record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=at))
         return accepted
-
-
-def record_enrichment_changes(
-    record: ExecutionRecord,
-    hook: HookEntry,
-    outcome: stages.planning.BeforePlanningOutcome,
-    enrichments: dict[str, Any],
-) -> None:
-    """Record each of a hook's enrichment changes as the effect ``planning_enrichment:<key>``."""
-    now = workflow.now()
-    for change in outcome.enrichment_changes:
-        record.effects.append(
-            PipelineHookEffect(
-                effect_id=f"planning_enrichment:{change.key}",
-                name=f"Planning enrichment {change.key}",
-                status=EffectStatus.SUCCEEDED,
-                data={
-                    "key": change.key,
-                    "operation": change.operation.value,
-                    "before": bounded_value(change.before),
-                    "after": bounded_value(change.after),
-                },
-                started_at=now,
-                duration_ms=0.0,
-                summary=f"{change.operation.value} by {hook.name}",
-                hook=hook.name,
-                stage=Stage.BEFORE_PLANNING,
-            )
-        )
-    record.enrichments = dict(enrichments)
 
 
 def _review_request(args: Sequence[Any]) -> ReviewRequest:

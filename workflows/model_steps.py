@@ -34,7 +34,6 @@ with workflow.unsafe.imports_passed_through():
         FallbackRequest,
         HookCall,
         HookEntry,
-        ModelCall,
         ModelDraft,
         ModelUsage,
         Plan,
@@ -52,7 +51,7 @@ with workflow.unsafe.imports_passed_through():
     from .scheduling import Scheduler
     from .snapshots import took_plan
     from .stages import Fold
-    from .support import activity_error_details, payload_bytes, stage_failure
+    from .support import activity_error_details, model_calls_in, payload_bytes, stage_failure
 
 
 OutputT = TypeVar("OutputT", PlanOutput, SynthesizeOutput)
@@ -92,25 +91,45 @@ class PlannedPhase:
 
 @dataclass
 class FusedPlanning:
-    """A planning activity handed the phase's after_planning hooks: the hooks, their calls as built before
-    the plan existed, and when the activity was scheduled."""
+    """A planning activity handed the planning hooks that run in it: the after_planning hooks, their calls as
+    built before the plan existed, and when the activity was scheduled; the before_planning hooks and their
+    calls, where it runs those first."""
 
     entries: list[HookEntry]
     hooks: PlanHooks
     started: datetime
+    before: list[HookEntry] = field(default_factory=list)
+    before_calls: list[HookCall] = field(default_factory=list)
 
-    def prerun(self, output: PlanOutput) -> PreRun | None:
-        """The hooks the activity ran on its plan, on the calls it ran them with (the workflow builds the
-        same on reaching the stage, or runs them again)."""
+    def enriched(self, output: PlanOutput) -> PreRun | None:
+        """The before_planning hooks the activity ran: on the calls this workflow built for them (so taken
+        as they are), from when it was scheduled."""
+        if not output.before:
+            return None
+        return PreRun(list(self.before_calls), output.before, self.started, trusted=True)
+
+    def prerun(self, output: PlanOutput, enrichments: dict[str, Any]) -> PreRun | None:
+        """The after_planning hooks the activity ran on its plan, on the calls it ran them with (the workflow
+        builds the same on reaching the stage, or runs them again)."""
         if output.plan is None or not output.after:
             return None
         spent = ModelUsage.of(output.model_calls).total_tokens
         calls: list[HookCall] = [
-            stages.planning.AFTER_PLANNING.on_plan(built, output.plan, spent)
+            stages.planning.AFTER_PLANNING.on_plan(built, output.plan, spent, enrichments)
             for built in self.hooks.after[: len(output.after)]
         ]
         started = self.started + timedelta(milliseconds=output.hooks_after_ms)
         return PreRun(calls, output.after, started, snapshot=output.snapshot)
+
+
+@dataclass
+class PlannedAhead:
+    """The request's first planning attempt, scheduled with its before_planning hooks (see
+    :meth:`ModelSteps.plan_ahead`): the phase as planned, the hooks the activity ran, what it answered."""
+
+    planned: PlannedPhase
+    fused: FusedPlanning
+    output: PlanOutput
 
 
 class ModelSteps:
@@ -121,6 +140,7 @@ class ModelSteps:
         self._scheduler = scheduler
         self._listing = listing
         self._runner = runner
+        self._ahead: PlannedAhead | None = None
 
     # -- planning --------------------------------------------------------------------------------------
 
@@ -130,14 +150,18 @@ class ModelSteps:
         state = self._state
         attempt, repair = 0, None
         while True:
-            view = await self._before_plan(phase, attempt)
-            narrowed = len(view.tools) < len(state.manifest.tools)
-            available = view.tool_keys if narrowed else None
-            if not view.tools:
-                return PlannedPhase(Plan(phase=phase, rationale=NO_TOOLS_RATIONALE), available, attempt)
-            planned = PlannedPhase(Plan(phase=phase), available, attempt, view.tools)
-            fused = self._fused(phase, planned)
-            output = await self._plan_activity(phase, attempt, available, view.context_text, repair, fused)
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and ahead.output.planned:
+                planned, fused, output = ahead.planned, ahead.fused, ahead.output
+            else:
+                view = await self._before_plan(phase, attempt)
+                narrowed = len(view.tools) < len(state.manifest.tools)
+                available = view.tool_keys if narrowed else None
+                if not view.tools:
+                    return PlannedPhase(Plan(phase=phase, rationale=NO_TOOLS_RATIONALE), available, attempt)
+                planned = PlannedPhase(Plan(phase=phase), available, attempt, view.tools)
+                fused = self._fused(phase, planned)
+                output = await self._plan_activity(phase, attempt, available, view.context_text, repair, fused)
             state.planner_draft = output.draft
             if output.plan is not None:
                 if output.model_turn is not None:
@@ -148,7 +172,7 @@ class ModelSteps:
                     }
                     state.model_turns.append(PriorTurn(turn=output.model_turn, step_ids=step_ids))
                 planned.plan = output.plan
-                planned.prerun = fused.prerun(output) if fused is not None else None
+                planned.prerun = fused.prerun(output, state.enrichments) if fused is not None else None
                 return planned
             attempt, repair = attempt + 1, output.repair
 
@@ -167,24 +191,63 @@ class ModelSteps:
         self._listing.enter(Stage.BEFORE_PLAN)
         return (await self._runner.run(stages.STAGES[Stage.BEFORE_PLAN], view, plan_phase=phase)).subject
 
-    def _fused(self, phase: int, planned: PlannedPhase) -> FusedPlanning | None:
+    async def plan_ahead(self) -> PreRun | None:
+        """Schedule the request's first planning attempt with its before_planning hooks, where each runs
+        in-process (a batch's hooks), nothing ran them ahead already and nothing comes between them and the
+        planner (no before_plan hook): the activity runs them, then asks the planner on the enrichments
+        they left — unless they stop there (a short-circuit, a failure, anything the workflow must act on
+        first), when it answers their entries alone. The hooks cost no local activity, marker or round
+        trip of their own, each still recorded, spanned and named as its own invocation. Returns what they
+        ran, for the before_planning stage to take (None: nothing was scheduled; the stage runs them).
+        The attempt's plan is taken by :meth:`plan` (none when the hooks stopped it: planned there)."""
+        state = self._state
+        hooks = state.manifest.participants(Stage.BEFORE_PLANNING)
+        dispatcher = self._runner.dispatcher
+        if (
+            not hooks
+            or not dispatcher.local(hooks)
+            or Stage.BEFORE_PLANNING in dispatcher.ran_ahead
+            or state.manifest.participants(Stage.BEFORE_PLAN)
+            or not state.manifest.tools
+        ):
+            return None
+        phase = 1
+        view = await self._before_plan(phase, 0)  # no before_plan hook: the attempt as it stands
+        planned = PlannedPhase(Plan(phase=phase), None, 0, view.tools)
+        spec = stages.STAGES[Stage.BEFORE_PLANNING]
+        calls = [spec.build(hook, state.view(hook), state.enrichments) for hook in hooks]
+        fused = self._fused(phase, planned, (hooks, calls))
+        assert fused is not None
+        output = await self._plan_activity(phase, 0, None, view.context_text, None, fused)
+        self._ahead = PlannedAhead(planned, fused, output)
+        return fused.enriched(output)
+
+    def _fused(
+        self, phase: int, planned: PlannedPhase, before: tuple[list[HookEntry], list[HookCall]] | None = None
+    ) -> FusedPlanning | None:
         """The phase's after_planning hooks for its planning activity to run on the plan it produces, where
         every one runs in-process (a batch's hooks), with the accepted plan's snapshot to write after them
-        where the record can be handed over by reference (:data:`MAX_RECORD_WITH_PLAN_BYTES`): the plan's
-        hooks cost no local activity, marker or round trip of their own, each still recorded, spanned and
-        named as its own invocation."""
+        where the record can be handed over by reference (:data:`MAX_RECORD_WITH_PLAN_BYTES`); ``before``:
+        the before_planning hooks (and their calls) it runs first. The plan's hooks cost no local activity,
+        marker or round trip of their own, each still recorded, spanned and named as its own invocation."""
         state = self._state
         hooks = state.manifest.participants(Stage.AFTER_PLANNING)
         if not hooks or not self._runner.dispatcher.local(hooks):
+            hooks = []
+        if not hooks and before is None:
             return None
+        before_hooks, before_calls = before or ([], [])
         spec, extras = stages.STAGES[Stage.AFTER_PLANNING], planned.after_planning(state)
         calls = [spec.build(hook, state.view(hook, phase), planned.plan, **extras) for hook in hooks]
         started = workflow.now()
         write = None
-        if state.manifest.payload_store and payload_bytes(state.record) <= MAX_RECORD_WITH_PLAN_BYTES:
+        if hooks and state.manifest.payload_store and payload_bytes(state.record) <= MAX_RECORD_WITH_PLAN_BYTES:
             write = AcceptedPlanWrite(record=state.record, started=started, plan_phase=phase)
-        built = [call.model_dump(mode="json", exclude_defaults=True) for call in calls]
-        return FusedPlanning(hooks, PlanHooks(after=built, write=write), started)
+        dumped = [
+            [call.model_dump(mode="json", exclude_defaults=True) for call in group] for group in (before_calls, calls)
+        ]
+        plan_hooks = PlanHooks(before=dumped[0], after=dumped[1], write=write)
+        return FusedPlanning(hooks, plan_hooks, started, before_hooks, before_calls)
 
     async def _plan_activity(
         self,
@@ -202,8 +265,13 @@ class ModelSteps:
         summary = f"plan · phase {phase}" + (f" · attempt {attempt + 1}" if attempt else "")
         timeout = settings.plan_timeout_seconds
         if fused is not None:
-            summary += " with after_planning:" + " + ".join(dict.fromkeys(hook.name for hook in fused.entries))
-            timeout += hooks_budget(fused.entries)
+            parts = [(Stage.BEFORE_PLANNING, fused.before), (Stage.AFTER_PLANNING, fused.entries)]
+            summary += " with " + " · ".join(
+                f"{stage.value}:" + " + ".join(dict.fromkeys(hook.name for hook in hooks))
+                for stage, hooks in parts
+                if hooks
+            )
+            timeout += hooks_budget([*fused.before, *fused.entries])
 
         def arg(route: Route, asked: FallbackRequest | None) -> PlanInput:
             return PlanInput(
@@ -237,7 +305,10 @@ class ModelSteps:
             summary=Shown(summary),
             failure=(decisions.PLANNING_FAILED, "planning failed"),
         )
-        took_plan(record, output)
+        if output.planned:
+            took_plan(record, output)
+        else:  # the before_planning hooks stopped it: nothing planned, but any model call it made is spent
+            record.model_calls.extend(output.model_calls)
         return output
 
     def streamed_answer(self, plan: Plan) -> bool:
@@ -405,12 +476,7 @@ class ModelSteps:
 
     def _record_failed_model_calls(self, err: ActivityError) -> None:
         """Keep the model calls a failed planning or synthesis activity reported in its error details."""
-        calls = activity_error_details(err).get("model_calls")
-        for call in calls if isinstance(calls, list) else []:
-            try:
-                self._state.record.model_calls.append(ModelCall.model_validate(call))
-            except ValueError:
-                pass  # not a model call this framework wrote: nothing to record
+        self._state.record.model_calls.extend(model_calls_in(activity_error_details(err).get("model_calls")))
 
 
 def _fallback_failure(err: ActivityError) -> ApplicationError:

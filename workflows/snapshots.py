@@ -7,16 +7,18 @@ local activity where there were two."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from .effects import record_effects
 from .models import (
     MAX_RECORDED_PROMPT_CHARS,
     AcceptedPlan,
     AcceptedPlanWrite,
+    EffectStatus,
+    EnrichmentChange,
     ExecutionRecord,
     HookBatchEntry,
     HookCall,
@@ -24,14 +26,17 @@ from .models import (
     HookOutcome,
     InvocationOutcome,
     LifecycleBoundary,
+    PipelineHookEffect,
     PlanOutput,
     RecordLifecycle,
     RequestStatus,
     SnapshotAttempt,
     Stage,
     TerminalWrite,
+    bounded_value,
 )
 from .stages import STAGES
+from .stages.planning import BeforePlanningOutcome
 
 COMPLETION: dict[RequestStatus, Literal["completed", "stopped", "failed", "cancelled"]] = {
     RequestStatus.SUCCEEDED: "completed",
@@ -105,30 +110,83 @@ def _record_ran(
     return invocations
 
 
+def record_enrichment_changes(
+    record: ExecutionRecord,
+    hook: str,
+    changes: Sequence[EnrichmentChange],
+    enrichments: Mapping[str, Any],
+    at: datetime,
+) -> None:
+    """Record each of a before_planning hook's enrichment changes as the effect ``planning_enrichment:<key>``
+    (``at``: when its invocation ended), and the enrichments it left."""
+    for change in changes:
+        record.effects.append(
+            PipelineHookEffect(
+                effect_id=f"planning_enrichment:{change.key}",
+                name=f"Planning enrichment {change.key}",
+                status=EffectStatus.SUCCEEDED,
+                data={
+                    "key": change.key,
+                    "operation": change.operation.value,
+                    "before": bounded_value(change.before),
+                    "after": bounded_value(change.after),
+                },
+                started_at=at,
+                duration_ms=0.0,
+                summary=f"{change.operation.value} by {hook}",
+                hook=hook,
+                stage=Stage.BEFORE_PLANNING,
+            )
+        )
+    record.enrichments = dict(enrichments)
+
+
+@dataclass(frozen=True)
+class BeforePlanningRan:
+    """The before_planning hooks a planning activity ran before it asked the planner, and let the
+    enrichments through to it: each call as its hook received it with its outcome, and their entries."""
+
+    ran: Sequence[tuple[HookCall, HookOutcome]]
+    entries: Sequence[HookBatchEntry]
+
+
 def accepted_plan_snapshot(
     write: AcceptedPlanWrite,
     ran: Sequence[tuple[HookCall, HookOutcome]],
     entries: Sequence[HookBatchEntry],
     *,
+    after_ms: float = 0.0,
+    enriched: BeforePlanningRan | None = None,
     in_place: bool = False,
 ) -> ExecutionRecord:
     """The accepted plan's snapshot after every after_planning hook of the phase ran (``ran``: each call as
     its hook received it and its outcome; ``entries``: their batch entries, for the time each took) and left
-    the plan as it was: each invocation recorded one after another from ``write.started`` with its decision
-    and effects, the plan accepted as the last ended, the snapshot stamped — the steps the workflow takes
-    for the same outcomes. ``in_place``: built on ``write.record`` itself, for a write used once (as an
-    activity decoded it), rather than on a copy."""
+    the plan as it was: each invocation recorded one after another from ``write.started`` (moved on by
+    ``after_ms``, the time planning took) with its decision and effects, the plan accepted as the last
+    ended, the snapshot stamped — the steps the workflow takes for the same outcomes. ``enriched``: the
+    before_planning hooks the same activity ran before planning, recorded first from ``write.started``, each
+    with its enrichment changes as it ended. ``in_place``: built on ``write.record`` itself, for a write used
+    once (as an activity decoded it), rather than on a copy."""
     record = write.record if in_place else write.record.model_copy(deep=True)
+    if enriched is not None:
+        spec, at = STAGES[Stage.BEFORE_PLANNING], write.started
+        for sequence, ((call, outcome), entry) in enumerate(zip(enriched.ran, enriched.entries, strict=True), 1):
+            ran_one = [(call.hook.name, outcome, entry.duration_ms)]
+            at = ended_at(_record_ran(record, Stage.BEFORE_PLANNING, sequence, None, at, ran_one), at)
+            folded = spec.fold(spec.subject(call), outcome).subject
+            changes = outcome.enrichment_changes if isinstance(outcome, BeforePlanningOutcome) else []
+            record_enrichment_changes(record, call.hook.name, changes, folded, at)
     invocations = _record_ran(
         record,
         Stage.AFTER_PLANNING,
         write.first_sequence,
         write.plan_phase,
-        write.started,
+        write.started + timedelta(milliseconds=after_ms),
         [(call.hook.name, outcome, entry.duration_ms) for (call, outcome), entry in zip(ran, entries, strict=True)],
     )
     plan = STAGES[Stage.AFTER_PLANNING].subject(ran[0][0])
-    record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=ended_at(invocations, write.started)))
+    accepted_at = ended_at(invocations, write.started + timedelta(milliseconds=after_ms))
+    record.plans.append(AcceptedPlan(phase=plan.phase, plan=plan, accepted_at=accepted_at))
     stamp(record, LifecycleBoundary.ACCEPTED_PLAN)
     return record
 

@@ -139,8 +139,12 @@ def stage_failure(error_type: str, message: str, err: ActivityError) -> Applicat
 
 def activity_error_details(err: ActivityError) -> dict[str, Any]:
     """The first details value of the application error an activity failed with, when it is a dict."""
-    cause = err.cause
-    details = cause.details if isinstance(cause, ApplicationError) else ()
+    return error_details(err.cause)
+
+
+def error_details(err: BaseException | None) -> dict[str, Any]:
+    """The first details value of an application error, when it is a dict."""
+    details = err.details if isinstance(err, ApplicationError) else ()
     return details[0] if details and isinstance(details[0], dict) else {}
 
 

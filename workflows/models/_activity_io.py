@@ -66,13 +66,18 @@ class RememberInput(ByReference):
 
 
 class PlanHooks(BaseModel):
-    """A phase's in-process after_planning hooks, for the planning activity to run on the plan it produced:
-    their calls as the workflow built them before the plan existed (as JSON without the fields that hold
-    their default: the activity puts in the plan, and the token budget the planner's calls left), and the accepted plan's snapshot to write after them,
-    built on the record as it stood when planning started (``AcceptedPlanWrite``: ``started`` is when
-    planning was scheduled; the activity moves it on by the time the planner took)."""
+    """A phase's in-process planning hooks, for the planning activity to run around the planner, each as a
+    local batch runs it: ``before``, the before_planning calls as the workflow built them (the phase's first
+    attempt of the request's first phase only; the planner is asked only if they let the enrichments through
+    to it, ``workflows.stages.let_through``); ``after``, the after_planning calls as the workflow built them
+    before the plan existed (the activity puts in the plan, the token budget the planner's calls left and the
+    enrichments the before_planning hooks left); each as JSON without the fields that hold their default.
+    ``write``: the accepted plan's snapshot to write after them, built on the record as it stood when planning
+    started (``AcceptedPlanWrite``: ``started`` is when planning was scheduled; the activity moves it on by
+    the time the planner took)."""
 
-    after: list[dict[str, JsonValue]]
+    before: list[dict[str, JsonValue]] = Field(default_factory=list)
+    after: list[dict[str, JsonValue]] = Field(default_factory=list)
     write: AcceptedPlanWrite | None = None
 
 
@@ -98,8 +103,9 @@ class PlanInput(ByReference):
     route: Literal["primary", "fallback"] = "primary"  # which model plans
     # Write the model's text to the request's answer stream as it arrives (a planner that can stream).
     stream: bool = False
-    # With hooks, the activity runs them on the plan once the planner produced it, each as a local batch
-    # runs it. A hook's failure is answered in the output, never raised: the planner is not asked again.
+    # With hooks, the activity runs the before_planning ones before it asks the planner and the
+    # after_planning ones on the plan it produced, each as a local batch runs it. A hook's failure is
+    # answered in the output, never raised: the planner is not asked again for it.
     hooks: PlanHooks | None = None
 
 
@@ -118,9 +124,14 @@ class PlanOutput(ByReference):
     draft: ModelDraft | None = None
     problems: list[str] = Field(default_factory=list)
     repair: PlanRepair | None = None
-    # With ``PlanInput.hooks``: each after_planning hook's entry as a local batch records it (a stage cut
-    # short hands the rest back to the workflow), how long after the activity started the first began (the
-    # planner's time), and what became of the accepted plan's snapshot it was handed.
+    # With ``PlanInput.hooks``: each before_planning and after_planning hook's entry as a local batch
+    # records it (a stage cut short hands the rest back to the workflow), how long after the activity
+    # started the first after_planning hook began (the planner's time), and what became of the accepted
+    # plan's snapshot it was handed. ``planned`` False: the before_planning hooks did not let the
+    # enrichments through to the planner (or the planner failed after them), so it holds only their entries
+    # and the model calls made; the workflow plans the attempt itself.
+    before: list[HookBatchEntry] = Field(default_factory=list)
+    planned: bool = True
     after: list[HookBatchEntry] = Field(default_factory=list)
     hooks_after_ms: float = 0.0
     snapshot: SnapshotAttempt | None = None

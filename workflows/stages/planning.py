@@ -381,14 +381,18 @@ class AfterPlanningSpec(StageSpec[AfterPlanningCall, AfterPlanningOutcome]):
             return Fold.end(subject)
         return Fold(outcome.plan)
 
-    def on_plan(self, built: Mapping[str, Any], plan: Plan, planner_tokens: int) -> AfterPlanningCall:
+    def on_plan(
+        self, built: Mapping[str, Any], plan: Plan, planner_tokens: int, enrichments: Mapping[str, JsonValue]
+    ) -> AfterPlanningCall:
         """A call built before its phase was planned (as JSON), as the workflow builds it once the plan is
-        in: on ``plan``, its request's token budget (if it has one) less what the planner's calls spent."""
+        in: on ``plan``, its request's token budget (if it has one) less what the planner's calls spent, the
+        enrichments the plan was made with (those the before_planning hooks left, where the planning
+        activity ran them too)."""
         call = AfterPlanningCall.model_validate(built)
-        view = call.view
-        if view.model_tokens_left is not None:
-            view = view.model_copy(update={"model_tokens_left": view.model_tokens_left - planner_tokens})
-        return call.model_copy(update={"plan": plan, "view": view})
+        update: dict[str, Any] = {"enrichments": dict(enrichments)}
+        if call.view.model_tokens_left is not None:
+            update["model_tokens_left"] = call.view.model_tokens_left - planner_tokens
+        return call.model_copy(update={"plan": plan, "view": call.view.model_copy(update=update)})
 
 
 BEFORE_PLANNING = BeforePlanningSpec()
