@@ -299,8 +299,8 @@ class LifecycleActivities(HookStageActivities):
         output = PlanOutput(prompt="", planner=planner, before=entries, planned=False)
         if enrichments is not None:
             try:
-                enriched = BeforePlanningRan(ran, entries)
-                output = await self._plan(input.model_copy(update={"enrichments": enrichments}), started, enriched)
+                enriched = input.model_copy(update={"enrichments": enrichments})
+                output = await self._plan(enriched, started, BeforePlanningRan(ran, entries))
             except Exception as err:  # noqa: BLE001 - the hooks' entries stand; the workflow plans the attempt
                 # A planning failure would lose the before_planning hooks' entries with it: they are
                 # answered instead, with the model calls the failure reported, and the workflow asks the
@@ -310,7 +310,9 @@ class LifecycleActivities(HookStageActivities):
             output.before = entries
         return self.bounded_result(output, "plan")
 
-    async def _plan(self, input: PlanInput, started: float, enriched: BeforePlanningRan | None = None) -> PlanOutput:
+    async def _plan(
+        self, input: PlanInput, started: float, before_planning: BeforePlanningRan | None = None
+    ) -> PlanOutput:
         tools = self.manifest.tools
         if input.tools is not None:  # before_plan hooks narrowed what this attempt may use
             offered = set(input.tools)
@@ -394,18 +396,18 @@ class LifecycleActivities(HookStageActivities):
             draft=draft,
         )
         if input.hooks is not None and input.hooks.after:
-            await self._after_planning(input, output, started, enriched)
+            await self._after_planning(input, output, started, before_planning)
         return output
 
     async def _after_planning(
-        self, input: PlanInput, output: PlanOutput, started: float, enriched: BeforePlanningRan | None
+        self, input: PlanInput, output: PlanOutput, started: float, before_planning: BeforePlanningRan | None
     ) -> None:
         """Run the phase's after_planning hooks on the plan (``PlanInput.hooks``), in order, each exactly as a
         local batch runs it (its attempts, timeout, span and checks); their entries go back in ``output``, a
         hook's failure among them, never raised (the planner is not asked again for it). Where the workflow
         handed over the accepted plan's snapshot, the plan has steps (a plan without is recorded by the
         next write) and every hook left the plan and the run as they were, write it as the workflow would
-        build it from the same outcomes (with ``enriched``, the before_planning hooks this activity ran
+        build it from the same outcomes (with ``before_planning``, the hooks of that stage this activity ran
         first)."""
         hooks, plan = input.hooks, output.plan
         assert hooks is not None and plan is not None
@@ -422,7 +424,9 @@ class LifecycleActivities(HookStageActivities):
         entries, after_ms = output.after, output.hooks_after_ms
         output.snapshot = await self._write_snapshot(
             write.record,
-            lambda: accepted_plan_snapshot(write, ran, entries, after_ms=after_ms, enriched=enriched, in_place=True),
+            lambda: accepted_plan_snapshot(
+                write, ran, entries, after_ms=after_ms, before_planning=before_planning, in_place=True
+            ),
             "accepted plan",
         )
 

@@ -101,7 +101,7 @@ class FusedPlanning:
     before: list[HookEntry] = field(default_factory=list)
     before_calls: list[HookCall] = field(default_factory=list)
 
-    def enriched(self, output: PlanOutput) -> PreRun | None:
+    def before_prerun(self, output: PlanOutput) -> PreRun | None:
         """The before_planning hooks the activity ran: on the calls this workflow built for them (so taken
         as they are), from when it was scheduled."""
         if not output.before:
@@ -220,7 +220,7 @@ class ModelSteps:
         assert fused is not None
         output = await self._plan_activity(phase, 0, None, view.context_text, None, fused)
         self._ahead = PlannedAhead(planned, fused, output)
-        return fused.enriched(output)
+        return fused.before_prerun(output)
 
     def _fused(
         self, phase: int, planned: PlannedPhase, before: tuple[list[HookEntry], list[HookCall]] | None = None

@@ -156,21 +156,23 @@ def accepted_plan_snapshot(
     entries: Sequence[HookBatchEntry],
     *,
     after_ms: float = 0.0,
-    enriched: BeforePlanningRan | None = None,
+    before_planning: BeforePlanningRan | None = None,
     in_place: bool = False,
 ) -> ExecutionRecord:
     """The accepted plan's snapshot after every after_planning hook of the phase ran (``ran``: each call as
     its hook received it and its outcome; ``entries``: their batch entries, for the time each took) and left
     the plan as it was: each invocation recorded one after another from ``write.started`` (moved on by
     ``after_ms``, the time planning took) with its decision and effects, the plan accepted as the last
-    ended, the snapshot stamped — the steps the workflow takes for the same outcomes. ``enriched``: the
+    ended, the snapshot stamped — the steps the workflow takes for the same outcomes. ``before_planning``: the
     before_planning hooks the same activity ran before planning, recorded first from ``write.started``, each
     with its enrichment changes as it ended. ``in_place``: built on ``write.record`` itself, for a write used
     once (as an activity decoded it), rather than on a copy."""
     record = write.record if in_place else write.record.model_copy(deep=True)
-    if enriched is not None:
+    if before_planning is not None:
         spec, at = STAGES[Stage.BEFORE_PLANNING], write.started
-        for sequence, ((call, outcome), entry) in enumerate(zip(enriched.ran, enriched.entries, strict=True), 1):
+        for sequence, ((call, outcome), entry) in enumerate(
+            zip(before_planning.ran, before_planning.entries, strict=True), 1
+        ):
             ran_one = [(call.hook.name, outcome, entry.duration_ms)]
             at = ended_at(_record_ran(record, Stage.BEFORE_PLANNING, sequence, None, at, ran_one), at)
             folded = spec.fold(spec.subject(call), outcome).subject

@@ -67,8 +67,8 @@ class RememberInput(ByReference):
 
 class PlanHooks(BaseModel):
     """A phase's in-process planning hooks, for the planning activity to run around the planner, each as a
-    local batch runs it: ``before``, the before_planning calls as the workflow built them (the phase's first
-    attempt of the request's first phase only; the planner is asked only if they let the enrichments through
+    local batch runs it: ``before``, the before_planning calls as the workflow built them (the first attempt
+    of the request's first phase only; the planner is asked only if they let the enrichments through
     to it, ``workflows.stages.let_through``); ``after``, the after_planning calls as the workflow built them
     before the plan existed (the activity puts in the plan, the token budget the planner's calls left and the
     enrichments the before_planning hooks left); each as JSON without the fields that hold their default.
