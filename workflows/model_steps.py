@@ -307,7 +307,7 @@ class ModelSteps:
         )
         if output.planned:
             took_plan(record, output)
-        else:  # the before_planning hooks stopped it: nothing planned, but any model call it made is spent
+        else:  # nothing planned (the before_planning hooks stopped it, or the planner failed after them)
             record.model_calls.extend(output.model_calls)
         return output
 
