@@ -983,6 +983,7 @@ async def test_the_first_planning_activity_runs_the_stage_and_plans_on_what_it_l
         ("first", 1, InvocationOutcome.SUCCEEDED),
         ("second", 2, InvocationOutcome.SUCCEEDED),
     ]
+    assert [decision(i) for i in invocations] == [("fail_open", "continue", "accepted")] * 2
     ended = [i.started_at + timedelta(milliseconds=i.duration_ms) for i in invocations]
     changes = [(e.effect_id, e.hook, e.started_at) for e in stored.effects if e.effect_id.startswith("planning_")]
     assert changes == [
