@@ -203,7 +203,7 @@ class LifecycleActivities(HookStageActivities):
 
         return {
             "pipeline": digest([(e.name, [s.value for s in e.stages]) for e in self.registry.entries]),
-            "planner": getattr(self.planner, "name", type(self.planner).__name__),
+            "planner": self.planner_name,
             "synthesizer": getattr(self.synthesizer, "name", type(self.synthesizer).__name__),
             "tools": digest([t.model_dump(mode="json") for t in self.tools.specs()]),
         }
@@ -283,6 +283,11 @@ class LifecycleActivities(HookStageActivities):
             problems.extend(self.tools.argument_problems(step))
         return problems[:10]
 
+    @property
+    def planner_name(self) -> str:
+        """The planner as the record names it: its ``name``, or its class's."""
+        return getattr(self.planner, "name", type(self.planner).__name__)
+
     @activity.defn(name="plan")
     @heartbeating
     async def plan(self, input: PlanInput) -> PlanOutput:
@@ -295,7 +300,7 @@ class LifecycleActivities(HookStageActivities):
         before = input.hooks.before
         entries, ran, _ = await self.run_stage(Stage.BEFORE_PLANNING, before)
         enrichments = let_through(BEFORE_PLANNING, ran) if len(ran) == len(before) else None
-        planner = getattr(self.planner, "name", type(self.planner).__name__)
+        planner = self.planner_name
         output = PlanOutput(prompt="", planner=planner, before=entries, planned=False)
         if enrichments is not None:
             try:
@@ -330,7 +335,7 @@ class LifecycleActivities(HookStageActivities):
                 tools_as_functions=bool(getattr(self.planner, "tools_as_functions", False)),
             )
         )
-        planner = getattr(self.planner, "name", type(self.planner).__name__)
+        planner = self.planner_name
         request = PlanningRequest(
             request=input.request,
             request_id=input.request_id,
