@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextvars
+import functools
 import json
 import logging
 import time
@@ -35,6 +36,7 @@ from workflows import decisions, snapshots
 from workflows.models import (
     MAX_INLINE_PAYLOAD_BYTES,
     MAX_STORED_PAYLOAD_BYTES,
+    AcceptedPlanWrite,
     DecisionAction,
     EffectStatus,
     ExecutionRecord,
@@ -42,17 +44,23 @@ from workflows.models import (
     HookBatchEntry,
     HookBatchFailure,
     HookBatchOutcome,
+    HookBatchSegment,
     HookCall,
     HookDecision,
     HookEntry,
     HookOutcome,
+    ModelUsage,
     PipelineManifest,
     Plan,
+    PlanEnding,
+    PlanInput,
+    PlanOutput,
     PlanStep,
     RecordedOutcome,
     ShortCircuitProposal,
     SnapshotAttempt,
     Stage,
+    TerminalWrite,
     json_size,
 )
 from workflows.stages import (
@@ -60,6 +68,7 @@ from workflows.stages import (
     STAGES,
     ResultRejected,
     StageSpec,
+    answered,
     hands_on,
     hook_stage_of,
     next_call,
@@ -259,17 +268,60 @@ class HookStageActivities(abc.ABC):
                 lambda: snapshots.accepted_plan_snapshot(write, ran, entries, in_place=True),
                 "accepted plan",
             )
-        for segment in batch.ahead:
-            if not ran_on:
-                break
-            later, _, ran_on = await self.run_stage(segment.stage, segment.calls)
-            outcome.ahead.append(later)
-        if batch.end is not None and ran_on and len(outcome.ahead) == len(batch.ahead):
-            end, parts = batch.end, [entries, *outcome.ahead]
-            outcome.end = await self._write_snapshot(
-                end.record, lambda: snapshots.terminal_snapshot(end, parts, in_place=True), "terminal snapshot"
-            )
+        if ran_on:
+            outcome.ahead, ran_on = await self.run_on(batch.ahead)
+        if batch.end is not None and ran_on:
+            outcome.end = await self.write_end(batch.end, [entries, *outcome.ahead])
         return self.bounded_result(outcome, f"{batch.stage.value} batch")
+
+    async def run_on(self, segments: Sequence[HookBatchSegment]) -> tuple[list[list[HookBatchEntry]], bool]:
+        """Run on into each stage of ``segments`` in order, while the stages before left the run as it was
+        (``workflows.stages.hands_on``): each stage's entries, and whether every stage ran and did."""
+        ahead: list[list[HookBatchEntry]] = []
+        for segment in segments:
+            entries, _, ran_on = await self.run_stage(segment.stage, segment.calls)
+            ahead.append(entries)
+            if not ran_on:
+                return ahead, False
+        return ahead, True
+
+    async def end_with_answer(
+        self,
+        ending: PlanEnding,
+        write: AcceptedPlanWrite,
+        output: PlanOutput,
+        input: PlanInput,
+        before_planning: snapshots.BeforePlanningRan | None,
+    ) -> None:
+        """After a phase's after_planning hooks left its plan, the planner's text answer, as it was (their
+        entries in ``output.after``; ``write.record`` as the planning activity took the plan; ``input``:
+        what the planner was asked, ``before_planning``: the hooks of that stage the activity ran first):
+        run on into the stages that follow (``ending``, their calls built on a stand-in answer, completed
+        here as the workflow completes them, ``workflows.stages.answered``) while each leaves the run as it
+        was, then write the request's terminal snapshot as the workflow would build it from the same
+        outcomes. Each stage's entries and what became of the snapshot go back in ``output``."""
+        plan = output.plan
+        answer = (plan.answer or "") if plan is not None else ""
+        if plan is None or plan.continue_after or not answer.strip() or output.draft is None:
+            return  # not the run's answer: the workflow carries on
+        spent = ModelUsage.of(output.model_calls).total_tokens
+        segments = [
+            HookBatchSegment(
+                stage=segment.stage,
+                calls=[
+                    answered(
+                        STAGES[segment.stage].call.model_validate(c), answer, input.route, spent, input.enrichments
+                    )
+                    for c in segment.calls
+                ],
+            )
+            for segment in ending.segments
+        ]
+        output.ahead, ran_on = await self.run_on(segments)
+        if ran_on:
+            later = [segment.stage for segment in segments]
+            end = snapshots.answered_end(write, output, ending.end, later, input.route, before_planning)
+            output.end = await self.write_end(end, [output.after, *output.ahead])
 
     async def _write_snapshot(
         self, record: ExecutionRecord, build: Callable[[], ExecutionRecord], what: str
@@ -283,6 +335,12 @@ class HookStageActivities(abc.ABC):
         except Exception as err:  # noqa: BLE001 - the hooks' outcomes stand; the workflow writes the snapshot
             logger.warning("%s of %s not written with its hooks: %s", what, record.workflow_id, err)
         return tried
+
+    async def write_end(self, end: TerminalWrite, parts: Sequence[Sequence[HookBatchEntry]]) -> SnapshotAttempt:
+        """Write the request's terminal snapshot after the hooks of ``end.parts`` (``parts``: each one's
+        entries) left the run as it was, as the workflow would build it from the same outcomes."""
+        build = functools.partial(snapshots.terminal_snapshot, end, parts, in_place=True)
+        return await self._write_snapshot(end.record, build, "terminal snapshot")
 
     async def run_stage(
         self, stage: Stage, calls: Sequence[Any]

@@ -57,7 +57,7 @@ from workflows.models import (
 )
 from workflows.notification import NOTIFY_REVIEWERS_ACTIVITY
 from workflows.plan_validation import plan_problems
-from workflows.snapshots import BeforePlanningRan, accepted_plan_snapshot, took_plan
+from workflows.snapshots import BeforePlanningRan, accepted_plan_snapshot, took_planned
 from workflows.stages import let_through
 from workflows.stages.planning import AFTER_PLANNING, BEFORE_PLANNING
 from workflows.support import error_details, model_calls_in
@@ -410,10 +410,10 @@ class LifecycleActivities(HookStageActivities):
         """Run the phase's after_planning hooks on the plan (``PlanInput.hooks``), in order, each exactly as a
         local batch runs it (its attempts, timeout, span and checks); their entries go back in ``output``, a
         hook's failure among them, never raised (the planner is not asked again for it). Where the workflow
-        handed over the accepted plan's snapshot, the plan has steps (a plan without is recorded by the
-        next write) and every hook left the plan and the run as they were, write it as the workflow would
-        build it from the same outcomes (with ``before_planning``, the hooks of that stage this activity ran
-        first)."""
+        handed over the accepted plan's snapshot and every hook left the plan and the run as they were:
+        a plan with steps, write that snapshot as the workflow would build it from the same outcomes (with
+        ``before_planning``, the hooks of that stage this activity ran first); a text answer, where the
+        workflow sent what follows it (``PlanHooks.ending``), run on into it (``end_with_answer``)."""
         hooks, plan = input.hooks, output.plan
         assert hooks is not None and plan is not None
         output.hooks_after_ms = round((time.monotonic() - started) * 1000.0, 3)
@@ -421,11 +421,13 @@ class LifecycleActivities(HookStageActivities):
         calls = [AFTER_PLANNING.on_plan(built, plan, spent, input.enrichments) for built in hooks.after]
         output.after, ran, ran_on = await self.run_stage(Stage.AFTER_PLANNING, calls)
         write = hooks.write
-        if write is None or not ran_on or not plan.steps:
+        if write is None or not ran_on:
             return
-        took_plan(write.record, output)
-        write.record.handled_by = input.route
-        write.record.lifecycle_stage = str(Stage.AFTER_PLANNING)
+        if not plan.steps:
+            if hooks.ending is not None:
+                await self.end_with_answer(hooks.ending, write, output, input, before_planning)
+            return
+        took_planned(write.record, output, input.route)
         entries, after_ms = output.after, output.hooks_after_ms
         output.snapshot = await self._write_snapshot(
             write.record,

@@ -30,6 +30,7 @@ from storage.executions import SQLiteExecutionStore
 from worker import build_worker
 from workflows import WORKFLOWS, data_converter, idempotency_key
 from workflows.local_payloads import LocalPayloadsInline
+from workflows.model_steps import ANSWERS
 from workflows.models import (
     ApproveSignal,
     Checkpoint,
@@ -144,9 +145,11 @@ class ScheduledActivity:
 
 def _plan_invocations(summary: str, result: Any) -> list[ScheduledActivity]:
     """A planning activity that ran in-process planning hooks (``plan · phase <n> with
-    before_planning:<hook> + <hook> · after_planning:<hook> + <hook>``): each before_planning invocation its
-    result records, the planning (unless those hooks stopped it), then each after_planning invocation, as a
-    batch's are reported (the planning alone when the activity never completed: the workflow ran them)."""
+    before_planning:<hook> + <hook> · after_planning:<hook> + <hook>``, then ``· if it answers:`` and the
+    stages it runs on into after a text answer): each before_planning invocation its result records, the
+    planning (unless those hooks stopped it), then each after_planning invocation and each invocation of
+    the stages it ran on into, as a batch's are reported (the planning alone when the activity never
+    completed: the workflow ran them)."""
     planning = ScheduledActivity("plan", summary.split(" with ", 1)[0])
     if result is None:
         return [planning]
@@ -161,6 +164,11 @@ def _plan_invocations(summary: str, result: Any) -> list[ScheduledActivity]:
         ScheduledActivity(STAGES[Stage.AFTER_PLANNING].activity, f"after_planning · {e['hook']}", True, True)
         for e in output.get("after", [])
     ]
+    ending = summary.split(f" {ANSWERS} ", 1)[1].split(" · ") if f" {ANSWERS} " in summary else []
+    for stage, entries in zip((Stage(part.split(":", 1)[0]) for part in ending), output.get("ahead", []), strict=False):
+        found += [
+            ScheduledActivity(STAGES[stage].activity, f"{stage.value} · {e['hook']}", True, True) for e in entries
+        ]
     return found
 
 
@@ -247,6 +255,17 @@ class Outcome:
     @property
     def summaries(self) -> list[str]:
         return [a.summary for a in self.scheduled if a.summary]
+
+    def shown_summaries(self, activity_type: str) -> list[str]:
+        """The summary of each ``activity_type`` activity the workflow scheduled, as the Temporal UI shows it."""
+        converter = data_converter.payload_converter
+        return [
+            converter.from_payload(event.user_metadata.summary, str)
+            for event in self.history.events
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and event.activity_task_scheduled_event_attributes.activity_type.name == activity_type
+            and event.user_metadata.HasField("summary")
+        ]
 
     def activity_types(self) -> list[str]:
         return [a.activity_type for a in self.scheduled]

@@ -11,6 +11,7 @@ import uuid
 from dataclasses import astuple
 from datetime import timedelta
 
+import pytest
 from pydantic import SecretStr
 from temporalio.api.enums.v1 import EventType
 
@@ -23,6 +24,7 @@ from client.cli import _print_answer
 from demo.tools import demo_tools, quote_price
 from hooks import PipelineHook, RunPatch
 from hooks.builtin.secret_redaction import SecretRedactionHook
+from workflows.model_steps import ANSWERS
 from workflows.models import AnswerChunk, FailurePolicy, RequestStatus, StageSettings
 from workflows.stages import STAGE_SEPARATOR, hook_stage_of
 
@@ -489,7 +491,7 @@ def run_on_types(outcome: Outcome) -> list[str]:
     return [recorded for recorded, _ in hook_markers(outcome) if STAGE_SEPARATOR in recorded]
 
 
-async def test_the_stages_after_a_text_answer_run_in_one_local_activity_and_each_hook_is_recorded_at_its_stage(
+async def test_the_stages_after_a_text_answer_run_in_its_planning_activity_and_each_hook_is_recorded_at_its_stage(
     client, tmp_path, server, spans
 ):
     server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
@@ -499,11 +501,17 @@ async def test_the_stages_after_a_text_answer_run_in_one_local_activity_and_each
 
     assert outcome.result is not None and outcome.result.response == "ACME is up.", outcome.failure
     tail = "audit + second"
-    # Each phase's after_planning hooks ran in its planning activity; the stages after the text answer run
-    # in one local activity.
-    assert [output["after"][0]["hook"] for output in outcome.planning_outputs()] == ["audit", "audit"]
-    assert run_on_types(outcome) == [f"after_execution:{tail} → after_synthesis:{tail} → after_answer:{tail}"]
-    assert hook_markers(outcome)[-1][1] == ["after_execution", "after_synthesis", "after_answer"]
+    # Each phase's after_planning hooks ran in its planning activity; the stages after the text answer ran on
+    # in the one that answered: no local activity, no marker of their own.
+    outputs = outcome.planning_outputs()
+    assert [output["after"][0]["hook"] for output in outputs] == ["audit", "audit"]
+    assert "ahead" not in outputs[0]  # tool calls: nothing ran on
+    assert [[e["hook"] for e in stage] for stage in outputs[1]["ahead"]] == [["audit", "second"]] * 3
+    assert hook_markers(outcome) == []
+    assert outcome.shown_summaries("plan")[-1] == (
+        f"plan · phase 2 with after_planning:{tail} {ANSWERS} "
+        f"after_execution:{tail} · after_synthesis:{tail} · after_answer:{tail}"
+    )
     # Each hook saw what it would have seen had each stage run on its own.
     assert audit.seen == [
         ("after_planning", (1, 1, None), 0),
@@ -537,14 +545,18 @@ def persist_summaries(outcome: Outcome) -> list[str]:
 
 
 def end_attempt(outcome: Outcome) -> dict | None:
-    """What the hook local activity that tried to write the terminal snapshot says of it (None: none tried)."""
+    """What the activity that tried to write the terminal snapshot with the run's last hooks (a hook local
+    activity or a planning activity) says of it (None: none tried)."""
     tried = [
         result["end"]
         for recorded, result in outcome.local_results()
         if hook_stage_of(recorded) is not None and isinstance(result, dict) and result.get("end")
     ]
+    tried += [output["end"] for output in outcome.planning_outputs() if output.get("end")]
     assert len(tried) <= 1, tried
-    return tried[0] if tried else None
+    if not tried:
+        return None
+    return {"revision": tried[0]["revision"], "written": tried[0].get("written", False)}
 
 
 async def test_the_last_hooks_write_the_terminal_snapshot_when_they_leave_the_text_answer_as_it_is(
@@ -593,9 +605,9 @@ class Audit(PipelineHook):
 async def test_on_finish_runs_with_the_last_hooks_and_the_terminal_write_when_nothing_else_comes_before_the_end(
     client, tmp_path, server
 ):
-    """An on_finish observer joins the last hooks' local activity: it is shown the run completed with the
-    answer, once, and the terminal snapshot that activity writes holds its invocation — no marker of its
-    own, no write of the workflow's."""
+    """An on_finish observer joins the last hooks' activity (here the planning activity that answered): it
+    is shown the run completed with the answer, once, and the terminal snapshot that activity writes holds
+    its invocation — no marker of its own, no write of the workflow's."""
     server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
     audit = Audit()
     async with model_harness(client, tmp_path, server, hooks=[Tail("tail"), audit], dedicated_synthesis=False) as h:
@@ -605,8 +617,10 @@ async def test_on_finish_runs_with_the_last_hooks_and_the_terminal_write_when_no
     assert audit.outcomes == [("completed", "ACME is up.")]
     assert persist_summaries(outcome) == []
     assert end_attempt(outcome) == {"revision": 2, "written": True}
-    _, last = hook_markers(outcome)[-1]
-    assert last[-1] == "on_finish"  # the same marker as the answer's stages
+    # The same activity as the answer's stages: the planning activity that answered, no marker at all.
+    assert hook_markers(outcome) == []
+    assert outcome.shown_summaries("plan")[-1].endswith(" · on_finish:audit-log")
+    assert [e["hook"] for e in outcome.planning_outputs()[-1]["ahead"][-1]] == ["audit-log"]
     record = outcome.record
     assert record is not None and not record.diagnostics
     assert [i.stage.value for i in record.pipeline_hooks].count("on_finish") == 1
@@ -663,6 +677,54 @@ async def test_a_terminal_snapshot_the_last_hooks_could_not_write_is_written_by_
     assert stored == outcome.record and stored.record_revision == 3
 
 
+class EnrichingTail(Tail):
+    """A Tail that also adds an enrichment before planning (so its first planning activity runs it)."""
+
+    async def before_planning(self, ctx):
+        self._saw("before_planning", None, ctx)
+        ctx.enrichments["desk"] = "equities"
+
+
+@pytest.mark.parametrize(
+    "hook, metadata",
+    [(Tail("audit"), None), (EnrichingTail("audit"), None), (EnrichingTail("audit"), {"max_model_tokens": 5000})],
+    ids=["after-planning", "with-before-planning", "with-a-token-budget"],
+)
+async def test_a_first_plan_that_answers_in_text_ends_the_request_in_its_planning_activity(
+    client, tmp_path, server, hook, metadata
+):
+    """A request the planner answers at once: its one planning activity runs the before_planning hooks (where
+    there are), the planner, the after_planning hooks, the stages after the answer and writes the terminal
+    snapshot — no local activity or write of its own. What the later hooks receive is what they would
+    receive at their stage: the enrichments the before_planning hooks left, the token budget the planner's
+    call left."""
+    server.push(ai.answer("Nothing to call."))
+    audit = hook
+    async with model_harness(client, tmp_path, server, hooks=[audit], dedicated_synthesis=False) as h:
+        outcome = await h.run("Say something", metadata)
+
+    assert outcome.result is not None and outcome.result.response == "Nothing to call.", outcome.failure
+    stages = ["after_planning", "after_execution", "after_synthesis", "after_answer"]
+    if isinstance(audit, EnrichingTail):
+        stages.insert(0, "before_planning")
+    assert [stage for stage, _, _ in audit.seen] == stages
+    assert hook_markers(outcome) == [] and persist_summaries(outcome) == []
+    assert [a.activity_type for a in outcome.scheduled] == [
+        "resolve_pipeline",
+        *(["before_planning_hook"] if isinstance(audit, EnrichingTail) else []),
+        "plan",
+        *(f"{stage}_hook" for stage in stages if stage != "before_planning"),
+    ]
+    assert end_attempt(outcome) == {"revision": 1, "written": True}
+    record = outcome.record
+    assert record is not None and not record.diagnostics and record.final_response == "Nothing to call."
+    assert [i.stage.value for i in record.pipeline_hooks] == stages
+    if isinstance(audit, EnrichingTail):
+        assert record.enrichments["desk"] == "equities"
+        assert [e.effect_id for e in record.effects] == ["planning_enrichment:desk"]
+    assert await outcome.stored() == record
+
+
 async def test_last_hooks_that_change_the_answer_leave_the_terminal_snapshot_to_the_workflow(client, tmp_path, server):
     answer = "ACME is up; key sk-live-0123456789abcdefghij."
     server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer(answer))
@@ -712,9 +774,10 @@ async def test_an_answer_rewritten_at_after_synthesis_reaches_after_answer_as_re
     assert outcome.result is not None, outcome.failure
     response = outcome.result.response
     assert "sk-live-" not in response
-    # after_execution ran on into after_synthesis; the redaction changed the answer, so after_answer ran
-    # on its own, on the redacted answer.
-    assert [ran for _, ran in hook_markers(outcome)][-2:] == [["after_execution", "after_synthesis"], ["after_answer"]]
+    # The planning activity that answered ran on into after_execution and after_synthesis; the redaction
+    # changed the answer, so after_answer ran on its own, on the redacted answer.
+    assert len(outcome.planning_outputs()[-1]["ahead"]) == 2
+    assert [ran for _, ran in hook_markers(outcome)] == [["after_answer"]]
     assert audit.seen[-1] == ("after_answer", response, 0)
     assert audit.seen[-2] == ("after_synthesis", answer, 0)
 
@@ -739,10 +802,10 @@ async def test_after_synthesis_runs_on_into_after_answer_after_a_synthesis_call(
 async def test_hooks_run_ahead_on_a_run_that_changed_are_kept_as_diagnostics_and_run_again(
     client, tmp_path, server, monkeypatch
 ):
-    # A broken carry rule (every stage "hands on") makes the activity run after_execution, after_synthesis
-    # and after_answer on what the run no longer is: the workflow finds their calls changed when it
-    # reaches each stage, keeps what ran as a diagnostic and runs the stage's hooks again on the run as
-    # it is — no outcome of a stale call is taken.
+    # A broken carry rule (every stage "hands on") makes the planning activity that answered run
+    # after_execution, after_synthesis and after_answer on what the run no longer is: the workflow finds
+    # their calls changed when it reaches each stage, keeps what ran as a diagnostic and runs the stage's
+    # hooks again on the run as it is — no outcome of a stale call is taken.
     import activities.hook_stages
 
     monkeypatch.setattr(activities.hook_stages, "hands_on", lambda spec, ran: bool(ran))
@@ -752,6 +815,7 @@ async def test_hooks_run_ahead_on_a_run_that_changed_are_kept_as_diagnostics_and
         outcome = await h.run("What is the price of ACME?")
 
     assert outcome.result is not None and outcome.result.response == "ACME is up.", outcome.failure
+    assert len(outcome.planning_outputs()[-1]["ahead"]) == 3  # what ran on, in the planning activity
     record = outcome.record
     assert record is not None
     stale = [(d.phase, d.extension) for d in record.diagnostics if d.error_type == "StaleRunAhead"]
@@ -789,7 +853,7 @@ async def test_hooks_run_ahead_for_stages_a_stopped_run_never_reached_are_kept_a
     monkeypatch.setattr(activities.hook_stages, "hands_on", lambda spec, ran: bool(ran))
     # The planning activity does not run the phase's hooks (as where one of them is not in-process): the
     # text answer's after_planning hooks run in a local activity that runs on into the stages after it.
-    monkeypatch.setattr(workflows.model_steps.ModelSteps, "_fused", lambda self, phase, planned: None)
+    monkeypatch.setattr(workflows.model_steps.ModelSteps, "_fused", lambda self, *args, **kwargs: None)
     server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer("ACME is up."))
     stops = Stops("stops")
     async with model_harness(client, tmp_path, server, hooks=[stops], dedicated_synthesis=False) as h:

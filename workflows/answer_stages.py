@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
         TerminalEnd,
     )
     from .run_state import RunState
-    from .stages import Fold, Stage
+    from .stages import STAND_IN_ANSWER, Fold, Stage
     from .support import cache_verdict
 
 
@@ -47,6 +47,20 @@ class AnswerStages:
         if plan.continue_after or self._models.text_answer(plan) is None:
             return []
         return [Ahead(Stage.AFTER_EXECUTION, observed(self._state.record.steps)), *self.draft_stages(plan)]
+
+    def after_text_answer(self) -> tuple[list[Ahead], TerminalEnd] | None:
+        """What follows a planning attempt about to run, should its plan be the planner's text answer
+        accepted as it is, built now on a stand-in for that answer (``stages.STAND_IN_ANSWER``, which the
+        planning activity replaces, ``stages.answered``): the stages of :meth:`after_plan_accepted` and how
+        the run then ends (:meth:`end`). None where the text answer would not be the draft (a dedicated
+        synthesis call writes it) or something besides hooks comes before the end."""
+        if self._state.manifest.settings.dedicated_synthesis:
+            return None
+        steps = list(self._state.record.steps)
+        end = self.end(STAND_IN_ANSWER, None, ExecutionResult(steps=steps).confidence)
+        if end is None:
+            return None
+        return [Ahead(Stage.AFTER_EXECUTION, observed(steps)), *self._draft_stages(STAND_IN_ANSWER)], end
 
     def end_after(self, plan: Plan) -> TerminalEnd | None:
         """How the run ends after ``plan`` if it is the planner's text answer (see :meth:`end`)."""
@@ -81,7 +95,10 @@ class AnswerStages:
         """After after_execution, when the last plan's text answer is the draft (no synthesis call):
         after_synthesis on it, then after_answer."""
         text = self._models.text_answer(plan)
-        return [] if text is None else [Ahead(Stage.AFTER_SYNTHESIS, text), *self._answer_stage(text)]
+        return [] if text is None else self._draft_stages(text)
+
+    def _draft_stages(self, text: str) -> list[Ahead]:
+        return [Ahead(Stage.AFTER_SYNTHESIS, text), *self._answer_stage(text)]
 
     def _answer_stage(self, response: str) -> list[Ahead]:
         """after_answer on ``response``, where after_synthesis leaves it as it is (none for an empty answer:

@@ -186,9 +186,10 @@ class RunEnding:
             raise
 
     def _written_with_hooks(self, status: RequestStatus) -> tuple[SnapshotAttempt | None, ExecutionRecord | None]:
-        """The terminal snapshot the local activity of the run's last hooks tried to write (see
-        ``HookRunner.run``'s ``end``), and the snapshot it wrote, for ``RecordKeeper.persist``: only a run
-        that completed can be that snapshot; any other end is written with the next revision."""
+        """The terminal snapshot the activity of the run's last hooks tried to write (a local batch's
+        ``end``, or the planning activity's that answered), and the snapshot it wrote, for
+        ``RecordKeeper.persist``: only a run that completed can be that snapshot; any other end is written
+        with the next revision."""
         ended = self.state.end_attempt
         if ended is None:
             return None, None

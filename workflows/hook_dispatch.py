@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         AcceptedPlanWrite,
         DecisionAction,
         Diagnostic,
+        ExecutionRecord,
         HookBatchCall,
         HookBatchEntry,
         HookBatchOutcome,
@@ -347,10 +348,11 @@ class HookDispatcher:
             snapshot = AcceptedPlanWrite(
                 record=self._state.record, started=started, first_sequence=first_sequence, plan_phase=plan_phase
             )
-        ending = None
+        ending, sent = None, ""
         if end is not None:
+            sent = self._state.record.model_dump_json()  # the record as the activity receives it
             ending = TerminalWrite(
-                record=self._state.record.model_copy(deep=True),
+                record=self._state.record,
                 started=started,
                 parts=[
                     TerminalPart(stage=stage, first_sequence=first_sequence, plan_phase=plan_phase),
@@ -395,7 +397,12 @@ class HookDispatcher:
                 self.ran_ahead[later.stage] = PreRun(calls=later_calls[: len(entries)], entries=entries, started=clock)
             clock += spent(entries)
         if ending is not None and batch.end is not None:
-            self._state.end_attempt = EndAttempt(ending, [batch.entries, *batch.ahead], batch.end)
+            handed = ending
+
+            def handed_write() -> TerminalWrite:
+                return handed.model_copy(update={"record": ExecutionRecord.model_validate_json(sent)})
+
+            self._state.end_attempt = EndAttempt(handed_write, [batch.entries, *batch.ahead], batch.end)
         results = await self.entries_recorded(
             spec, hooks, calls, first_sequence, plan_phase, step, batch.entries, started
         )

@@ -427,7 +427,7 @@ class RequestLifecycleWorkflow:
             if folded.ends and outcome.short_circuit is not None:
                 served.append(self._short_circuit_result(outcome.short_circuit, outcome.decision))
 
-        ran = await self._models.plan_ahead()
+        ran = await self._models.plan_ahead(self._answers.after_text_answer)
         await self._hooks.stage(Stage.BEFORE_PLANNING, state.enrichments, on_outcome, prerun=ran)
         return served[0] if served else None
 
@@ -447,7 +447,7 @@ class RequestLifecycleWorkflow:
         phase = 1
         while True:
             state.phase = phase
-            planned = await self._models.plan(phase)
+            planned = await self._models.plan(phase, self._answers.after_text_answer)
             # A plan without steps runs nothing: the next write (the terminal one) records it. Where the
             # planning activity ran the phase's hooks, nothing runs on from them.
             ahead = [] if planned.prerun is not None else self._answers.after_plan_accepted(planned.plan)

@@ -23,20 +23,23 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from . import decisions, stages
+    from . import decisions, snapshots, stages
     from .converter import Shown
-    from .hook_dispatch import hooks_budget
-    from .invocation import HookRunner, PreRun, RunStopped, error_text, raise_if_cancelled
+    from .hook_dispatch import Segments, hooks_budget
+    from .invocation import Ahead, HookRunner, PreRun, RunStopped, error_text, raise_if_cancelled
     from .listing import PLANNING, SYNTHESIZING, StageListing
     from .models import (
         AcceptedPlanWrite,
+        ExecutionRecord,
         ExecutionResult,
         FallbackRequest,
+        HookBatchSegment,
         HookCall,
         HookEntry,
         ModelDraft,
         ModelUsage,
         Plan,
+        PlanEnding,
         PlanHooks,
         PlanInput,
         PlanOutput,
@@ -46,15 +49,21 @@ with workflow.unsafe.imports_passed_through():
         StepSummary,
         SynthesizeInput,
         SynthesizeOutput,
+        TerminalEnd,
+        TerminalWrite,
     )
     from .run_state import RunState
     from .scheduling import Scheduler
-    from .snapshots import took_plan
+    from .snapshots import BeforePlanningRan, EndAttempt, spent, took_plan
     from .stages import Fold
-    from .support import activity_error_details, model_calls_in, payload_bytes, stage_failure
+    from .support import activity_error_details, model_calls_in, stage_failure
 
 
 OutputT = TypeVar("OutputT", PlanOutput, SynthesizeOutput)
+# What follows a planning attempt whose plan turns out to be the planner's text answer, built before it
+# exists on a stand-in answer (``stages.STAND_IN_ANSWER``): the stages with nothing between them, and how
+# the run ends (see ``answer_stages.AnswerStages.after_text_answer``).
+Ending = Callable[[], tuple[list[Ahead], TerminalEnd] | None]
 ModelStage = Literal["planning", "synthesis"]
 Route = Literal["primary", "fallback"]
 
@@ -64,6 +73,8 @@ NO_TOOLS_RATIONALE = "no tool is available to this planning attempt"
 # phase's after_planning hooks (by reference, through the payload store); a larger one, or any without a
 # payload store (it would enter the history), the workflow writes itself after them.
 MAX_RECORD_WITH_PLAN_BYTES = 256 * 1024
+# In a planning activity's summary, before the hooks it runs should its plan be the planner's text answer.
+ANSWERS = "· if it answers:"
 
 
 @dataclass
@@ -93,13 +104,16 @@ class PlannedPhase:
 class FusedPlanning:
     """A planning activity handed the planning hooks that run in it: the after_planning hooks, their calls as
     built before the plan existed, and when the activity was scheduled; the before_planning hooks and their
-    calls, where it runs those first."""
+    calls, where it runs those first; the hooks of the stages after a text answer and their calls, built
+    on a stand-in answer, where it runs on into those (``ending``)."""
 
     entries: list[HookEntry]
     hooks: PlanHooks
     started: datetime
     before: list[HookEntry] = field(default_factory=list)
     before_calls: list[HookCall] = field(default_factory=list)
+    ending: Segments = field(default_factory=list)
+    sent: str = ""  # with ``ending``: the record as the activity receives it (JSON)
 
     def before_prerun(self, output: PlanOutput) -> PreRun | None:
         """The before_planning hooks the activity ran: on the calls this workflow built for them (so taken
@@ -120,6 +134,55 @@ class FusedPlanning:
         ]
         started = self.started + timedelta(milliseconds=output.hooks_after_ms)
         return PreRun(calls, output.after, started, snapshot=output.snapshot)
+
+    def end_attempt(self, output: PlanOutput, route: Literal["primary", "fallback"]) -> EndAttempt | None:
+        """What became of the terminal snapshot the activity wrote after the text answer's hooks, and how this
+        workflow builds the write it made again (``snapshots.answered_end`` on the record it sent)."""
+        ending, write, sent = self.hooks.ending, self.hooks.write, self.sent
+        if output.end is None or ending is None or write is None:
+            return None
+        later = [spec.stage for spec, _, _ in self.ending]
+        before = self._before_ran(output)
+
+        def handed() -> TerminalWrite:
+            record = ExecutionRecord.model_validate_json(sent)
+            sent_write = write.model_copy(update={"record": record})
+            return snapshots.answered_end(sent_write, output, ending.end, later, route, before)
+
+        return EndAttempt(handed, [output.after, *output.ahead], output.end)
+
+    def _before_ran(self, output: PlanOutput) -> BeforePlanningRan | None:
+        """The before_planning hooks the activity ran, each call as its hook received it (the outcome of the
+        one before passed on, ``stages.next_call``) with its outcome."""
+        if not output.before:
+            return None
+        spec = stages.STAGES[Stage.BEFORE_PLANNING]
+        ran: list[tuple[HookCall, Any]] = []
+        received = self.before_calls[0]
+        for offset, entry in enumerate(output.before):
+            outcome = spec.outcome_of(received, entry.outcome or {})
+            ran.append((received, outcome))
+            if offset + 1 < len(self.before_calls):
+                received = stages.next_call(spec, received, outcome, self.before_calls[offset + 1]) or received
+        return BeforePlanningRan(ran, output.before)
+
+    def ran_on(
+        self, output: PlanOutput, answered_by: Literal["primary", "fallback"], enrichments: dict[str, Any]
+    ) -> list[tuple[Stage, PreRun]]:
+        """The hooks of each stage after the text answer that the activity ran on into (``ending``, in
+        order), on the calls it ran them with: built on the stand-in, completed with the plan's text as the
+        activity completed them (the workflow builds the same on reaching the stage, or runs them again)."""
+        if output.plan is None or not output.ahead:
+            return []
+        answer = output.plan.answer or ""
+        tokens = ModelUsage.of(output.model_calls).total_tokens
+        clock = self.started + timedelta(milliseconds=output.hooks_after_ms) + spent(output.after)
+        ran: list[tuple[Stage, PreRun]] = []
+        for (spec, _, calls), entries in zip(self.ending, output.ahead, strict=False):
+            filled = [stages.answered(call, answer, answered_by, tokens, enrichments) for call in calls[: len(entries)]]
+            ran.append((spec.stage, PreRun(filled, entries, clock)))
+            clock += spent(entries)
+        return ran
 
 
 @dataclass
@@ -144,9 +207,11 @@ class ModelSteps:
 
     # -- planning --------------------------------------------------------------------------------------
 
-    async def plan(self, phase: int) -> PlannedPhase:
+    async def plan(self, phase: int, ending: Ending | None = None) -> PlannedPhase:
         """The phase's plan: its attempts, each after before_plan; a malformed one the planner can correct
-        is retried with what was wrong (``InvalidPlan`` once no attempt is left, from the activity)."""
+        is retried with what was wrong (``InvalidPlan`` once no attempt is left, from the activity).
+        ``ending``: what follows should the plan be the planner's text answer, for the planning activity
+        to run on into (see :meth:`_fused`)."""
         state = self._state
         attempt, repair = 0, None
         while True:
@@ -160,7 +225,7 @@ class ModelSteps:
                 if not view.tools:
                     return PlannedPhase(Plan(phase=phase, rationale=NO_TOOLS_RATIONALE), available, attempt)
                 planned = PlannedPhase(Plan(phase=phase), available, attempt, view.tools)
-                fused = self._fused(phase, planned)
+                fused = self._fused(phase, planned, ending=ending)
                 output = await self._plan_activity(phase, attempt, available, view.context_text, repair, fused)
             state.planner_draft = output.draft
             if output.plan is not None:
@@ -172,7 +237,11 @@ class ModelSteps:
                     }
                     state.model_turns.append(PriorTurn(turn=output.model_turn, step_ids=step_ids))
                 planned.plan = output.plan
-                planned.prerun = fused.prerun(output, state.enrichments) if fused is not None else None
+                if fused is not None:
+                    route = state.record.handled_by or "primary"
+                    planned.prerun = fused.prerun(output, state.enrichments)
+                    self._runner.dispatcher.ran_ahead.update(fused.ran_on(output, route, state.enrichments))
+                    state.end_attempt = fused.end_attempt(output, route) or state.end_attempt
                 return planned
             attempt, repair = attempt + 1, output.repair
 
@@ -191,7 +260,7 @@ class ModelSteps:
         self._listing.enter(Stage.BEFORE_PLAN)
         return (await self._runner.run(stages.STAGES[Stage.BEFORE_PLAN], view, plan_phase=phase)).subject
 
-    async def plan_ahead(self) -> PreRun | None:
+    async def plan_ahead(self, ending: Ending | None = None) -> PreRun | None:
         """Schedule the request's first planning attempt with its before_planning hooks, where each runs
         in-process (a batch's hooks), nothing ran them ahead already and nothing comes between them and the
         planner (no before_plan hook): the activity runs them, then asks the planner on the enrichments
@@ -199,7 +268,8 @@ class ModelSteps:
         first), when it answers their entries alone. The hooks cost no local activity, marker or round
         trip of their own, each still recorded, spanned and named as its own invocation. Returns what they
         ran, for the before_planning stage to take (None: nothing was scheduled; the stage runs them).
-        The attempt's plan is taken by :meth:`plan` (none when the hooks stopped it: planned there)."""
+        The attempt's plan is taken by :meth:`plan` (none when the hooks stopped it: planned there);
+        ``ending``: as for :meth:`plan`."""
         state = self._state
         hooks = state.manifest.participants(Stage.BEFORE_PLANNING)
         dispatcher = self._runner.dispatcher
@@ -216,20 +286,27 @@ class ModelSteps:
         planned = PlannedPhase(Plan(phase=phase), None, 0, view.tools)
         spec = stages.STAGES[Stage.BEFORE_PLANNING]
         calls = [spec.build(hook, state.view(hook), state.enrichments) for hook in hooks]
-        fused = self._fused(phase, planned, (hooks, calls))
+        fused = self._fused(phase, planned, (hooks, calls), ending=ending)
         assert fused is not None
         output = await self._plan_activity(phase, 0, None, view.context_text, None, fused)
         self._ahead = PlannedAhead(planned, fused, output)
         return fused.before_prerun(output)
 
     def _fused(
-        self, phase: int, planned: PlannedPhase, before: tuple[list[HookEntry], list[HookCall]] | None = None
+        self,
+        phase: int,
+        planned: PlannedPhase,
+        before: tuple[list[HookEntry], list[HookCall]] | None = None,
+        *,
+        ending: Ending | None = None,
     ) -> FusedPlanning | None:
         """The phase's after_planning hooks for its planning activity to run on the plan it produces, where
         every one runs in-process (a batch's hooks), with the accepted plan's snapshot to write after them
         where the record can be handed over by reference (:data:`MAX_RECORD_WITH_PLAN_BYTES`); ``before``:
-        the before_planning hooks (and their calls) it runs first. The plan's hooks cost no local activity,
-        marker or round trip of their own, each still recorded, spanned and named as its own invocation."""
+        the before_planning hooks (and their calls) it runs first. With that snapshot, ``ending``: should the
+        plan be the planner's text answer, the hooks of the stages that follow, where every one runs
+        in-process, and the terminal snapshot to write after them. The hooks cost no local activity, marker
+        or round trip of their own, each still recorded, spanned and named as its own invocation."""
         state = self._state
         hooks = state.manifest.participants(Stage.AFTER_PLANNING)
         if not hooks or not self._runner.dispatcher.local(hooks):
@@ -240,14 +317,29 @@ class ModelSteps:
         spec, extras = stages.STAGES[Stage.AFTER_PLANNING], planned.after_planning(state)
         calls = [spec.build(hook, state.view(hook, phase), planned.plan, **extras) for hook in hooks]
         started = workflow.now()
-        write = None
-        if hooks and state.manifest.payload_store and payload_bytes(state.record) <= MAX_RECORD_WITH_PLAN_BYTES:
-            write = AcceptedPlanWrite(record=state.record, started=started, plan_phase=phase)
-        dumped = [
-            [call.model_dump(mode="json", exclude_defaults=True) for call in group] for group in (before_calls, calls)
-        ]
-        plan_hooks = PlanHooks(before=dumped[0], after=dumped[1], write=write)
-        return FusedPlanning(hooks, plan_hooks, started, before_hooks, before_calls)
+        write, sent = None, ""
+        if hooks and state.manifest.payload_store:
+            sent = state.record.model_dump_json()
+            if len(sent.encode()) <= MAX_RECORD_WITH_PLAN_BYTES:
+                write = AcceptedPlanWrite(record=state.record, started=started, plan_phase=phase)
+        follows = self._ending(ending) if write is not None else None
+        segments, plan_ending = follows or ([], None)
+        plan_hooks = PlanHooks(before=_dumped(before_calls), after=_dumped(calls), write=write, ending=plan_ending)
+        return FusedPlanning(hooks, plan_hooks, started, before_hooks, before_calls, segments, sent if follows else "")
+
+    def _ending(self, ending: Ending | None) -> tuple[Segments, PlanEnding] | None:
+        """What a planning activity runs on into after a text answer (see :meth:`_fused`): each stage's
+        hooks and calls, where there is any and every one runs in-process, and how the run then ends."""
+        follows = ending() if ending is not None else None
+        if follows is None:
+            return None
+        ahead, end = follows
+        dispatcher = self._runner.dispatcher
+        segments = dispatcher.segments(ahead)
+        if not segments or not dispatcher.covers(ahead, segments):
+            return None
+        parts = [HookBatchSegment(stage=spec.stage, calls=_dumped(calls)) for spec, _, calls in segments]
+        return segments, PlanEnding(segments=parts, end=end)
 
     async def _plan_activity(
         self,
@@ -266,12 +358,11 @@ class ModelSteps:
         timeout = settings.plan_timeout_seconds
         if fused is not None:
             parts = [(Stage.BEFORE_PLANNING, fused.before), (Stage.AFTER_PLANNING, fused.entries)]
-            summary += " with " + " · ".join(
-                f"{stage.value}:" + " + ".join(dict.fromkeys(hook.name for hook in hooks))
-                for stage, hooks in parts
-                if hooks
-            )
-            timeout += hooks_budget([*fused.before, *fused.entries])
+            summary += " with " + _named(parts)
+            if fused.ending:
+                summary += f" {ANSWERS} " + _named([(spec.stage, hooks) for spec, hooks, _ in fused.ending])
+            ending_hooks = [hook for _, hooks, _ in fused.ending for hook in hooks]
+            timeout += hooks_budget([*fused.before, *fused.entries, *ending_hooks])
 
         def arg(route: Route, asked: FallbackRequest | None) -> PlanInput:
             return PlanInput(
@@ -489,4 +580,16 @@ def _fallback_failure(err: ActivityError) -> ApplicationError:
         details,
         type=decisions.FALLBACK_FAILED,
         non_retryable=True,
+    )
+
+
+def _dumped(calls: list[HookCall]) -> list[dict[str, Any]]:
+    """Calls as an activity is handed them: JSON without the fields that hold their default."""
+    return [call.model_dump(mode="json", exclude_defaults=True) for call in calls]
+
+
+def _named(parts: list[tuple[Stage, list[HookEntry]]]) -> str:
+    """``stage:hook + hook · stage:hook`` for the stages of ``parts`` that have hooks, as a summary names them."""
+    return " · ".join(
+        f"{stage.value}:" + " + ".join(dict.fromkeys(hook.name for hook in hooks)) for stage, hooks in parts if hooks
     )

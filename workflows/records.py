@@ -48,7 +48,7 @@ class RecordKeeper:
         arriving meanwhile cancels the request, except at the terminal boundary, where the snapshot is
         written again so the record still says how the request ended.
 
-        ``tried``: the local activity of the hooks just before tried to write this snapshot itself, built
+        ``tried``: the activity of the hooks just before tried to write this snapshot itself, built
         from their outcomes as this workflow builds it (``workflows.snapshots``). Nothing more is written
         when it did. Otherwise the snapshot is written here with the next revision: the store may hold the
         one tried (a store that failed after taking it, an earlier attempt whose result was lost). The

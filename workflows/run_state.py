@@ -65,8 +65,9 @@ class RunState:
     recovered: list[RunErrorView] = field(default_factory=list)  # errors the run recovered from, for on_error
     # The after_planning hook that marked each step (by step id) as needing a reviewer, as checkpoints show it.
     approval_required_by: dict[str, str] = field(default_factory=dict)
-    # The terminal snapshot the local activity of the run's last hooks was handed (``HookRunner.run``'s
-    # ``end``): the record keeper writes none of its own at the end when the record is that snapshot.
+    # The terminal snapshot the activity of the run's last hooks was handed (a local batch's ``end``, or
+    # the planning activity's that answered): the record keeper writes none of its own at the end when the
+    # record is that snapshot.
     end_attempt: EndAttempt | None = None
 
     def recover(self, origin: str, type: str, message: str, details: dict[str, JsonValue] | None = None) -> None:

@@ -7,7 +7,7 @@ local activity where there were two."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -32,6 +32,8 @@ from .models import (
     RequestStatus,
     SnapshotAttempt,
     Stage,
+    TerminalEnd,
+    TerminalPart,
     TerminalWrite,
     bounded_value,
 )
@@ -150,6 +152,21 @@ class BeforePlanningRan:
     entries: Sequence[HookBatchEntry]
 
 
+def record_before_planning(record: ExecutionRecord, before_planning: BeforePlanningRan, started: datetime) -> None:
+    """Record the before_planning hooks a planning activity ran before it asked the planner as the workflow
+    records them: one after another from ``started``, each with its decision and effects and, as it ended,
+    its enrichment changes."""
+    spec, at = STAGES[Stage.BEFORE_PLANNING], started
+    for sequence, ((call, outcome), entry) in enumerate(
+        zip(before_planning.ran, before_planning.entries, strict=True), 1
+    ):
+        ran_one = [(call.hook.name, outcome, entry.duration_ms)]
+        at = ended_at(_record_ran(record, Stage.BEFORE_PLANNING, sequence, None, at, ran_one), at)
+        folded = spec.fold(spec.subject(call), outcome).subject
+        changes = outcome.enrichment_changes if isinstance(outcome, BeforePlanningOutcome) else []
+        record_enrichment_changes(record, call.hook.name, changes, folded, at)
+
+
 def accepted_plan_snapshot(
     write: AcceptedPlanWrite,
     ran: Sequence[tuple[HookCall, HookOutcome]],
@@ -169,15 +186,7 @@ def accepted_plan_snapshot(
     once (as an activity decoded it), rather than on a copy."""
     record = write.record if in_place else write.record.model_copy(deep=True)
     if before_planning is not None:
-        spec, at = STAGES[Stage.BEFORE_PLANNING], write.started
-        for sequence, ((call, outcome), entry) in enumerate(
-            zip(before_planning.ran, before_planning.entries, strict=True), 1
-        ):
-            ran_one = [(call.hook.name, outcome, entry.duration_ms)]
-            at = ended_at(_record_ran(record, Stage.BEFORE_PLANNING, sequence, None, at, ran_one), at)
-            folded = spec.fold(spec.subject(call), outcome).subject
-            changes = outcome.enrichment_changes if isinstance(outcome, BeforePlanningOutcome) else []
-            record_enrichment_changes(record, call.hook.name, changes, folded, at)
+        record_before_planning(record, before_planning, write.started)
     invocations = _record_ran(
         record,
         Stage.AFTER_PLANNING,
@@ -247,23 +256,63 @@ def terminal_snapshot(
     return record
 
 
+def took_planned(record: ExecutionRecord, output: PlanOutput, route: Literal["primary", "fallback"]) -> None:
+    """What a planning activity's output leaves in the record before its after_planning hooks' outcomes (see
+    :func:`took_plan`), the model that planned (``route``) and the stage entered, as the workflow has them."""
+    took_plan(record, output)
+    record.handled_by = route
+    record.lifecycle_stage = str(Stage.AFTER_PLANNING)
+
+
+def answered_end(
+    write: AcceptedPlanWrite,
+    output: PlanOutput,
+    end: TerminalEnd,
+    later: Sequence[Stage],
+    route: Literal["primary", "fallback"],
+    before_planning: BeforePlanningRan | None,
+) -> TerminalWrite:
+    """The terminal snapshot a planning activity writes once its plan, the planner's text answer, and the
+    hooks after it (of after_planning, then of each stage of ``later``) left the run as it was: built on
+    ``write.record`` itself (the record as planning started) with what the planning left in it and the
+    before_planning hooks it ran first, the hooks timed from when the planner was done, the request ending
+    with the answer (``end``, built before it existed: the answer and its draft put in)."""
+    plan = output.plan
+    assert plan is not None and plan.answer is not None
+    record = write.record
+    took_planned(record, output, route)
+    if before_planning is not None:
+        record_before_planning(record, before_planning, write.started)
+    return TerminalWrite(
+        record=record,
+        started=write.started + timedelta(milliseconds=output.hooks_after_ms),
+        parts=[
+            TerminalPart(stage=Stage.AFTER_PLANNING, first_sequence=write.first_sequence, plan_phase=write.plan_phase),
+            *(TerminalPart(stage=stage) for stage in later),
+        ],
+        plan=plan,
+        end=end.model_copy(update={"final_response": plan.answer, "model_draft": output.draft}),
+    )
+
+
 @dataclass
 class EndAttempt:
-    """A terminal snapshot a local activity was handed (``write``, its record a copy of the workflow's as
-    the hooks started), what its hooks' ``entries`` were (per part) and what became of the write."""
+    """A terminal snapshot an activity was handed — ``write`` makes it again: the record as the workflow
+    sent it (its copy as the hooks started) with what the activity was to add —, what its hooks' ``entries``
+    were (per part) and what became of the write."""
 
-    write: TerminalWrite
+    write: Callable[[], TerminalWrite]
     entries: list[list[HookBatchEntry]]
     attempt: SnapshotAttempt
     _built: ExecutionRecord | None = field(default=None, init=False, repr=False)
 
     def written(self) -> ExecutionRecord | None:
-        """The snapshot the activity wrote, rebuilt from what history recorded (once, on the write's own
-        record: the copy made for it); None if it wrote none. Read it, do not change it."""
+        """The snapshot the activity wrote, rebuilt from what history recorded (once); None if it wrote
+        none. Read it, do not change it."""
         if not self.attempt.written:
             return None
         if self._built is None:
-            self._built = terminal_snapshot(self.write, self.entries, in_place=True)
+            self._built = terminal_snapshot(self.write(), self.entries, in_place=True)
         return self._built
 
 

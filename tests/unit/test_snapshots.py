@@ -1,5 +1,5 @@
-"""The snapshots a hooks' local activity writes and the workflow rebuilds: built on a copy of the write's
-record unless told to build on the record itself, and rebuilt by the workflow once."""
+"""The snapshots an activity writes with the hooks it ran and the workflow rebuilds: built on a copy of the
+write's record unless told to build on the record itself, and rebuilt by the workflow once."""
 
 from __future__ import annotations
 
@@ -55,12 +55,18 @@ def test_a_snapshot_is_built_on_a_copy_unless_built_in_place():
 
 
 def test_the_workflow_rebuilds_the_written_end_once():
-    write, entries = _write(), _entries()
+    entries = _entries()
     expected = terminal_snapshot(_write(), entries)
+    handed: list[TerminalWrite] = []
+
+    def write() -> TerminalWrite:
+        handed.append(_write())
+        return handed[-1]
+
     ended = EndAttempt(write, entries, SnapshotAttempt(revision=1, written=True))
     first = ended.written()
     assert first == expected and ended.written() is first  # asked again: the same snapshot, not built twice
-    assert [i.hook for i in first.pipeline_hooks] == ["audit"]
+    assert len(handed) == 1 and [i.hook for i in first.pipeline_hooks] == ["audit"]
 
-    not_written = EndAttempt(_write(), entries, SnapshotAttempt(revision=1, written=False))
-    assert not_written.written() is None
+    not_written = EndAttempt(write, entries, SnapshotAttempt(revision=1, written=False))
+    assert not_written.written() is None and len(handed) == 1  # nothing written: nothing to build

@@ -16,13 +16,14 @@ from ._pipeline import (
     DetachedWork,
     HookBatchEntry,
     HookBatchFailure,
+    HookBatchSegment,
     HookCall,
     ManagedLease,
     PipelineHookEffect,
     SnapshotAttempt,
 )
 from ._plans import ExecutionResult, ModelTurn, Plan, PlanRepair, PlanStep, PriorTurn, StepResult
-from ._record import AcceptedPlanWrite, Checkpoint, ModelDraft
+from ._record import AcceptedPlanWrite, Checkpoint, ModelDraft, TerminalEnd
 
 __all__ = [
     "DetachedEffectInput",
@@ -34,6 +35,7 @@ __all__ = [
     "LeaseKeeperReport",
     "LeaseObservation",
     "LeaseRenewal",
+    "PlanEnding",
     "PlanHooks",
     "PlanInput",
     "PlanOutput",
@@ -65,6 +67,17 @@ class RememberInput(ByReference):
     model_tokens_left: int | None = None
 
 
+class PlanEnding(BaseModel):
+    """What follows a phase's after_planning hooks when its plan is the planner's text answer and they
+    leave it as it is, where nothing but in-process hooks comes between it and the request's end: each
+    later stage's calls as the workflow built them on a stand-in answer, as JSON without the fields that
+    hold their default (the activity puts in the plan's text, ``workflows.stages.answered``), and how the
+    request ends (``end``: its answer and draft put in likewise)."""
+
+    segments: list[HookBatchSegment]
+    end: TerminalEnd
+
+
 class PlanHooks(BaseModel):
     """A phase's in-process planning hooks, for the planning activity to run around the planner, each as a
     local batch runs it: ``before``, the before_planning calls as the workflow built them (the first attempt
@@ -74,11 +87,13 @@ class PlanHooks(BaseModel):
     enrichments the before_planning hooks left); each as JSON without the fields that hold their default.
     ``write``: the accepted plan's snapshot to write after them, built on the record as it stood when planning
     started (``AcceptedPlanWrite``: ``started`` is when planning was scheduled; the activity moves it on by
-    the time the planner took)."""
+    the time the planner took). ``ending``: with ``write``, the stages the activity runs on into after a
+    text answer, and the request's terminal snapshot it then writes with them."""
 
     before: list[dict[str, JsonValue]] = Field(default_factory=list)
     after: list[dict[str, JsonValue]] = Field(default_factory=list)
     write: AcceptedPlanWrite | None = None
+    ending: PlanEnding | None = None
 
 
 class PlanInput(ByReference):
@@ -135,6 +150,10 @@ class PlanOutput(ByReference):
     after: list[HookBatchEntry] = Field(default_factory=list)
     hooks_after_ms: float = 0.0
     snapshot: SnapshotAttempt | None = None
+    # With ``PlanHooks.ending``, after a text answer its hooks left as it was: the entries of each stage
+    # the activity ran on into, in order, and what became of the terminal snapshot (None: not tried).
+    ahead: list[list[HookBatchEntry]] = Field(default_factory=list)
+    end: SnapshotAttempt | None = None
 
 
 class ToolStepHooks(BaseModel):

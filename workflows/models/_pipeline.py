@@ -522,8 +522,8 @@ class HookBatchEntry(BaseModel):
 
 
 class SnapshotAttempt(BaseModel):
-    """A record snapshot a local activity tried to write: its revision, and whether the store took it —
-    not when the store failed, or already held that revision."""
+    """A record snapshot an activity tried to write with the hooks it ran: its revision, and whether the
+    store took it — not when the store failed, or already held that revision."""
 
     revision: int
     written: bool = False

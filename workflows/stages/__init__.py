@@ -26,6 +26,8 @@ from ._base import next_call as next_call
 from ._base import returned as returned
 from ._base import stages_activity_type as stages_activity_type
 from .answer import *  # noqa: F403
+from .answer import STAND_IN_ANSWER as STAND_IN_ANSWER
+from .answer import answered as answered
 from .execution import *  # noqa: F403
 from .planning import *  # noqa: F403
 from .run import *  # noqa: F403

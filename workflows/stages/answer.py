@@ -3,11 +3,15 @@ final answer, or stop) and before_remember (replace what the run remembers, or s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import JsonValue
 
 from ..decisions import REASON_ACCEPTED, REASON_MEMORY_REPLACED, REASON_MEMORY_SKIPPED, REASON_REWRITTEN
 from ..models import AnswerView, DecisionAction, HookCall, HookOutcome, MemoryCandidate, SkipMemory, Stage, Stop
 from ._base import Chaining, Checks, Fold, StageSpec, rejected, returned
+from .run import OnFinishCall
 
 if TYPE_CHECKING:
     from hooks.contracts import PipelineContext
@@ -159,3 +163,41 @@ class BeforeRememberSpec(StageSpec[BeforeRememberCall, BeforeRememberOutcome]):
 AFTER_SYNTHESIS = AfterSynthesisSpec()
 AFTER_ANSWER = AfterAnswerSpec()
 BEFORE_REMEMBER = BeforeRememberSpec()
+
+
+# --------------------------------------------------------------------------------------------------
+# the stages after a text answer, built before the answer exists
+# --------------------------------------------------------------------------------------------------
+
+# What the calls of the stages after a planning activity's text answer are built on before the planner
+# answers (``answered``): never shown to a hook, never recorded.
+STAND_IN_ANSWER = "(the planner's text answer)"
+
+
+def answered(
+    call: HookCall,
+    answer: str,
+    answered_by: Literal["primary", "fallback"],
+    planner_tokens: int,
+    enrichments: Mapping[str, JsonValue],
+) -> HookCall:
+    """``call``, built on :data:`STAND_IN_ANSWER` before the planner answered, as the workflow builds it once
+    the answer is in: ``answer`` in the stand-in's place (after_synthesis's subject, after_answer's text and
+    the model that answered, on_finish's response and the text a cache may store), the request's token
+    budget, if it has one, less what the planner's calls spent, and the enrichments the plan was made with
+    (those the before_planning hooks left, where the planning activity ran them too). A call that holds no
+    answer (after_execution's) gets the budget and the enrichments alone."""
+    update_view: dict[str, Any] = {"enrichments": dict(enrichments)}
+    if call.view.model_tokens_left is not None:
+        update_view["model_tokens_left"] = call.view.model_tokens_left - planner_tokens
+    update: dict[str, Any] = {"view": call.view.model_copy(update=update_view)}
+    if isinstance(call, AfterSynthesisCall):
+        update["response"] = answer
+    elif isinstance(call, AfterAnswerCall):
+        update["answer"] = call.answer.model_copy(update={"text": answer, "answered_by": answered_by})
+    elif isinstance(call, OnFinishCall):
+        cache = call.outcome.cache
+        if cache.response is not None:
+            cache = cache.model_copy(update={"response": answer})
+        update["outcome"] = call.outcome.model_copy(update={"response": answer, "cache": cache})
+    return call.model_copy(update=update)
