@@ -725,6 +725,44 @@ async def test_a_first_plan_that_answers_in_text_ends_the_request_in_its_plannin
     assert await outcome.stored() == record
 
 
+async def test_an_answer_the_fallback_model_gives_ends_the_request_in_its_planning_activity(client, tmp_path, server):
+    """The primary model is unavailable on every retry of the first phase's planning: the attempt handed to the
+    fallback gets its hooks and its record built again, failed calls included, so the activity that answers
+    runs them and writes the end as this workflow would — no rewrite, no hook run twice."""
+    unavailable = ai.error(503, "overloaded", headers={"retry-after-ms": "10"}, kind="server_error")
+    server.push(*[unavailable] * 4)  # the first planning activity's call, then the planning attempt's three
+    audit = EnrichingTail("audit")
+    async with ai.OpenAIServer() as fallback:
+        fallback.push(ai.answer("Nothing to call."))
+        model = ModelSettings(
+            base_url=server.base_url, api_key=SecretStr("sk-test"), model="m", timeout_seconds=5, fallback_model="f"
+        ).model_copy(update={"fallback_base_url": fallback.base_url})
+        async with Harness(
+            with_payload_store(client, tmp_path),
+            tmp_path,
+            hooks=[audit],
+            planner=OpenAIPlanner(model, ToolRegistry(demo_tools(tmp_path))),
+            synthesizer=OpenAISynthesizer(model),
+            settings=StageSettings(dedicated_synthesis=False),
+        ) as h:
+            outcome = await h.run("Say something", {"max_model_tokens": 5000})
+
+    assert outcome.result is not None and outcome.result.response == "Nothing to call.", outcome.failure
+    stages = ["before_planning", "after_planning", "after_execution", "after_synthesis", "after_answer"]
+    assert [stage for stage, _, _ in audit.seen] == stages
+    assert outcome.shown_summaries("plan")[-1] == (
+        "plan · phase 1 · fallback with after_planning:audit "
+        f"{ANSWERS} after_execution:audit · after_synthesis:audit · after_answer:audit"
+    )
+    assert end_attempt(outcome) == {"revision": 1, "written": True}
+    assert persist_summaries(outcome) == [] and hook_markers(outcome) == []
+    record = outcome.record
+    assert record is not None and not record.diagnostics and record.handled_by == "fallback"
+    assert [call.route for call in record.model_calls] == ["primary"] * 4 + ["fallback"]
+    assert [i.stage.value for i in record.pipeline_hooks] == stages
+    assert await outcome.stored() == record
+
+
 async def test_last_hooks_that_change_the_answer_leave_the_terminal_snapshot_to_the_workflow(client, tmp_path, server):
     answer = "ACME is up; key sk-live-0123456789abcdefghij."
     server.push(ai.tool_calls((QUOTE, {"symbol": "ACME"})), ai.answer(answer))

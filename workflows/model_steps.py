@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
@@ -225,8 +226,14 @@ class ModelSteps:
                 if not view.tools:
                     return PlannedPhase(Plan(phase=phase, rationale=NO_TOOLS_RATIONALE), available, attempt)
                 planned = PlannedPhase(Plan(phase=phase), available, attempt, view.tools)
-                fused = self._fused(phase, planned, ending=ending)
-                output = await self._plan_activity(phase, attempt, available, view.context_text, repair, fused)
+                output, fused = await self._plan_activity(
+                    phase,
+                    attempt,
+                    available,
+                    view.context_text,
+                    repair,
+                    partial(self._fused, phase, planned, ending=ending),
+                )
             state.planner_draft = output.draft
             if output.plan is not None:
                 if output.model_turn is not None:
@@ -286,9 +293,10 @@ class ModelSteps:
         planned = PlannedPhase(Plan(phase=phase), None, 0, view.tools)
         spec = stages.STAGES[Stage.BEFORE_PLANNING]
         calls = [spec.build(hook, state.view(hook), state.enrichments) for hook in hooks]
-        fused = self._fused(phase, planned, (hooks, calls), ending=ending)
+        output, fused = await self._plan_activity(
+            phase, 0, None, view.context_text, None, partial(self._fused, phase, planned, (hooks, calls), ending=ending)
+        )
         assert fused is not None
-        output = await self._plan_activity(phase, 0, None, view.context_text, None, fused)
         self._ahead = PlannedAhead(planned, fused, output)
         return fused.before_prerun(output)
 
@@ -348,23 +356,32 @@ class ModelSteps:
         available: list[str] | None,
         context_text: str,
         repair: PlanRepair | None,
-        fused: FusedPlanning | None = None,
-    ) -> PlanOutput:
+        fuse: Callable[[], FusedPlanning | None] = lambda: None,
+    ) -> tuple[PlanOutput, FusedPlanning | None]:
+        """One planning attempt's activity, and the hooks it was handed to run (``fuse``: built for it, see
+        :meth:`_fused`). An attempt handed to the fallback model gets them built again, on the run as it
+        stands after the primary's failure (its failed calls in the record): the hooks' calls and the record
+        it writes are then what this workflow builds on reaching their stage."""
         state = self._state
         record = state.record
         self._listing.enter(PLANNING)
         settings = state.manifest.settings
         summary = f"plan · phase {phase}" + (f" · attempt {attempt + 1}" if attempt else "")
-        timeout = settings.plan_timeout_seconds
+        timeout, hooks_shown = settings.plan_timeout_seconds, ""
+        fused, tried = fuse(), False
         if fused is not None:
             parts = [(Stage.BEFORE_PLANNING, fused.before), (Stage.AFTER_PLANNING, fused.entries)]
-            summary += " with " + _named(parts)
+            hooks_shown = " with " + _named(parts)
             if fused.ending:
-                summary += f" {ANSWERS} " + _named([(spec.stage, hooks) for spec, hooks, _ in fused.ending])
+                hooks_shown += f" {ANSWERS} " + _named([(spec.stage, hooks) for spec, hooks, _ in fused.ending])
             ending_hooks = [hook for _, hooks, _ in fused.ending for hook in hooks]
             timeout += hooks_budget([*fused.before, *fused.entries, *ending_hooks])
 
         def arg(route: Route, asked: FallbackRequest | None) -> PlanInput:
+            nonlocal fused, tried
+            if tried and fused is not None:
+                fused = fuse()
+            tried = True
             return PlanInput(
                 request=asked.ask if asked else state.ask,
                 request_id=state.request_id,
@@ -395,12 +412,13 @@ class ModelSteps:
             retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=[decisions.INVALID_PLAN]),
             summary=Shown(summary),
             failure=(decisions.PLANNING_FAILED, "planning failed"),
+            hooks_shown=hooks_shown,
         )
         if output.planned:
             took_plan(record, output)
         else:  # nothing planned (the before_planning hooks stopped it, or the planner failed after them)
             record.model_calls.extend(output.model_calls)
-        return output
+        return output, fused
 
     def streamed_answer(self, plan: Plan) -> bool:
         """Whether ``plan``'s planning turn streamed its text answer to the request's answer stream."""
@@ -494,10 +512,13 @@ class ModelSteps:
         retry_policy: RetryPolicy,
         summary: str,
         failure: tuple[str, str],
+        hooks_shown: str = "",
     ) -> OutputT:
         """Run the planner's or the synthesizer's activity on the run's route. Its failure is the request's
         ``failure`` (type, message), the model calls made before it failed kept in the record — unless the
-        primary model was unavailable and the stage has a fallback: then the run is handed over."""
+        primary model was unavailable and the stage has a fallback: then the run is handed over. The UI
+        summary is ``summary``, `` · fallback`` on the fallback's route, then ``hooks_shown`` (the hooks the
+        activity runs). ``arg`` is called for each route's attempt, on the run as it stands then."""
         state = self._state
 
         async def attempt(route: Route) -> OutputT:
@@ -507,7 +528,7 @@ class ModelSteps:
                 result_type=result_type,
                 timeout=timeout,
                 retry_policy=retry_policy,
-                summary=Shown(summary if route == "primary" else f"{summary} · fallback"),
+                summary=Shown(summary + ("" if route == "primary" else " · fallback") + hooks_shown),
             )
             state.record.handled_by = route
             return output
