@@ -32,7 +32,7 @@ from benchmarks.peer import (
     SYSTEMS,
     policy,
 )
-from benchmarks.peer.bench import Options, combined, run, table_rows
+from benchmarks.peer.bench import Options, combined, run, run_ratio_rows, table_rows
 from benchmarks.peer.loopback import MARK, is_loopback
 from benchmarks.peer.model_server import ScriptedModel, expected_answer
 from demo.tools import quote_price
@@ -298,6 +298,18 @@ async def test_the_short_benchmark_answers_correctly_on_every_system_and_fills_t
                 )
             assert both["model_calls"]["per_request"] == one["model_calls"]["per_request"]
     assert [row[1:] for row in table_rows(twice)] == [row[1:] for row in rows]
+    # Each run on its own: its lifecycles' medians against its peers'.
+    each = run_ratio_rows([output, output])
+    assert [row[:2] for row in each] == [
+        [str(n), f"{block['model_latency_ms']:g} ms"] for n in (1, 2) for block in output["latencies"]
+    ]
+    pair = r"\d+\.\d\d× / \d+\.\d\d×"
+    assert all(re.fullmatch(f"{pair}; {pair}", cell) for row in each for cell in row[2:]), each
+    first = output["latencies"][0]["systems"]
+    rps = {system: first[system]["rps"]["median"] for system in SYSTEMS}
+    assert each[0][3].startswith(
+        f"{rps[LIFECYCLE] / rps[OPENAI_AGENTS]:.2f}× / {rps[LIFECYCLE] / rps[PYDANTIC_AI]:.2f}×; "
+    )
     # A second output with other figures: the medians are the pooled samples', the model calls summed.
     slower = json.loads(json.dumps(figures))
     for block in slower["latencies"]:

@@ -584,6 +584,38 @@ def format_table(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# The figures each run's ratios are given for (``--combine``'s table of each run on its own).
+RATIO_FIGURES: tuple[tuple[str, str], ...] = (
+    ("p50_ms", "p50"),
+    ("rps", "throughput"),
+    ("cpu_ms_per_request", "CPU per request"),
+)
+
+
+def run_ratio_rows(outputs: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """Each run on its own: per output and model latency, the ratio of each lifecycle's median to each
+    peer's of that run (``0.98× / 0.92×; 0.93× / 0.87×``: through ``AgentClient``, then a plain client,
+    each to OpenAI Agents / pydantic-ai) for p50, throughput and CPU per request. Pooled medians can hide
+    how far one run moves from another; these show it."""
+    rows: list[list[str]] = []
+    for number, output in enumerate(outputs, start=1):
+        for block in output["latencies"]:
+            systems = block["systems"]
+            cells = []
+            for key, _ in RATIO_FIGURES:
+                peers = {p: systems[p][key]["median"] for p in PEERS}
+                cells.append("; ".join(_ratios(systems[s][key]["median"], peers).strip(" ()") for s in LIFECYCLES))
+            rows.append([str(number), f"{block['model_latency_ms']:g} ms", *cells])
+    return rows
+
+
+def format_run_ratios(outputs: Sequence[dict[str, Any]]) -> str:
+    header = ["run", "model latency", *(name for _, name in RATIO_FIGURES)]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in run_ratio_rows(outputs)]
+    return "\n".join(lines)
+
+
 def format_runs(figures: dict[str, Any]) -> str:
     """Every run and every burst, not only the medians."""
     lines = []
@@ -698,8 +730,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.combine:
-        figures = combined([json.loads(path.read_text(encoding="utf-8")) for path in args.combine])
+        outputs = [json.loads(path.read_text(encoding="utf-8")) for path in args.combine]
+        figures = combined(outputs)
         print(format_table(figures))
+        print(
+            "\nEach run on its own (ratios of its medians to "
+            + " / ".join(LABELS[p] for p in PEERS)
+            + "; started through AgentClient, then by a plain client):"
+        )
+        print(format_run_ratios(outputs))
         print(f"\nEvery run of {len(args.combine)} outputs:")
         print(format_runs(figures))
         return 0
@@ -727,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["Options", "WrongAnswer", "combined", "format_table", "main", "run", "table_rows"]
+__all__ = ["Options", "WrongAnswer", "combined", "format_table", "main", "run", "run_ratio_rows", "table_rows"]
 
 if __name__ == "__main__":
     sys.exit(main())
