@@ -11,6 +11,7 @@ reach beyond 127.0.0.1. The peers' packages are in the ``dev`` extra (through ``
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import statistics
@@ -32,7 +33,7 @@ from benchmarks.peer import (
     SYSTEMS,
     policy,
 )
-from benchmarks.peer.bench import Options, combined, run, run_ratio_rows, table_rows
+from benchmarks.peer.bench import Options, combined, rotations, run, run_ratio_rows, table_rows
 from benchmarks.peer.loopback import MARK, is_loopback
 from benchmarks.peer.model_server import ScriptedModel, expected_answer
 from demo.tools import quote_price
@@ -75,6 +76,20 @@ def test_an_answer_without_the_quotes_is_counted_blind():
     assert status == 400
     assert model.stats()["models"]["m"]["blind_answers"] == 1
     assert model.stats()["models"]["m"]["bad_requests"] == 1
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5])
+def test_the_orders_put_each_system_in_each_place_and_after_each_other_equally_often(count):
+    systems = "ABCDE"[:count]
+    cycle = count if count % 2 == 0 else 2 * count
+    orders = rotations(systems, 2 * cycle)
+    assert orders[cycle:] == orders[:cycle]  # the cycle repeats
+    assert all(sorted(order) == list(systems) for order in orders)
+    places = Counter((system, place) for order in orders[:cycle] for place, system in enumerate(order))
+    follows = Counter((a, b) for order in orders[:cycle] for a, b in itertools.pairwise(order))
+    assert len(places) == count * count and len(set(places.values())) == 1
+    assert len(follows) == count * (count - 1) and len(set(follows.values())) == 1
+    assert ["".join(order) for order in rotations("ABCD", 4)] == ["ABDC", "BCAD", "CDBA", "DACB"]
 
 
 def test_only_loopback_addresses_pass_the_guard():

@@ -22,12 +22,13 @@ This process is the client; neither its CPU nor the model server's is counted. P
 50 ms by default), after a warm-up:
 
 - **p50 and p95 sequential**: ``--runs`` runs of ``--requests`` rounds, each round one request of every
-  system (the order rotating each round: A B C D, B C D A, ...); each run's p50 and p95 per system. The
-  table shows the median of the runs' figures and their range.
+  system (the orders of a balanced Latin square: each system in each place, and after each other system,
+  equally often; see :func:`rotations`); each run's p50 and p95 per system. The table shows the median of
+  the runs' figures and their range.
 - **throughput at N concurrent** and **CPU per request**: ``--bursts`` rounds, each one burst of N
-  requests per system (rotating order), each burst once the processes are idle; requests per second over
-  the burst, and the user + system CPU of the dev server and of that system's worker (from ``/proc``)
-  over the burst, per request. Median and range of the bursts.
+  requests per system (in the same balanced orders), each burst once the processes are idle; requests per
+  second over the burst, and the user + system CPU of the dev server and of that system's worker (from
+  ``/proc``) over the burst, per request. Median and range of the bursts.
 - **model calls per request**: calls the model server received from each system (each sends its own
   model name) over the measured requests, per request.
 - **history per request**: events (and how many are markers) and serialized bytes of ``--histories``
@@ -116,7 +117,7 @@ class Options:
     runs: int = 5
     requests: int = 20
     concurrency: int = 50
-    bursts: int = 5
+    bursts: int = 8  # two cycles of the balanced orders of four systems (see rotations)
     warmup: int = 3  # sequential rounds (and one small burst per system) before each latency's figures
     timeline: bool = False
     histories: int = 10  # sequential rounds whose histories give the history figures
@@ -340,8 +341,23 @@ async def check_system(rig: Rig, system: str) -> dict[str, Any]:
 
 
 def rotations(systems: Sequence[str], rounds: int) -> list[list[str]]:
-    """A B C D, B C D A, C D A B, ...: interleaved, and each system follows each other about as often."""
-    return [[systems[(i + j) % len(systems)] for j in range(len(systems))] for i in range(rounds)]
+    """One order of ``systems`` per round, from a balanced Latin square (Williams'): A B D C, B C A D,
+    C D B A, D A C B, then again. Over each cycle of its rows (as many as there are systems; twice as
+    many for an odd number) every system takes every place once and follows every other system exactly once
+    within a round. A plain rotation (A B C D, B C D A, ...) would always put a system right after the same
+    one, so whatever one system's burst leaves behind would fall on the same neighbour every time."""
+    n = len(systems)
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    square = [[(start + k) % n for k in first] for start in range(n)]
+    if n % 2:  # an odd square is balanced together with its mirror
+        square += [list(reversed(row)) for row in square]
+    return [[systems[k] for k in square[i % len(square)]] for i in range(rounds)]
 
 
 async def sequential(rig: Rig, rounds: int) -> dict[str, list[float]]:
@@ -717,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, help="sequential runs per latency (default 5)")
     parser.add_argument("--requests", type=int, help="sequential rounds per run (default 20)")
     parser.add_argument("--concurrency", type=int, help="requests per burst (default 50)")
-    parser.add_argument("--bursts", type=int, help="burst rounds per latency (default 5)")
+    parser.add_argument("--bursts", type=int, help="burst rounds per latency (default 8)")
     parser.add_argument("--histories", type=int, help="requests per system whose histories are counted (default 10)")
     parser.add_argument("--timeline", action="store_true", help="print one request of each system, event by event")
     parser.add_argument("--output", type=Path, help="also write every figure as JSON to this file")
