@@ -93,11 +93,48 @@ def connection(path: str | Path, **options) -> Iterator[sqlite3.Connection]:
         db.close()
 
 
+_WRITERS: dict[str, threading.RLock] = {}
+_WRITERS_GUARD = threading.Lock()
+
+
+def _writer(path: str | Path) -> threading.RLock:
+    """The turn this process's writers to the database at ``path`` take (one lock per file)."""
+    key = str(path)
+    if key != ":memory:" and not key.startswith("file:"):
+        key = os.path.realpath(key)
+    with _WRITERS_GUARD:
+        return _WRITERS.setdefault(key, threading.RLock())
+
+
+@contextmanager
+def writing(path: str | Path, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS) -> Iterator[None]:
+    """Take this process's turn to write to ``path``: held around every write transaction here.
+
+    SQLite lets one writer at a time into a file; one that finds it taken sleeps in steps (1 ms, then up to
+    100 ms) and tries again, whatever the other one takes. Many threads of one process writing at once
+    (a worker under load) then pay those sleeps over and over: in a test of 32 threads writing small
+    transactions, one write in a hundred waited 0.45 s or more. Taking turns on a lock here, each
+    writer starts as soon as the one before it commits; SQLite's wait is left to writers of other
+    processes. Waiting longer than ``busy_timeout_seconds`` raises ``database is locked``, as SQLite's own
+    wait does. Reentrant: a thread that nests transactions on one file meets SQLite's own lock, as it
+    would without this one."""
+    lock = _writer(path)
+    if not lock.acquire(timeout=busy_timeout_seconds):
+        raise sqlite3.OperationalError("database is locked")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 @contextmanager
 def immediate(path: str | Path, **options) -> Iterator[sqlite3.Connection]:
-    """One ``BEGIN IMMEDIATE`` transaction on a fresh connection: committed when the block returns,
-    rolled back when it raises, closed either way."""
-    with connection(path, **options) as db:
+    """One ``BEGIN IMMEDIATE`` transaction on a fresh connection, in this process's turn to write
+    (:func:`writing`): committed when the block returns, rolled back when it raises, closed either way."""
+    with (
+        writing(path, options.get("busy_timeout_seconds", DEFAULT_BUSY_TIMEOUT_SECONDS)),
+        connection(path, **options) as db,
+    ):
         db.execute("BEGIN IMMEDIATE")
         try:
             yield db
@@ -185,19 +222,20 @@ class ThreadConnections:
         it (``synchronous=NORMAL``) the file stays consistent whatever happens and the commit survives the
         process crashing, but the last commits may be lost if the machine loses power — for data that is
         written again from elsewhere, not for data that exists only here."""
-        db = self._connection()
-        try:
-            db.execute(f"PRAGMA synchronous={'FULL' if flush_every_commit else 'NORMAL'}")
-            db.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self._discard()
-            raise
-        try:
-            yield db
-            db.execute("COMMIT")
-        except BaseException:
+        with writing(self.path, self.options.get("busy_timeout_seconds", DEFAULT_BUSY_TIMEOUT_SECONDS)):
+            db = self._connection()
             try:
-                db.execute("ROLLBACK")
-            except sqlite3.Error:
+                db.execute(f"PRAGMA synchronous={'FULL' if flush_every_commit else 'NORMAL'}")
+                db.execute("BEGIN IMMEDIATE")
+            except BaseException:
                 self._discard()
-            raise
+                raise
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    self._discard()
+                raise
