@@ -102,3 +102,12 @@ def test_a_turn_not_given_within_the_busy_timeout_fails_as_locked(tmp_path):
     finally:
         done.set()
         holder.join()
+
+
+@pytest.mark.parametrize("way", ["sqlite", "turns"])
+def test_the_writers_benchmark_measures_each_way(way):
+    from benchmarks.sqlite_writers import measure
+
+    figures = measure(way, threads=4, writes=40, size=100)
+    assert figures["writes_per_second"] > 0
+    assert 0 <= figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
