@@ -19,9 +19,9 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from storage import sqlite
@@ -31,17 +31,10 @@ def _sqlite_wait_only(path: Path) -> Callable[[], AbstractContextManager[sqlite3
     """A write transaction on the thread's own connection with nothing but SQLite's busy wait."""
     local = threading.local()
 
-    @contextmanager
-    def transaction() -> Iterator[sqlite3.Connection]:
+    def transaction() -> AbstractContextManager[sqlite3.Connection]:
         db = getattr(local, "db", None) or sqlite.connect(path)
         local.db = db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        return sqlite.transaction(db)
 
     return transaction
 

@@ -128,20 +128,28 @@ def writing(path: str | Path, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT
 
 
 @contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One ``BEGIN IMMEDIATE`` transaction on ``db``: committed when the block returns, rolled back when it
+    raises. (The stores take their turn to write first: :func:`immediate`, :meth:`ThreadConnections.immediate`.)"""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+@contextmanager
 def immediate(path: str | Path, **options) -> Iterator[sqlite3.Connection]:
-    """One ``BEGIN IMMEDIATE`` transaction on a fresh connection, in this process's turn to write
-    (:func:`writing`): committed when the block returns, rolled back when it raises, closed either way."""
+    """One :func:`transaction` on a fresh connection, in this process's turn to write (:func:`writing`),
+    the connection closed afterwards."""
     with (
         writing(path, options.get("busy_timeout_seconds", DEFAULT_BUSY_TIMEOUT_SECONDS)),
         connection(path, **options) as db,
+        transaction(db),
     ):
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        yield db
 
 
 _LEDGER = """
