@@ -112,10 +112,10 @@ def writing(path: str | Path, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT
 
     SQLite lets one writer at a time into a file; one that finds it taken sleeps in steps (1 ms, then up to
     100 ms) and tries again, whatever the other one takes. Many threads of one process writing at once
-    (a worker under load) then pay those sleeps over and over: in a test of 32 threads writing small
-    transactions, one write in a hundred waited 0.45 s or more. Taking turns on a lock here, each
-    writer starts as soon as the one before it commits; SQLite's wait is left to writers of other
-    processes. Waiting longer than ``busy_timeout_seconds`` raises ``database is locked``, as SQLite's own
+    (a worker under load) then pay those sleeps over and over: with 32 threads writing small transactions,
+    one write in a hundred waits a quarter to half a second (``python -m benchmarks.sqlite_writers``).
+    Taking turns on a lock here, each writer starts as soon as the one before it commits; SQLite's wait is
+    left to writers of other processes. Waiting longer than ``busy_timeout_seconds`` raises ``database is locked``, as SQLite's own
     wait does. Reentrant: a thread that nests transactions on one file meets SQLite's own lock, as it
     would without this one."""
     lock = _writer(path)
