@@ -118,7 +118,12 @@ def writing(path: str | Path, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT
     left to writers of other processes. Waiting longer than ``busy_timeout_seconds`` raises ``database is locked``, as SQLite's own
     wait does. Reentrant: a thread that nests transactions on one file meets SQLite's own lock, as it
     would without this one."""
-    lock = _writer(path)
+    with _turn(_writer(path), busy_timeout_seconds):
+        yield
+
+
+@contextmanager
+def _turn(lock: threading.RLock, busy_timeout_seconds: float) -> Iterator[None]:
     if not lock.acquire(timeout=busy_timeout_seconds):
         raise sqlite3.OperationalError("database is locked")
     try:
@@ -197,6 +202,9 @@ class ThreadConnections:
     def __init__(self, path: str | Path, **options) -> None:
         self.path, self.options = path, options
         self._local = threading.local()
+        # The file's turn to write, found once (not on every write: it resolves the path).
+        self._writer = _writer(path)
+        self._busy_timeout = options.get("busy_timeout_seconds", DEFAULT_BUSY_TIMEOUT_SECONDS)
 
     def _connection(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -230,7 +238,7 @@ class ThreadConnections:
         it (``synchronous=NORMAL``) the file stays consistent whatever happens and the commit survives the
         process crashing, but the last commits may be lost if the machine loses power — for data that is
         written again from elsewhere, not for data that exists only here."""
-        with writing(self.path, self.options.get("busy_timeout_seconds", DEFAULT_BUSY_TIMEOUT_SECONDS)):
+        with _turn(self._writer, self._busy_timeout):
             db = self._connection()
             try:
                 db.execute(f"PRAGMA synchronous={'FULL' if flush_every_commit else 'NORMAL'}")
